@@ -1,0 +1,38 @@
+# Two environments, each built from nothing: the newest supported transformers (.venv) and the
+# oldest (.venv-oldest). Both install mmrope-core and every plugin under mmrope_plugins/.
+PYTHON ?= python3
+PLUGINS := $(patsubst %/pyproject.toml,%,$(wildcard mmrope_plugins/*/pyproject.toml))
+EDITABLE := -e . $(addprefix -e ./,$(PLUGINS))
+SOURCES := pyproject.toml $(wildcard mmrope_plugins/*/pyproject.toml)
+
+.PHONY: demo test test-newest test-oldest bench clean
+
+demo: .venv/.installed
+	.venv/bin/mmrope demo
+
+test: test-newest test-oldest
+
+test-newest: .venv/.installed
+	.venv/bin/python -m pytest -q -p no:cacheprovider
+
+# The differential tests again on the oldest supported transformers, whose semantics differ.
+test-oldest: .venv-oldest/.installed
+	.venv-oldest/bin/python -m pytest -q -p no:cacheprovider -m differential
+
+bench: .venv/.installed
+	.venv/bin/python benchmarks/run.py
+
+.venv/.installed: requirements/newest.txt $(SOURCES)
+	$(PYTHON) -m venv .venv
+	.venv/bin/pip install -q -r requirements/newest.txt
+	.venv/bin/pip install -q --no-build-isolation $(EDITABLE)
+	touch $@
+
+.venv-oldest/.installed: requirements/oldest.txt $(SOURCES)
+	$(PYTHON) -m venv .venv-oldest
+	.venv-oldest/bin/pip install -q -r requirements/oldest.txt
+	.venv-oldest/bin/pip install -q --no-build-isolation $(EDITABLE)
+	touch $@
+
+clean:
+	rm -rf .venv .venv-oldest

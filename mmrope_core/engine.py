@@ -1,0 +1,305 @@
+"""What the trainer calls: positions for a batch, from the binding a plugin made."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import types
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from .collate import collate as _collate
+from .errors import (
+    InvalidInputError,
+    MmropeError,
+    PluginConflictError,
+    PluginContractError,
+    PluginHookError,
+    RopeIndexUnavailableError,
+    UnsupportedProcessorError,
+)
+from .inputs import ReadOnlyInputs, as_batch, require_valid_tokens
+from .manager import PluginManager, get_plugin_manager
+from .positions import one_d_positions, text_positions
+from .types import STRICT, RopeBinding, ValidationPolicy
+
+_TEXT_ONLY = RopeBinding(kind="1d", implementation="mask", description="no processor: 1-D positions")
+_NO_OPTIONS: Mapping[str, Any] = types.MappingProxyType({})
+
+
+class RopeEngine:
+    """Computes position ids for one processor (one model family).
+
+    Build it once with :meth:`from_processor` or :meth:`from_pretrained`; every plugin hook that
+    does not depend on the batch is resolved then. The engine is thread-safe and pickles (a
+    worker rebuilds it from the processor and config with its own installed plugins).
+    """
+
+    def __init__(
+        self,
+        processor: Any,
+        config: Any,
+        binding: RopeBinding,
+        policy: ValidationPolicy,
+        varlen_keys: frozenset[str],
+        plugins: PluginManager,
+        options: Mapping[str, Any],
+    ) -> None:
+        self.processor = processor
+        self.config = config
+        self.binding = binding
+        self.validation_policy = policy
+        self.varlen_keys = varlen_keys
+        self._plugins = plugins
+        self._options = options
+
+    # -- building ----------------------------------------------------------------------------
+
+    @classmethod
+    def from_processor(
+        cls, processor: Any, config: Any = None, *, plugin_manager: PluginManager | None = None, **options: Any
+    ) -> RopeEngine:
+        """Ask the installed plugins how to compute positions for ``processor``.
+
+        ``processor=None`` (a text-only model) gives 1-D positions. ``options`` are passed to the
+        plugins' ``bind_rope_index`` (e.g. ``impl="reference"``).
+        """
+        plugins = plugin_manager or get_plugin_manager()
+        frozen = types.MappingProxyType(dict(options)) if options else _NO_OPTIONS
+        if processor is None:
+            return cls(None, config, _TEXT_ONLY, STRICT, frozenset(), plugins, frozen)
+        binding = _bind(plugins, processor, config, frozen)
+        policy = STRICT
+        for info, result in plugins.call_each("validate_inputs_policy", processor=processor):
+            _expect(isinstance(result, ValidationPolicy), info, "validate_inputs_policy", "a ValidationPolicy", result)
+            policy = result
+            break
+        keys: set[str] = set()
+        for info, result in plugins.call_each("varlen_keys", processor=processor):
+            _expect(
+                isinstance(result, Iterable) and not isinstance(result, (str, bytes)),
+                info, "varlen_keys", "an iterable of key names", result,
+            )
+            keys.update(result)
+        return cls(processor, config, binding, policy, frozenset(keys), plugins, frozen)
+
+    @classmethod
+    def from_pretrained(cls, path: str, *, plugin_manager: PluginManager | None = None, **options: Any) -> RopeEngine:
+        """Load processor and config from a local directory (``AutoProcessor`` + ``AutoConfig``)."""
+        from transformers import AutoConfig, AutoProcessor
+
+        processor = AutoProcessor.from_pretrained(path, local_files_only=True)
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        return cls.from_processor(processor, config, plugin_manager=plugin_manager, **options)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (self.processor, self.config, dict(self._options)))
+
+    # -- what trainers read ------------------------------------------------------------------
+
+    @property
+    def rope_kind(self) -> str:
+        """``"mrope"`` or ``"1d"``."""
+        return self.binding.kind
+
+    @property
+    def plugin_name(self) -> str | None:
+        """The entry-point name of the plugin that bound the processor (None for text-only)."""
+        return self.binding.plugin or None
+
+    @property
+    def implementation(self) -> str:
+        return self.binding.implementation
+
+    def __repr__(self) -> str:
+        processor = type(self.processor).__name__ if self.processor is not None else None
+        return (
+            f"RopeEngine(processor={processor}, plugin={self.plugin_name}, kind={self.rope_kind}, "
+            f"implementation={self.implementation})"
+        )
+
+    # -- positions ---------------------------------------------------------------------------
+
+    def compute_position_ids(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        multi_modal_inputs: Mapping[str, Any] | None = None,
+        mm_processor_kwargs: Mapping[str, Any] | None = None,
+    ) -> torch.Tensor:
+        """Positions in the layout trainers feed the model.
+
+        Args:
+            input_ids: ``(L,)`` or ``(B, L)`` token ids.
+            attention_mask: same shape, 0/1 or bool; None means every token is valid.
+            multi_modal_inputs: the processor's outputs for these samples (grids, masks, ...).
+            mm_processor_kwargs: the keyword arguments the processor was called with.
+
+        Returns:
+            For M-RoPE, ``(B, 4, L)``: row 0 counts valid tokens 0..n-1 (1 at padding), rows 1..3
+            are the family's ``(t, h, w)`` positions (padding holds what the family's reference
+            puts there). For 1-D RoPE, ``(B, L)`` ``clip(cumsum(mask) - 1, 0)``. The dtype is
+            ``binding.position_dtype`` (int64 unless the family documents otherwise).
+        """
+        ids, mask = as_batch(input_ids, attention_mask)
+        if self.binding.kind == "1d":
+            return one_d_positions(ids, mask)
+        kwargs = self.rope_index_kwargs(multi_modal_inputs, mm_processor_kwargs)
+        positions, _ = self._rope_index(ids, mask, kwargs)
+        dtype = self.binding.position_dtype
+        text = text_positions(ids, mask).to(dtype).unsqueeze(1)
+        return torch.cat((text, positions.to(dtype).transpose(0, 1)), dim=1)
+
+    def get_rope_index(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Drop-in for the model's ``get_rope_index``: ``(3, B, L)`` positions and ``(B, 1)`` deltas.
+
+        Keyword arguments are those of the family's reference (``image_grid_thw``, ...);
+        ``mm_token_type_ids`` is rebuilt from ``input_ids``.
+        """
+        if self.binding.kind == "1d":
+            raise RopeIndexUnavailableError(
+                f"{type(self.processor).__name__ if self.processor is not None else 'a text-only model'} "
+                f"uses 1-D RoPE (plugin {self.plugin_name}): there is no get_rope_index. "
+                f"Use engine.compute_position_ids, which returns (B, L) positions"
+            )
+        ids, mask = as_batch(input_ids, attention_mask)
+        kwargs.pop("mm_token_type_ids", None)
+        return self._rope_index(ids, mask, kwargs)
+
+    def rope_index_kwargs(
+        self, multi_modal_inputs: Mapping[str, Any] | None, mm_processor_kwargs: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """The keyword arguments the plugins derive from one batch's inputs, merged."""
+        inputs = ReadOnlyInputs(multi_modal_inputs)
+        processor_kwargs = ReadOnlyInputs(mm_processor_kwargs)
+        merged: dict[str, Any] = {}
+        givers: dict[str, str] = {}
+        for info, result in self._plugins.call_each(
+            "get_rope_index_kwargs",
+            processor=self.processor,
+            multi_modal_inputs=inputs,
+            mm_processor_kwargs=processor_kwargs,
+        ):
+            _expect(isinstance(result, Mapping), info, "get_rope_index_kwargs", "a dict", result)
+            for key, value in result.items():
+                if key in merged and not _same(merged[key], value):
+                    raise PluginConflictError(
+                        f"plugins {givers[key]} and {info.label} give different values for rope "
+                        f"argument {key!r}; disable one of them with MMROPE_DISABLE_PLUGINS"
+                    )
+                merged[key] = value
+                givers.setdefault(key, info.label)
+        return merged
+
+    def _rope_index(
+        self, ids: torch.Tensor, mask: torch.Tensor | None, kwargs: dict[str, Any]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        require_valid_tokens(mask)
+        if self.binding.token_types is not None:
+            kwargs["mm_token_type_ids"] = self.binding.token_types(ids)
+        try:
+            return self.binding.rope_index(ids, attention_mask=mask, **kwargs)
+        except MmropeError:
+            raise
+        except Exception as exc:
+            info = self._plugin_label()
+            raise PluginHookError(
+                f"the rope index of plugin {info} ({self.implementation}) raised {type(exc).__name__}: {exc}. "
+                f"Check the inputs against the processor's output, or try impl='reference'"
+            ) from exc
+
+    def _plugin_label(self) -> str:
+        try:
+            return self._plugins.info(self.binding.plugin).label
+        except KeyError:
+            return self.binding.plugin
+
+    # -- batching and processing -------------------------------------------------------------
+
+    def collate(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """Batch per-sample multimodal inputs; :attr:`varlen_keys` are zero-padded on the last dim."""
+        return _collate(samples, self.varlen_keys)
+
+    def process(self, **processor_kwargs: Any) -> Any:
+        """Call the processor under the plugins' validation policy.
+
+        A relaxed policy is applied to a private shallow copy of the processor: the user's
+        processor object is never changed.
+        """
+        if self.processor is None:
+            raise InvalidInputError("this engine has no processor (text-only); tokenize with your tokenizer")
+        return self._processing_processor(**processor_kwargs)
+
+    @functools.cached_property
+    def _processing_processor(self) -> Any:
+        policy = self.validation_policy
+        if policy.strict:
+            return self.processor
+        relaxed = copy.copy(self.processor)
+        if policy.validate is None:
+            relaxed.validate_inputs = _skip_validation
+        else:
+            relaxed.validate_inputs = functools.partial(policy.validate, relaxed)
+        return relaxed
+
+
+def _skip_validation(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def _rebuild(processor: Any, config: Any, options: dict[str, Any]) -> RopeEngine:
+    return RopeEngine.from_processor(processor, config, **options)
+
+
+def _bind(plugins: PluginManager, processor: Any, config: Any, options: Mapping[str, Any]) -> RopeBinding:
+    for info, result in plugins.call_each("bind_rope_index", processor=processor, config=config, options=options):
+        _expect(isinstance(result, RopeBinding), info, "bind_rope_index", "a RopeBinding", result)
+        return result if result.plugin else _with_plugin(result, info.name)
+    raise UnsupportedProcessorError(_unsupported_message(plugins, processor))
+
+
+def _with_plugin(binding: RopeBinding, name: str) -> RopeBinding:
+    import dataclasses
+
+    return dataclasses.replace(binding, plugin=name)
+
+
+def _unsupported_message(plugins: PluginManager, processor: Any) -> str:
+    infos = plugins.plugins()
+    by_status = {status: [info for info in infos if info.status == status] for status in ("active", "failed", "disabled")}
+    lines = [f"no installed mmrope plugin handles {type(processor).__name__}."]
+    lines.append("  Installed: " + (", ".join(info.label for info in by_status["active"]) or "none") + ".")
+    if by_status["failed"]:
+        lines.append("  Failed to load: " + "; ".join(f"{info.label}: {info.reason}" for info in by_status["failed"]) + ".")
+    if by_status["disabled"]:
+        lines.append("  Disabled: " + ", ".join(f"{info.label} ({info.reason})" for info in by_status["disabled"]) + ".")
+    claimed = [info for info in by_status["active"] if type(processor).__name__ in info.processors]
+    if claimed:
+        lines.append(
+            "  " + ", ".join(info.label for info in claimed) + " lists this class but did not bind it; "
+            "check the options passed to RopeEngine.from_processor."
+        )
+    else:
+        lines.append(
+            "  Install or repair the plugin for this family (`mmrope plugins` lists what is installed), "
+            "or write one: see docs/plugin-authoring.md."
+        )
+    return "\n".join(lines)
+
+
+def _expect(ok: bool, info: Any, hook: str, what: str, result: Any) -> None:
+    if not ok:
+        raise PluginContractError(f"plugin {info.label} returned {type(result).__name__} from {hook}; expected {what}")
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and bool((a == b).all())
+    try:
+        return bool(a == b)
+    except Exception:
+        return a is b

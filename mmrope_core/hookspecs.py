@@ -1,0 +1,132 @@
+"""The hooks a plugin may implement.
+
+Each spec is an empty function whose docstring is the contract. A plugin's implementation may
+take fewer arguments than the spec lists; pluggy passes only those it names, so a spec can grow
+without breaking plugins. Plugins are discovered through the ``mmrope`` entry-point group:
+
+.. code-block:: toml
+
+    [project.entry-points.mmrope]
+    my_family = "mmrope_my_family"
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pluggy
+
+from .types import ExampleCase, RopeBinding, ValidationPolicy
+
+PROJECT_NAME = "mmrope"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+@hookspec(firstresult=True)
+def bind_rope_index(processor: Any, config: Any, options: Mapping[str, Any]) -> RopeBinding | None:
+    """Claim a processor and say how its positions are computed.
+
+    Called once when an engine is built. Return a :class:`RopeBinding` when the plugin
+    recognises ``processor`` (by its class or its capabilities), None otherwise. The first
+    binding returned wins; two plugins claiming one processor class is a conflict reported by
+    ``mmrope plugins``.
+
+    Args:
+        processor: the Hugging Face processor the trainer uses.
+        config: the model config, or None. Plugins document the defaults they assume without it
+            and unwrap nested configs (e.g. an Omni ``thinker_config``) themselves.
+        options: read-only keyword options given to ``RopeEngine.from_processor``, e.g.
+            ``{"impl": "reference"}``. Ignore the ones you do not know.
+
+    Example::
+
+        @hookimpl
+        def bind_rope_index(processor, config, options):
+            if type(processor).__name__ != "MyVLProcessor":
+                return None
+            from transformers.models.my_vl import MyVLModel   # heavy import inside the hook
+            return RopeBinding(kind="mrope", rope_index=make_fast_rope_index(processor, config))
+    """
+
+
+@hookspec
+def get_rope_index_kwargs(
+    processor: Any, multi_modal_inputs: Mapping[str, Any], mm_processor_kwargs: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """Extra keyword arguments for the bound ``rope_index``, derived from one batch's inputs.
+
+    Called on every ``compute_position_ids``. Return None when the processor is not yours or
+    nothing is needed. Results of every plugin are merged; two plugins giving different values
+    for one key is a :class:`~mmrope_core.errors.PluginConflictError` naming both.
+
+    Args:
+        processor: the engine's processor.
+        multi_modal_inputs: a read-only mapping of the processor's outputs (``image_grid_thw``,
+            ``feature_attention_mask``, ...). Tensors read from it are copies: changing them
+            cannot change the caller's data.
+        mm_processor_kwargs: read-only keyword arguments the processor was called with
+            (e.g. ``use_audio_in_video``).
+
+    Example::
+
+        @hookimpl
+        def get_rope_index_kwargs(processor, multi_modal_inputs):
+            if type(processor).__name__ != "MyOmniProcessor":
+                return None
+            mask = multi_modal_inputs.get("feature_attention_mask")
+            return {} if mask is None else {"audio_seqlens": mask.sum(-1)}
+    """
+
+
+@hookspec(firstresult=True)
+def validate_inputs_policy(processor: Any) -> ValidationPolicy | None:
+    """How strictly the processor's own input validation runs inside ``engine.process``.
+
+    Trainers re-run the processor on text whose placeholders were collapsed to one token per
+    image; a processor that insists on one placeholder per soft token then rejects valid input.
+    Return a :class:`ValidationPolicy` for processors you own, None otherwise (the processor's
+    check then runs unchanged). The engine applies the policy to a private copy of the processor;
+    the user's object is never changed.
+
+    Example::
+
+        @hookimpl
+        def validate_inputs_policy(processor):
+            if type(processor).__name__ == "MyProcessor":
+                return ValidationPolicy(strict=False, validate=count_images_only,
+                                        reason="placeholders are expanded by the processor itself")
+    """
+
+
+@hookspec
+def varlen_keys(processor: Any) -> Iterable[str] | None:
+    """Multimodal input keys whose last dimension varies per sample.
+
+    ``engine.collate`` zero-pads these on the last dimension before concatenating samples.
+    The union over all plugins is used. Return None (or nothing) for processors not yours.
+
+    Example::
+
+        @hookimpl
+        def varlen_keys(processor):
+            if type(processor).__name__ == "MyOmniProcessor":
+                return {"input_features", "feature_attention_mask"}
+    """
+
+
+@hookspec
+def example_cases() -> Iterable[ExampleCase] | None:
+    """Tiny real processors this plugin handles, built offline, with inputs for them.
+
+    ``mmrope demo`` shows positions for each, and the conformance checks run on them. Keep
+    imports inside the builders so listing plugins stays cheap.
+
+    Example::
+
+        @hookimpl
+        def example_cases():
+            return [ExampleCase("My-VL", build=build_tiny_processor, inputs=random_prompt)]
+    """

@@ -1,0 +1,117 @@
+"""Checking what the caller hands the engine, and read-only views of it for plugins."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from .errors import InvalidInputError
+
+
+def as_batch(input_ids: Any, attention_mask: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Return ``(input_ids, attention_mask)`` as ``(B, L)`` tensors, raising :class:`InvalidInputError`
+    for anything the engine cannot use. ``(L,)`` inputs become ``B = 1``. A missing mask stays None
+    (every token is valid). The caller's tensors are never modified."""
+    ids = _require_tensor("input_ids", input_ids)
+    if ids.dtype not in _INTEGER_DTYPES:
+        raise InvalidInputError(
+            f"input_ids must hold integer token ids, got dtype {ids.dtype}; pass the tokenizer's "
+            f"output or convert with .long()"
+        )
+    if ids.dim() == 1:
+        ids = ids.unsqueeze(0)
+    elif ids.dim() != 2:
+        raise InvalidInputError(
+            f"input_ids must have shape (L,) or (B, L), got {tuple(ids.shape)}; "
+            f"for packed or nested batches pass one (B, L) tensor"
+        )
+    if ids.shape[0] == 0 or ids.shape[1] == 0:
+        raise InvalidInputError(f"input_ids is empty (shape {tuple(ids.shape)}); pass at least one token")
+    if attention_mask is None:
+        return ids, None
+    mask = _require_tensor("attention_mask", attention_mask)
+    if mask.dim() == 1:
+        mask = mask.unsqueeze(0)
+    if mask.shape != ids.shape:
+        raise InvalidInputError(
+            f"attention_mask has shape {tuple(attention_mask.shape)} but input_ids has "
+            f"{tuple(input_ids.shape)}; they must match token for token"
+        )
+    if mask.device != ids.device:
+        raise InvalidInputError(
+            f"attention_mask is on {mask.device} but input_ids on {ids.device}; move both to one device"
+        )
+    if mask.dtype == torch.bool:
+        return ids, mask
+    if mask.dtype not in _INTEGER_DTYPES:
+        raise InvalidInputError(f"attention_mask must be bool or integer 0/1, got dtype {mask.dtype}")
+    if bool(((mask != 0) & (mask != 1)).any()):
+        bad = ((mask != 0) & (mask != 1)).nonzero()[0].tolist()
+        raise InvalidInputError(
+            f"attention_mask must hold only 0 and 1; sample {bad[0]}, position {bad[1]} holds "
+            f"{int(mask[bad[0], bad[1]])}. For packed rows use segment ids or cu_seqlens, not mask values"
+        )
+    return ids, mask.bool()
+
+
+def require_valid_tokens(mask: torch.Tensor | None) -> None:
+    """Raise when a row has no valid token: multimodal RoPE has nothing to place there."""
+    if mask is None:
+        return
+    empty = (~mask.any(dim=1)).nonzero()
+    if empty.numel():
+        raise InvalidInputError(
+            f"sample {int(empty[0, 0])} has no valid token (its attention_mask is all 0); "
+            f"drop empty samples before computing positions"
+        )
+
+
+def _require_tensor(name: str, value: Any) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value
+    raise InvalidInputError(
+        f"{name} must be a torch.Tensor, got {type(value).__name__}; "
+        f"convert with torch.as_tensor({name}) or call the processor with return_tensors='pt'"
+    )
+
+
+_INTEGER_DTYPES = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
+
+
+class ReadOnlyInputs(Mapping[str, Any]):
+    """A read-only mapping over the caller's multimodal inputs.
+
+    Tensors are copied on first access, so a plugin that writes into what it read cannot change
+    the caller's data; tensors it never reads (pixel values) are never copied.
+    """
+
+    __slots__ = ("_source", "_copies")
+
+    def __init__(self, source: Mapping[str, Any] | None) -> None:
+        self._source = source if source is not None else {}
+        self._copies: dict[str, Any] = {}
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._copies:
+            value = self._source[key]
+            self._copies[key] = value.clone() if isinstance(value, torch.Tensor) else _frozen(value)
+        return self._copies[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._source)
+
+    def __len__(self) -> int:
+        return len(self._source)
+
+    def __repr__(self) -> str:
+        return f"ReadOnlyInputs({sorted(self._source)})"
+
+
+def _frozen(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_frozen(item) for item in value)
+    if isinstance(value, dict):
+        return ReadOnlyInputs(value)
+    return value

@@ -1,0 +1,225 @@
+"""The plugin manager: finds plugins through entry points, loads each one inside its own guard,
+and calls hooks so that a misbehaving plugin is always named.
+
+Environment variables, read when plugins are first loaded:
+
+``MMROPE_DISABLE_PLUGINS=a,b``
+    entry-point names never imported.
+``MMROPE_LOAD_PLUGINS=a,b``
+    when set, only these are imported (set but empty: none).
+``MMROPE_STRICT_PLUGINS=1``
+    a plugin that fails to load raises :class:`PluginLoadError` instead of a warning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import threading
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import Any, Literal
+
+import importlib_metadata
+import pluggy
+
+from . import hookspecs
+from .errors import MmropeError, PluginHookError, PluginLoadError, PluginLoadWarning
+
+ENTRY_POINT_GROUP = "mmrope"
+
+PluginStatus = Literal["active", "disabled", "failed"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PluginInfo:
+    """One line of ``mmrope plugins``: a plugin known to the manager and its state."""
+
+    name: str
+    distribution: str | None
+    version: str | None
+    status: PluginStatus
+    reason: str = ""
+    hooks: tuple[str, ...] = ()
+    processors: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """``name (distribution version)``, the way errors name a plugin."""
+        if self.distribution is None:
+            return f"{self.name} (registered in-process)"
+        return f"{self.name} ({self.distribution} {self.version})"
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _env_names(env: Mapping[str, str], key: str) -> frozenset[str] | None:
+    value = env.get(key)
+    if value is None:
+        return None
+    return frozenset(part.strip() for part in value.split(",") if part.strip())
+
+
+def _env_flag(env: Mapping[str, str], key: str) -> bool:
+    return env.get(key, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+class PluginManager:
+    """Holds the plugins of one process (or of one test).
+
+    Entry points are read once, on the first call that needs plugins, never on import.
+    """
+
+    def __init__(self, *, env: Mapping[str, str] | None = None, load_entry_points: bool = True) -> None:
+        self._env = os.environ if env is None else env
+        self._pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+        self._pm.add_hookspecs(hookspecs)
+        self._infos: dict[str, PluginInfo] = {}
+        self._shadowed: list[PluginInfo] = []
+        self._lock = threading.RLock()
+        self._loaded = not load_entry_points
+
+    # -- loading -----------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Import the entry points of group ``mmrope`` once; later calls do nothing."""
+        with self._lock:
+            if self._loaded:
+                return
+            self._loaded = True
+            allow = _env_names(self._env, "MMROPE_LOAD_PLUGINS")
+            block = _env_names(self._env, "MMROPE_DISABLE_PLUGINS") or frozenset()
+            strict = _env_flag(self._env, "MMROPE_STRICT_PLUGINS")
+            for entry_point in importlib_metadata.entry_points(group=ENTRY_POINT_GROUP):
+                self._load_one(entry_point, allow, block, strict)
+
+    def _load_one(self, entry_point: Any, allow: frozenset[str] | None, block: frozenset[str], strict: bool) -> None:
+        name = entry_point.name
+        dist = entry_point.dist
+        dist_name = dist.metadata["Name"] if dist is not None else None
+        version = dist.version if dist is not None else None
+        if name in block or (allow is not None and name not in allow):
+            why = "MMROPE_DISABLE_PLUGINS" if name in block else "not in MMROPE_LOAD_PLUGINS"
+            self._infos[name] = PluginInfo(name, dist_name, version, "disabled", reason=why)
+            return
+        if name in self._infos:
+            other = self._infos[name]
+            reason = (
+                f"entry point name {name!r} is provided by both {other.distribution} {other.version} "
+                f"and {dist_name} {version}; uninstall one of them"
+            )
+            self._fail(PluginInfo(name, dist_name, version, "failed", reason=reason), None, strict)
+            return
+        try:
+            plugin = entry_point.load()
+            self._register_checked(plugin, name)
+        except Exception as exc:  # a broken plugin must never take the host down
+            reason = f"{type(exc).__name__}: {exc}"
+            self._fail(PluginInfo(name, dist_name, version, "failed", reason=reason), exc, strict)
+            return
+        self._infos[name] = self._describe(plugin, name, dist_name, version)
+
+    def _fail(self, info: PluginInfo, exc: BaseException | None, strict: bool) -> None:
+        if info.name in self._infos:  # a second distribution reusing an active plugin's name
+            self._shadowed.append(info)
+        else:
+            self._infos[info.name] = info
+        message = f"mmrope plugin {info.label} failed to load: {info.reason}"
+        if strict:
+            raise PluginLoadError(message + " (MMROPE_STRICT_PLUGINS is set)") from exc
+        warnings.warn(message + "; it is skipped. Set MMROPE_DISABLE_PLUGINS=" + info.name + " to silence this.",
+                      PluginLoadWarning, stacklevel=4)
+
+    def _register_checked(self, plugin: Any, name: str) -> None:
+        self._pm.register(plugin, name=name)  # validates hookimpl signatures against the specs
+        unknown = [caller.name for caller in self._pm.get_hookcallers(plugin) or () if caller.spec is None]
+        if unknown:
+            self._pm.unregister(plugin)
+            known = ", ".join(sorted(self.hook_names()))
+            raise pluggy.PluginValidationError(
+                plugin, f"implements unknown hook(s) {', '.join(unknown)}; the hooks are: {known}"
+            )
+
+    def _describe(self, plugin: Any, name: str, dist_name: str | None, version: str | None) -> PluginInfo:
+        hooks = tuple(sorted(caller.name for caller in self._pm.get_hookcallers(plugin) or ()))
+        processors = tuple(getattr(plugin, "PROCESSOR_CLASSES", ()) or ())
+        return PluginInfo(name, dist_name, version, "active", hooks=hooks, processors=processors)
+
+    # -- in-process registration -------------------------------------------------------------
+
+    def register(self, plugin: Any, name: str) -> None:
+        """Register a module or object carrying hookimpls under ``name`` (tests, notebooks)."""
+        with self._lock:
+            self.load()
+            if name in self._infos and self._infos[name].status == "active":
+                raise PluginLoadError(f"a plugin named {name!r} is already registered: {self._infos[name].label}")
+            self._register_checked(plugin, name)
+            self._infos[name] = self._describe(plugin, name, None, None)
+
+    def unregister(self, name: str) -> None:
+        with self._lock:
+            self._pm.unregister(name=name)
+            self._infos.pop(name, None)
+
+    @contextlib.contextmanager
+    def registered(self, plugin: Any, name: str) -> Iterator[None]:
+        """Register ``plugin`` for the duration of a ``with`` block, always unregistering it."""
+        self.register(plugin, name)
+        try:
+            yield
+        finally:
+            self.unregister(name)
+
+    # -- queries -----------------------------------------------------------------------------
+
+    def plugins(self) -> list[PluginInfo]:
+        """Every plugin seen: active, disabled and failed, sorted by name."""
+        self.load()
+        return sorted([*self._infos.values(), *self._shadowed], key=lambda info: info.name)
+
+    def info(self, name: str) -> PluginInfo:
+        self.load()
+        return self._infos[name]
+
+    @staticmethod
+    def hook_names() -> list[str]:
+        return sorted(name for name in vars(hookspecs) if hasattr(getattr(hookspecs, name), "mmrope_spec"))
+
+    def call_each(self, hook_name: str, **kwargs: Any) -> Iterator[tuple[PluginInfo, Any]]:
+        """Call every implementation of ``hook_name`` in pluggy's order, yielding
+        ``(plugin, result)`` for the results that are not None.
+
+        An exception from a hook becomes a :class:`PluginHookError` naming the plugin, its
+        distribution and the hook; an :class:`MmropeError` a plugin raises on purpose passes
+        through unchanged.
+        """
+        self.load()
+        hook = getattr(self._pm.hook, hook_name)
+        for impl in reversed(hook.get_hookimpls()):
+            info = self._infos.get(impl.plugin_name) or PluginInfo(impl.plugin_name, None, None, "active")
+            try:
+                result = impl.function(*[kwargs[arg] for arg in impl.argnames])
+            except MmropeError:
+                raise
+            except Exception as exc:
+                raise PluginHookError(
+                    f"plugin {info.label} raised in hook {hook_name}: {type(exc).__name__}: {exc}. "
+                    f"Report it to the plugin's authors, or disable it with MMROPE_DISABLE_PLUGINS={info.name}."
+                ) from exc
+            if result is not None:
+                yield info, result
+
+
+_default_manager: PluginManager | None = None
+_default_lock = threading.Lock()
+
+
+def get_plugin_manager() -> PluginManager:
+    """The process-wide manager, created on first use (entry points load on first hook call)."""
+    global _default_manager
+    with _default_lock:
+        if _default_manager is None:
+            _default_manager = PluginManager()
+        return _default_manager

@@ -1,0 +1,81 @@
+"""Building blocks for tiny, real processors built offline: for demos, tests and plugin authors.
+
+Nothing here downloads anything. A processor built with these pieces is a real transformers
+processor (real tokenizer class, real image processor) with a vocabulary of a few words.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+FILLER_WORDS = ("the", "cat", "sat", "on", "a", "mat", "and", "looked", "at", "it")
+
+
+def word_level_tokenizer(special_tokens: Mapping[str, str], words: Iterable[str] = FILLER_WORDS) -> Any:
+    """A ``PreTrainedTokenizerFast`` over ``words`` plus ``special_tokens``.
+
+    Args:
+        special_tokens: attribute name -> token text, e.g. ``{"image_token": "<|image_pad|>"}``.
+            Each becomes a single token and an attribute of the tokenizer (``tokenizer.image_token``).
+        words: the ordinary vocabulary; anything else tokenizes to ``[UNK]``.
+    """
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "[UNK]", *dict.fromkeys(special_tokens.values())]
+    vocab = {token: index for index, token in enumerate([*specials, *dict.fromkeys(words)])}
+    model = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    model.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=model, pad_token="<pad>", unk_token="[UNK]", extra_special_tokens=dict(special_tokens)
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": specials[2:]})
+    return tokenizer
+
+
+@contextlib.contextmanager
+def processors_without_torchvision() -> Iterator[Any]:
+    """Let transformers build processors that declare a video processor when torchvision is
+    missing, yielding a placeholder video processor to pass as ``video_processor=``.
+
+    Without torchvision, transformers cannot resolve the ``VideoProcessorMixin`` type check of
+    such processors. Inside the block the check resolves to the mixin itself; the placeholder
+    cannot process videos (build video inputs from grids instead). With torchvision installed
+    nothing is changed.
+    """
+    import transformers.processing_utils as processing_utils
+    import transformers.video_processing_utils as video_processing_utils
+
+    module = processing_utils.transformers_module
+    if _has_attribute(module, "VideoProcessorMixin"):
+        yield video_processing_utils.VideoProcessorMixin()
+        return
+    module.VideoProcessorMixin = video_processing_utils.VideoProcessorMixin
+    try:
+        yield video_processing_utils.VideoProcessorMixin()
+    finally:
+        with contextlib.suppress(AttributeError):
+            delattr(module, "VideoProcessorMixin")
+
+
+def _has_attribute(module: Any, name: str) -> bool:
+    try:
+        getattr(module, name)
+    except Exception:
+        return False
+    return True
+
+
+def random_image(rng: Any, height: int, width: int) -> Any:
+    """An RGB ``PIL.Image`` of random pixels."""
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.frombuffer(rng.randbytes(height * width * 3), dtype=np.uint8).reshape(height, width, 3)
+    return Image.fromarray(pixels)
+
+
+def filler_text(rng: Any, count: int) -> str:
+    return " ".join(rng.choice(FILLER_WORDS) for _ in range(count))

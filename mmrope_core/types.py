@@ -1,0 +1,113 @@
+"""What hooks return. Each type checks itself when built, so a plugin's mistake is caught
+where it is made and reported with the plugin's name."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+RopeKind = Literal["mrope", "1d"]
+
+#: ``rope_index(input_ids, attention_mask=None, **kwargs) -> (positions (3, B, L), deltas (B, 1))``
+RopeIndexFn = Callable[..., tuple[Any, Any]]
+
+#: ``token_types(input_ids) -> (B, L)`` integer tensor: 0 text, 1 image, 2 video, 3 audio.
+TokenTypesFn = Callable[[Any], Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeBinding:
+    """How positions are computed for one processor, as returned by ``bind_rope_index``.
+
+    Attributes:
+        plugin: the plugin's entry-point name; the engine fills it in when the plugin leaves it empty.
+        kind: ``"mrope"`` for 3-axis multimodal RoPE, ``"1d"`` for plain positions.
+        rope_index: for ``"mrope"``, the callable returning ``(3, B, L)`` positions and ``(B, 1)`` deltas.
+            It must accept ``input_ids`` and ``attention_mask`` plus the keyword arguments the
+            plugin's ``get_rope_index_kwargs`` produces (and ``mm_token_type_ids`` when
+            ``token_types`` is set).
+        token_types: when the callable needs ``mm_token_type_ids``, how to build them from ``input_ids``.
+            The engine never trusts the caller's copy.
+        implementation: a short name of what computes the positions (``"fast"``, ``"reference"``).
+        position_dtype: dtype of the positions ``compute_position_ids`` returns. ``int64`` unless the
+            family's reference produces non-integer positions.
+        description: one line shown by ``mmrope plugins`` and in logs.
+    """
+
+    kind: RopeKind
+    rope_index: RopeIndexFn | None = None
+    token_types: TokenTypesFn | None = None
+    implementation: str = "fast"
+    position_dtype: Any = None
+    description: str = ""
+    plugin: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("mrope", "1d"):
+            raise TypeError(f"RopeBinding.kind must be 'mrope' or '1d', got {self.kind!r}")
+        if self.kind == "mrope" and not callable(self.rope_index):
+            raise TypeError("RopeBinding(kind='mrope') needs a callable rope_index")
+        if self.kind == "1d" and self.rope_index is not None:
+            raise TypeError("RopeBinding(kind='1d') must not carry a rope_index: 1-D positions come from the mask")
+        if self.token_types is not None and not callable(self.token_types):
+            raise TypeError("RopeBinding.token_types must be callable or None")
+        if not isinstance(self.implementation, str) or not self.implementation:
+            raise TypeError("RopeBinding.implementation must be a non-empty string")
+        if self.position_dtype is None:
+            import torch
+
+            object.__setattr__(self, "position_dtype", torch.int64)
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidationPolicy:
+    """How strictly the processor's own ``validate_inputs`` runs inside ``engine.process``.
+
+    Attributes:
+        strict: True keeps the processor's check as it is.
+        validate: with ``strict=False``, what runs instead of ``processor.validate_inputs``:
+            ``validate(processor, images=..., text=..., videos=..., audio=..., **kwargs)``; it may
+            raise to reject input. None skips validation altogether.
+        reason: why the policy differs from the processor's own; shown in listings and docs.
+    """
+
+    strict: bool = True
+    validate: Callable[..., None] | None = None
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.strict, bool):
+            raise TypeError("ValidationPolicy.strict must be a bool")
+        if self.strict and self.validate is not None:
+            raise TypeError("ValidationPolicy(strict=True) keeps the processor's check; do not pass validate")
+        if self.validate is not None and not callable(self.validate):
+            raise TypeError("ValidationPolicy.validate must be callable or None")
+        if not self.strict and not self.reason:
+            raise TypeError("ValidationPolicy(strict=False) needs a reason users can read")
+
+
+STRICT = ValidationPolicy()
+
+
+@dataclasses.dataclass(frozen=True)
+class ExampleCase:
+    """A tiny, offline, real processor and inputs for it: what ``mmrope demo`` shows and what the
+    conformance checks exercise.
+
+    Attributes:
+        name: the model family, e.g. ``"Qwen2.5-VL"``.
+        build: ``build() -> (processor, config)``; must work without network or weights.
+        inputs: ``inputs(processor, rng) -> dict`` of keyword arguments for ``processor(...)``
+            (``rng`` is a ``random.Random``); the result must include ``return_tensors="pt"``.
+    """
+
+    name: str
+    build: Callable[[], tuple[Any, Any]]
+    inputs: Callable[[Any, Any], Mapping[str, Any]]
+
+    def __post_init__(self) -> None:
+        if not self.name or not isinstance(self.name, str):
+            raise TypeError("ExampleCase.name must be a non-empty string")
+        if not callable(self.build) or not callable(self.inputs):
+            raise TypeError("ExampleCase.build and ExampleCase.inputs must be callable")

@@ -1,0 +1,269 @@
+"""The two implementations, ``fast`` and ``reference``, and the check that they agree."""
+
+from __future__ import annotations
+
+import importlib
+import threading
+import types
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from mmrope_core import InvalidInputError, RopeBinding
+from mmrope_core.mrope import MediaGrids, MediaKind, check_placeholders, mrope_positions
+
+from .families import Family
+
+IMPLEMENTATIONS = ("fast", "reference")
+
+#: How the installed transformers turns ``tokens_per_second * second_per_grid_ts`` into temporal ids.
+#: ``scaled``: ``trunc(frame * tps * seconds)`` (transformers >= 5.11);
+#: ``whole_seconds``: ``frame * tps * trunc(seconds)`` (transformers 5.10).
+TEMPORAL_RULES: dict[str, Callable[[Any, torch.Tensor], torch.Tensor]] = {
+    "scaled": lambda tps, seconds: tps * seconds,
+    "whole_seconds": lambda tps, seconds: tps * seconds.long(),
+}
+
+
+def bind(family: Family, processor: Any, config: Any, options: Mapping[str, Any]) -> RopeBinding:
+    impl = options.get("impl", "fast")
+    if impl not in IMPLEMENTATIONS:
+        raise InvalidInputError(f"impl={impl!r} is not an implementation of {family.name}; use one of {IMPLEMENTATIONS}")
+    config = _resolve_config(family, processor, config)
+    token_types = TokenTypes.for_processor(family, processor)
+    reference = ReferenceRopeIndex(family, config)
+    if impl == "reference":
+        return RopeBinding("mrope", reference, token_types, "reference", description=f"{family.name}, transformers reference")
+    rule = agreeing_rule(family, config, reference)
+    if rule is None:
+        return RopeBinding(
+            "mrope", reference, token_types, "reference",
+            description=f"{family.name}, transformers reference (the fast kernel disagrees with this transformers)",
+        )
+    return RopeBinding("mrope", FastRopeIndex(family, config, rule), token_types, "fast",
+                       description=f"{family.name}, batched kernel ({rule} temporal rule)")
+
+
+def _resolve_config(family: Family, processor: Any, config: Any) -> Any:
+    if config is None:
+        from transformers import AutoConfig
+
+        # The family's default config, with the merge size the processor really uses.
+        config = AutoConfig.for_model(family.default_model_type)
+        merge = getattr(getattr(processor, "image_processor", None), "merge_size", None)
+        if merge is not None:
+            config.vision_config.spatial_merge_size = merge
+        return config
+    model_type = getattr(config, "model_type", None)
+    if model_type not in family.models:
+        raise InvalidInputError(
+            f"{type(processor).__name__} belongs to {family.name}, whose configs have model_type "
+            f"{sorted(family.models)}, but the config given has model_type {model_type!r}. "
+            f"Pass the model's top-level config (AutoConfig.from_pretrained) or None"
+        )
+    return config
+
+
+class TokenTypes:
+    """Builds ``mm_token_type_ids`` (0 text, 1 image, 2 video) from ``input_ids``."""
+
+    def __init__(self, image: int, video: int, video_start: int | None = None, video_end: int | None = None) -> None:
+        self.image, self.video, self.video_start, self.video_end = image, video, video_start, video_end
+
+    @classmethod
+    def for_processor(cls, family: Family, processor: Any) -> TokenTypes:
+        if family.video_inside_markers:
+            return cls(processor.image_token_id, processor.video_token_id, processor.video_start_id, processor.video_end_id)
+        return cls(processor.image_token_id, processor.video_token_id)
+
+    def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
+        image = input_ids == self.image
+        if self.video_start is None:
+            return image.to(torch.int32) + (input_ids == self.video).to(torch.int32) * 2
+        opened = (input_ids == self.video_start).cumsum(dim=1)
+        closed = (input_ids == self.video_end).cumsum(dim=1)
+        return image.to(torch.int32) * torch.where(opened > closed, 2, 1).to(torch.int32)
+
+
+def _kinds(family: Family) -> tuple[MediaKind, MediaKind]:
+    return (
+        MediaKind(1, "image", "image placeholder", "image_grid_thw"),
+        MediaKind(2, "video frame" if family.per_frame_video else "video", "video placeholder", "video_grid_thw"),
+    )
+
+
+class _Implementation:
+    def __init__(self, family: Family, config: Any) -> None:
+        self.family = family
+        self.kinds = _kinds(family)
+        vision = config.vision_config
+        self.merge = int(vision.spatial_merge_size)
+        self.tokens_per_second = getattr(vision, "tokens_per_second", None) if family.timed_video else None
+
+    def media(self, image_grid_thw: Any, video_grid_thw: Any, second_per_grid_ts: Any, rule: str) -> dict[int, MediaGrids]:
+        images = _grid("image_grid_thw", image_grid_thw)
+        videos = _grid("video_grid_thw", video_grid_thw)
+        scale = None
+        if videos is not None and self.family.timed_video:
+            seconds = _seconds(second_per_grid_ts, videos.shape[0])
+            scale = TEMPORAL_RULES[rule](self.tokens_per_second, seconds)
+        if videos is not None and self.family.per_frame_video:
+            videos = torch.repeat_interleave(videos, videos[:, 0], dim=0)
+            videos[:, 0] = 1
+        return {1: MediaGrids(images) if images is not None else None,
+                2: MediaGrids(videos, scale) if videos is not None else None}
+
+
+class FastRopeIndex(_Implementation):
+    """The batched kernel. Same signature and results as the reference ``get_rope_index``."""
+
+    def __init__(self, family: Family, config: Any, rule: str) -> None:
+        super().__init__(family, config)
+        self.rule = rule
+
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                 mm_token_type_ids: torch.Tensor, image_grid_thw: Any = None, video_grid_thw: Any = None,
+                 second_per_grid_ts: Any = None, **ignored: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        media = self.media(image_grid_thw, video_grid_thw, second_per_grid_ts, self.rule)
+        mask = attention_mask.bool() if attention_mask is not None else None
+        return mrope_positions(mm_token_type_ids, mask, self.kinds, media,
+                               spatial_merge_size=self.merge, out_dtype=input_ids.dtype)
+
+
+class ReferenceRopeIndex(_Implementation):
+    """The installed transformers model class's ``get_rope_index``, bound to the config alone.
+
+    Inputs are checked first, so a mismatch raises a typed error instead of crashing inside.
+    """
+
+    def __init__(self, family: Family, config: Any) -> None:
+        super().__init__(family, config)
+        module, name = family.models[config.model_type]
+        model_cls = getattr(importlib.import_module(f"transformers.models.{module}"), name)
+        self.model = types.SimpleNamespace(config=config)
+        for method in ("get_vision_position_ids", "get_rope_index"):
+            setattr(self.model, method, types.MethodType(getattr(model_cls, method), self.model))
+
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                 mm_token_type_ids: torch.Tensor, image_grid_thw: Any = None, video_grid_thw: Any = None,
+                 second_per_grid_ts: Any = None, **ignored: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        media = self.media(image_grid_thw, video_grid_thw, second_per_grid_ts, "scaled")
+        mask = attention_mask.bool() if attention_mask is not None else None
+        check_placeholders(mm_token_type_ids, mask, self.kinds, media, spatial_merge_size=self.merge)
+        kwargs = {}
+        if self.family.timed_video and video_grid_thw is not None:
+            kwargs["second_per_grid_ts"] = _seconds(second_per_grid_ts, video_grid_thw.shape[0])
+        return self.model.get_rope_index(
+            input_ids=input_ids, mm_token_type_ids=mm_token_type_ids, image_grid_thw=image_grid_thw,
+            video_grid_thw=video_grid_thw, attention_mask=mask, **kwargs,
+        )
+
+
+def _grid(key: str, value: Any) -> torch.Tensor | None:
+    if value is None:
+        return None
+    if not isinstance(value, torch.Tensor):
+        raise InvalidInputError(
+            f"{key} must be a tensor of shape (N, 3), got {type(value).__name__}; "
+            f"convert with torch.as_tensor({key}) or use the processor's output"
+        )
+    if value.dim() != 2 or value.shape[1] != 3 or value.dtype.is_floating_point:
+        raise InvalidInputError(f"{key} must be an integer tensor of shape (N, 3), got {value.dtype} {tuple(value.shape)}")
+    return value
+
+
+def _seconds(value: Any, videos: int) -> torch.Tensor:
+    """``second_per_grid_ts`` as a tensor (a list becomes float32, as the processor returns it)."""
+    if value is None:
+        return torch.ones(videos, dtype=torch.int64)
+    seconds = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+    seconds = seconds.reshape(-1)
+    if seconds.numel() != videos:
+        raise InvalidInputError(
+            f"second_per_grid_ts has {seconds.numel()} values for {videos} videos in video_grid_thw; "
+            f"pass one value per video"
+        )
+    if seconds.dtype.is_floating_point and not bool(torch.isfinite(seconds).all()):
+        raise InvalidInputError(f"second_per_grid_ts holds a non-finite value: {seconds.tolist()}")
+    if bool((seconds < 0).any()):
+        raise InvalidInputError(f"second_per_grid_ts holds a negative value: {seconds.tolist()}")
+    return seconds
+
+
+# -- does the fast kernel agree with the installed reference? -----------------------------------
+
+_agreement: dict[tuple[Any, ...], str | None] = {}
+_agreement_lock = threading.Lock()
+
+
+def agreeing_rule(family: Family, config: Any, reference: ReferenceRopeIndex) -> str | None:
+    """The temporal rule under which the fast kernel equals the reference on probe batches, or
+    None (with one warning) when no rule does. Cached per family and config facts."""
+    key = (family.name, config.model_type, reference.merge, reference.tokens_per_second)
+    with _agreement_lock:
+        if key not in _agreement:
+            _agreement[key] = _probe(family, config, reference)
+            if _agreement[key] is None:
+                import transformers
+
+                warnings.warn(
+                    f"mmrope-qwen-vl: the fast {family.name} kernel does not reproduce "
+                    f"transformers {transformers.__version__}'s get_rope_index on probe inputs, "
+                    f"so the reference implementation is used (same results, slower). "
+                    f"Please report this with your transformers version.",
+                    RuntimeWarning,
+                    stacklevel=5,
+                )
+        return _agreement[key]
+
+
+def _probe(family: Family, config: Any, reference: ReferenceRopeIndex) -> str | None:
+    batches = list(probe_batches(family, reference.merge))
+    expected = [reference(**batch) for batch in batches]
+    rules = TEMPORAL_RULES if family.timed_video else {"scaled": TEMPORAL_RULES["scaled"]}
+    for rule in rules:
+        fast = FastRopeIndex(family, config, rule)
+        if all(_equal(fast(**batch), want) for batch, want in zip(batches, expected)):
+            return rule
+    return None
+
+
+def _equal(got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Tensor, torch.Tensor]) -> bool:
+    return all(a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b) for a, b in zip(got, want))
+
+
+def probe_batches(family: Family, merge: int):
+    """Small batches covering text, images, videos with fractional seconds and both paddings."""
+    image = (1, 2 * merge, 3 * merge)
+    video = (3, 2 * merge, 2 * merge)
+    frame_tokens = 4
+    image_tokens = 6
+
+    def sample(video_seconds: float) -> list[int]:
+        types_ = [0] * 3 + [1] * image_tokens + [0] * 2
+        if family.per_frame_video:
+            for _ in range(video[0]):
+                types_ += [0] * 2 + [2] * frame_tokens
+        else:
+            types_ += [2] * (frame_tokens * video[0])
+        return types_ + [0] * 3
+
+    for left in (False, True):
+        rows = [sample(0.5), sample(1.3)[:-1]]
+        length = max(map(len, rows))
+        types_ = torch.zeros(2, length, dtype=torch.int32)
+        mask = torch.zeros(2, length, dtype=torch.bool)
+        for row, values in enumerate(rows):
+            span = slice(length - len(values), length) if left else slice(0, len(values))
+            types_[row, span] = torch.tensor(values, dtype=torch.int32)
+            mask[row, span] = True
+        yield {
+            "input_ids": torch.zeros(2, length, dtype=torch.int64),
+            "attention_mask": mask,
+            "mm_token_type_ids": types_,
+            "image_grid_thw": torch.tensor([image, image]),
+            "video_grid_thw": torch.tensor([video, video]),
+            "second_per_grid_ts": torch.tensor([0.5, 1.3]),
+        }
