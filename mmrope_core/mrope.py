@@ -217,13 +217,18 @@ def _check_grid(
     if paired:
         wrong = (found[:paired] != expected[:paired]).nonzero()
         if wrong.numel():
-            raise _size_mismatch(kind, int(wrong[0, 0]), runs, found, expected, grid, seg_row)
+            first = int(wrong[0, 0])
+            extra = runs.numel() > count and first + 1 < runs.numel() and bool(found[first + 1] == expected[first])
+            if not extra:
+                raise _size_mismatch(kind, first, runs, found, expected, grid, seg_row)
+            count = first  # the run at `first` is the one without a grid: the next run fits its grid
     if runs.numel() > count:
         run = runs[count]
         sample = int(seg_row[run])
         raise PlaceholderMismatchError(
             f"sample {sample}: a run of {int(found[count])} {kind.token} tokens has no {kind.name} grid "
-            f"({kind.grid_key} has {count} rows for {runs.numel()} {kind.name} runs in the batch). "
+            f"({kind.grid_key} has {grid.shape[0] if grid is not None else 0} rows for {runs.numel()} "
+            f"{kind.name} runs in the batch). "
             f"A placeholder token was probably sampled in a response, or {kind.grid_key} misses this "
             f"sample's {kind.name}s; mask it out or pass the grids of every sample"
         )

@@ -33,7 +33,8 @@ def bind(family: Family, processor: Any, config: Any, options: Mapping[str, Any]
         raise InvalidInputError(f"impl={impl!r} is not an implementation of {family.name}; use one of {IMPLEMENTATIONS}")
     config = _resolve_config(family, processor, config)
     token_types = TokenTypes.for_processor(family, processor)
-    reference = ReferenceRopeIndex(family, config)
+    tokens = (processor.image_token, processor.video_token)
+    reference = ReferenceRopeIndex(family, config, tokens)
     if impl == "reference":
         return RopeBinding("mrope", reference, token_types, "reference", description=f"{family.name}, transformers reference")
     rule = agreeing_rule(family, config, reference)
@@ -42,7 +43,7 @@ def bind(family: Family, processor: Any, config: Any, options: Mapping[str, Any]
             "mrope", reference, token_types, "reference",
             description=f"{family.name}, transformers reference (the fast kernel disagrees with this transformers)",
         )
-    return RopeBinding("mrope", FastRopeIndex(family, config, rule), token_types, "fast",
+    return RopeBinding("mrope", FastRopeIndex(family, config, rule, tokens), token_types, "fast",
                        description=f"{family.name}, batched kernel ({rule} temporal rule)")
 
 
@@ -87,17 +88,20 @@ class TokenTypes:
         return image.to(torch.int32) * torch.where(opened > closed, 2, 1).to(torch.int32)
 
 
-def _kinds(family: Family) -> tuple[MediaKind, MediaKind]:
+def _kinds(family: Family, tokens: tuple[str, str]) -> tuple[MediaKind, MediaKind]:
     return (
-        MediaKind(1, "image", "image placeholder", "image_grid_thw"),
-        MediaKind(2, "video frame" if family.per_frame_video else "video", "video placeholder", "video_grid_thw"),
+        MediaKind(1, "image", tokens[0], "image_grid_thw"),
+        MediaKind(2, "video frame" if family.per_frame_video else "video", tokens[1], "video_grid_thw"),
     )
 
 
+_TOKENS = ("image placeholder", "video placeholder")
+
+
 class _Implementation:
-    def __init__(self, family: Family, config: Any) -> None:
+    def __init__(self, family: Family, config: Any, tokens: tuple[str, str] = _TOKENS) -> None:
         self.family = family
-        self.kinds = _kinds(family)
+        self.kinds = _kinds(family, tokens)
         vision = config.vision_config
         self.merge = int(vision.spatial_merge_size)
         self.tokens_per_second = getattr(vision, "tokens_per_second", None) if family.timed_video else None
@@ -119,8 +123,8 @@ class _Implementation:
 class FastRopeIndex(_Implementation):
     """The batched kernel. Same signature and results as the reference ``get_rope_index``."""
 
-    def __init__(self, family: Family, config: Any, rule: str) -> None:
-        super().__init__(family, config)
+    def __init__(self, family: Family, config: Any, rule: str, tokens: tuple[str, str] = _TOKENS) -> None:
+        super().__init__(family, config, tokens)
         self.rule = rule
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
@@ -138,8 +142,8 @@ class ReferenceRopeIndex(_Implementation):
     Inputs are checked first, so a mismatch raises a typed error instead of crashing inside.
     """
 
-    def __init__(self, family: Family, config: Any) -> None:
-        super().__init__(family, config)
+    def __init__(self, family: Family, config: Any, tokens: tuple[str, str] = _TOKENS) -> None:
+        super().__init__(family, config, tokens)
         module, name = family.models[config.model_type]
         model_cls = getattr(importlib.import_module(f"transformers.models.{module}"), name)
         self.model = types.SimpleNamespace(config=config)

@@ -1,0 +1,73 @@
+"""``mmrope demo``: every installed family's example processors, their positions, and how the
+fast implementation compares with the transformers reference."""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any, TextIO
+
+import torch
+
+from .engine import RopeEngine
+from .errors import MmropeError
+from .manager import get_plugin_manager
+
+_COLUMNS = 12
+
+
+def run(seed: int, out: TextIO) -> int:
+    manager = get_plugin_manager()
+    cases = [(info, case) for info, result in manager.call_each("example_cases") for case in result]
+    if not cases:
+        print("No installed plugin offers example processors; `mmrope plugins` lists what is installed.", file=out)
+        return 1
+    failures = 0
+    for info, case in cases:
+        print(f"\n=== {case.name}  (plugin {info.label})", file=out)
+        try:
+            _show(case, random.Random(seed), out)
+        except MmropeError as exc:
+            failures += 1
+            print(f"  failed: {type(exc).__name__}: {exc}", file=out)
+    print(f"\n{len(cases) - failures} of {len(cases)} families shown.", file=out)
+    return 1 if failures else 0
+
+
+def _show(case: Any, rng: random.Random, out: TextIO) -> None:
+    processor, config = case.build()
+    batch = processor(**case.inputs(processor, rng))
+    input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
+    multi_modal_inputs = {key: value for key, value in batch.items() if key not in ("input_ids", "attention_mask")}
+    engine = RopeEngine.from_processor(processor, config)
+    started = time.perf_counter()
+    positions = engine.compute_position_ids(input_ids, attention_mask, multi_modal_inputs)
+    elapsed = time.perf_counter() - started
+    print(f"  {engine!r}", file=out)
+    print(f"  input_ids {tuple(input_ids.shape)} -> positions {tuple(positions.shape)} {positions.dtype} "
+          f"in {elapsed * 1e3:.2f} ms", file=out)
+    if engine.rope_kind == "mrope":
+        reference = RopeEngine.from_processor(processor, config, impl="reference")
+        expected = reference.compute_position_ids(input_ids, attention_mask, multi_modal_inputs)
+        same = torch.equal(positions, expected)
+        print(f"  equal to the transformers reference: {'yes' if same else 'NO'}", file=out)
+        if not same:
+            raise MmropeError(f"{case.name}: positions differ from the reference")
+    tokens = processor.tokenizer.convert_ids_to_tokens(input_ids[0].tolist())
+    rows = ["text", "t", "h", "w"] if positions.dim() == 3 else ["pos"]
+    sample = positions[0] if positions.dim() == 3 else positions[:1]
+    print("  sample 0:", file=out)
+    for begin in range(0, len(tokens), _COLUMNS):
+        chunk = slice(begin, begin + _COLUMNS)
+        print("    token " + " ".join(_short(token) for token in tokens[chunk]), file=out)
+        for name, row in zip(rows, sample):
+            print(f"    {name:>5} " + " ".join(f"{_number(value):>8}" for value in row[chunk].tolist()), file=out)
+
+
+def _short(token: str) -> str:
+    token = token.replace("<|", "").replace("|>", "").replace("<", "").replace(">", "")
+    return f"{token[:8]:>8}"
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:.2f}"

@@ -1,0 +1,79 @@
+"""A well-behaved plugin for ToyProcessor: M-RoPE whose three rows count valid tokens, shifted
+by an ``offset`` taken from the multimodal inputs."""
+
+import torch
+
+from mmrope_core import ExampleCase, RopeBinding, ValidationPolicy, hookimpl
+
+PROCESSOR_CLASSES = ("ToyProcessor",)
+
+
+class ToyProcessor:
+    """Stands in for a processor: returns ids and a mask; rejects odd-length text when strict."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def validate_inputs(self, text=None, **kwargs):
+        if any(len(sample.split()) % 2 for sample in text):
+            raise ValueError("ToyProcessor wants an even number of words")
+
+    def __call__(self, text, **kwargs):
+        self.calls += 1
+        self.validate_inputs(text=text)
+        lengths = [len(sample.split()) for sample in text]
+        longest = max(lengths)
+        ids = torch.tensor([[7] * n + [0] * (longest - n) for n in lengths])
+        return {"input_ids": ids, "attention_mask": (ids != 0).long()}
+
+
+class Toy1dProcessor:
+    pass
+
+
+def toy_rope_index(input_ids, attention_mask=None, offset=0, **kwargs):
+    mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
+    positions = (mask.long().cumsum(1) - 1).clamp(min=0) + int(offset)
+    positions = positions.masked_fill(~mask, 0)
+    deltas = torch.zeros(input_ids.shape[0], 1, dtype=torch.long)
+    return positions.unsqueeze(0).repeat(3, 1, 1), deltas
+
+
+def _relaxed(processor, text=None, **kwargs):
+    if not text:
+        raise ValueError("ToyProcessor needs text")
+
+
+@hookimpl
+def bind_rope_index(processor, options):
+    if isinstance(processor, Toy1dProcessor):
+        return RopeBinding(kind="1d")
+    if isinstance(processor, ToyProcessor):
+        return RopeBinding(kind="mrope", rope_index=toy_rope_index, implementation=options.get("impl", "fast"))
+    return None
+
+
+@hookimpl
+def get_rope_index_kwargs(processor, multi_modal_inputs):
+    if isinstance(processor, ToyProcessor) and "offset" in multi_modal_inputs:
+        return {"offset": multi_modal_inputs["offset"]}
+    return None
+
+
+@hookimpl
+def validate_inputs_policy(processor):
+    if isinstance(processor, ToyProcessor):
+        return ValidationPolicy(strict=False, validate=_relaxed, reason="word counts may be odd after collapsing")
+    return None
+
+
+@hookimpl
+def varlen_keys(processor):
+    if isinstance(processor, ToyProcessor):
+        return ["features"]
+    return None
+
+
+@hookimpl
+def example_cases():
+    return [ExampleCase("Toy", build=lambda: (ToyProcessor(), None), inputs=lambda processor, rng: {"text": ["a b", "c d e f"]})]

@@ -1,0 +1,194 @@
+"""The engine with real entry-point plugins: binding, hooks, errors, layouts, pickling."""
+
+import pickle
+
+import pytest
+import torch
+
+from mmrope_core import (
+    InvalidInputError,
+    PluginConflictError,
+    PluginContractError,
+    PluginHookError,
+    PluginLoadWarning,
+    RopeEngine,
+    RopeIndexUnavailableError,
+    UnsupportedProcessorError,
+    hookimpl,
+)
+
+
+@pytest.fixture
+def toy():
+    import mmrope_test_toy
+
+    return mmrope_test_toy
+
+
+def test_a_processor_no_plugin_claims_names_its_class_and_the_plugins(make_manager):
+    manager = make_manager(MMROPE_LOAD_PLUGINS="toy,broken_import")
+
+    class MysteryProcessor:
+        pass
+
+    with pytest.warns(PluginLoadWarning):
+        with pytest.raises(UnsupportedProcessorError) as caught:
+            RopeEngine.from_processor(MysteryProcessor(), plugin_manager=manager)
+    message = str(caught.value)
+    assert "no installed mmrope plugin handles MysteryProcessor" in message
+    assert "toy (mmrope-test-plugins 1.0)" in message
+    assert "Failed to load: broken_import (mmrope-test-plugins 1.0): ModuleNotFoundError" in message
+
+
+def test_text_only_engine_gives_1d_positions(toy_manager):
+    engine = RopeEngine.from_processor(None, plugin_manager=toy_manager)
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 0, 0]])
+    positions = engine.compute_position_ids(torch.ones(2, 5, dtype=torch.long), mask)
+    assert engine.rope_kind == "1d" and engine.plugin_name is None
+    assert positions.tolist() == (mask.cumsum(1) - 1).clamp(min=0).tolist()
+    with pytest.raises(RopeIndexUnavailableError, match="compute_position_ids"):
+        engine.get_rope_index(torch.ones(1, 3, dtype=torch.long))
+
+
+def test_a_1d_plugin_binding_gives_2d_positions(toy_manager, toy):
+    engine = RopeEngine.from_processor(toy.Toy1dProcessor(), plugin_manager=toy_manager)
+    positions = engine.compute_position_ids(torch.tensor([5, 6, 7]), None)
+    assert engine.plugin_name == "toy"
+    assert positions.dtype == torch.int64 and positions.tolist() == [[0, 1, 2]]
+
+
+def test_mrope_layout_is_text_row_then_the_plugins_three_rows(toy_manager, toy):
+    engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager)
+    ids = torch.tensor([[0, 0, 7, 7, 7], [7, 7, 7, 7, 0]])
+    mask = ids != 0
+    positions = engine.compute_position_ids(ids, mask.long(), {"offset": torch.tensor(5)})
+    assert positions.shape == (2, 4, 5) and positions.dtype == torch.int64
+    assert positions[0, 0].tolist() == [1, 1, 0, 1, 2]  # text row: 1 at padding
+    assert positions[1, 0].tolist() == [0, 1, 2, 3, 1]
+    expected, _ = toy.toy_rope_index(ids, mask, offset=5)
+    assert torch.equal(positions[:, 1:], expected.transpose(0, 1))
+
+
+def test_get_rope_index_is_a_drop_in(toy_manager, toy):
+    engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager)
+    positions, deltas = engine.get_rope_index(torch.tensor([[7, 7, 7]]), offset=2, mm_token_type_ids="ignored")
+    assert positions.shape == (3, 1, 3) and deltas.shape == (1, 1)
+    assert positions[0, 0].tolist() == [2, 3, 4]
+
+
+def test_options_reach_the_plugin(toy_manager, toy):
+    engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager, impl="reference")
+    assert engine.implementation == "reference"
+
+
+def test_kwargs_hooks_cannot_change_the_callers_data(toy_manager, toy):
+    class Mutating:
+        @hookimpl
+        def get_rope_index_kwargs(self, multi_modal_inputs):
+            multi_modal_inputs["offset"].add_(100)
+            with pytest.raises(TypeError):
+                multi_modal_inputs["offset"] = 0
+            return None
+
+    offset = torch.tensor(3)
+    inputs = {"offset": offset}
+    with toy_manager.registered(Mutating(), "mutating"):
+        engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager)
+        engine.compute_position_ids(torch.tensor([[7, 7]]), None, inputs)
+    assert offset.item() == 3 and inputs == {"offset": offset}
+
+
+def test_a_hook_raising_names_the_plugin_the_distribution_and_the_hook(make_manager, toy):
+    manager = make_manager(MMROPE_LOAD_PLUGINS="toy,raises")
+    engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=manager)
+    with pytest.raises(PluginHookError) as caught:
+        engine.compute_position_ids(torch.tensor([[7, 7]]), None, {})
+    assert "raises (mmrope-test-plugins 1.0) raised in hook get_rope_index_kwargs: ZeroDivisionError" in str(caught.value)
+    assert isinstance(caught.value.__cause__, ZeroDivisionError)
+
+
+def test_two_plugins_giving_different_values_conflict(make_manager, toy):
+    manager = make_manager(MMROPE_LOAD_PLUGINS="toy,conflict_a,conflict_b")
+    engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=manager)
+    with pytest.raises(PluginConflictError) as caught:
+        engine.compute_position_ids(torch.tensor([[7, 7]]), None, {})
+    message = str(caught.value)
+    assert "conflict_a (mmrope-test-plugins 1.0)" in message and "conflict_b (mmrope-test-plugins 1.0)" in message
+    assert "'offset'" in message
+
+
+def test_two_plugins_giving_the_same_value_agree(make_manager, toy):
+    manager = make_manager(MMROPE_LOAD_PLUGINS="toy,conflict_a")
+    engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=manager)
+    positions = engine.compute_position_ids(torch.tensor([[7, 7]]), None, {"offset": 10})
+    assert positions[0, 1].tolist() == [10, 11]
+
+
+def test_a_hook_returning_the_wrong_type_breaks_the_contract(toy_manager):
+    class Wrong:
+        @hookimpl
+        def bind_rope_index(self, processor):
+            return {"kind": "mrope"}
+
+    with toy_manager.registered(Wrong(), "wrong"):
+        with pytest.raises(PluginContractError, match="wrong .*returned dict from bind_rope_index; expected a RopeBinding"):
+            RopeEngine.from_processor(object(), plugin_manager=toy_manager)
+
+
+def test_varlen_keys_are_the_union_and_collate_pads_them(toy_manager, toy):
+    class MoreKeys:
+        @hookimpl
+        def varlen_keys(self, processor):
+            return {"more"}
+
+    with toy_manager.registered(MoreKeys(), "more_keys"):
+        engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager)
+    assert engine.varlen_keys == {"features", "more"}
+    batch = engine.collate([{"features": torch.ones(1, 2, 3)}, {"features": torch.ones(1, 2, 5)}])
+    assert batch["features"].shape == (2, 2, 5)
+    assert batch["features"][0, :, 3:].eq(0).all() and batch["features"][1].eq(1).all()
+
+
+def test_process_applies_the_policy_to_a_copy(toy_manager, toy):
+    processor = toy.ToyProcessor()
+    engine = RopeEngine.from_processor(processor, plugin_manager=toy_manager)
+    with pytest.raises(ValueError, match="even number"):
+        processor(text=["a b c"])
+    out = engine.process(text=["a b c"])
+    assert out["input_ids"].shape == (1, 3)
+    assert "validate_inputs" not in vars(processor)
+    with pytest.raises(ValueError, match="even number"):
+        processor(text=["a b c"])
+    with pytest.raises(ValueError, match="needs text"):
+        engine.process(text=[])
+    assert engine.validation_policy.reason
+
+
+def test_the_engine_pickles(toy_manager, toy, monkeypatch):
+    import mmrope_core.manager
+
+    monkeypatch.setattr(mmrope_core.manager, "_default_manager", toy_manager)
+    engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager)
+    clone = pickle.loads(pickle.dumps(engine))
+    ids = torch.tensor([[7, 7, 0]])
+    assert clone.plugin_name == "toy"
+    assert torch.equal(clone.compute_position_ids(ids, ids != 0), engine.compute_position_ids(ids, ids != 0))
+
+
+@pytest.mark.parametrize(
+    "input_ids, attention_mask, message",
+    [
+        ([[1, 2]], None, "input_ids must be a torch.Tensor, got list"),
+        (torch.ones(1, 2), None, "integer token ids, got dtype torch.float32"),
+        (torch.ones(1, 2, 3, dtype=torch.long), None, r"shape \(L,\) or \(B, L\), got \(1, 2, 3\)"),
+        (torch.ones(0, 4, dtype=torch.long), None, "input_ids is empty"),
+        (torch.ones(2, 3, dtype=torch.long), torch.ones(2, 4), r"attention_mask has shape \(2, 4\) but input_ids has \(2, 3\)"),
+        (torch.ones(1, 3, dtype=torch.long), torch.tensor([[1, 2, 1]]), "sample 0, position 1 holds 2"),
+        (torch.ones(1, 3, dtype=torch.long), torch.ones(1, 3) * 0.5, "bool or integer 0/1"),
+        (torch.ones(2, 2, dtype=torch.long), torch.tensor([[1, 1], [0, 0]]), "sample 1 has no valid token"),
+    ],
+)
+def test_bad_inputs_raise_typed_errors(toy_manager, toy, input_ids, attention_mask, message):
+    engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager)
+    with pytest.raises(InvalidInputError, match=message):
+        engine.compute_position_ids(input_ids, attention_mask, {})

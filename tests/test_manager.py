@@ -1,0 +1,120 @@
+"""Plugin discovery through real entry points, guarded loading, block and allow lists."""
+
+import subprocess
+import sys
+
+import pytest
+
+from mmrope_core import PluginLoadError, PluginLoadWarning, PluginManager
+from mmrope_core.manager import PluginInfo
+
+
+def by_name(manager):
+    return {info.name: info for info in manager.plugins()}
+
+
+def test_a_good_plugin_is_found_through_its_entry_point(toy_manager):
+    toy = by_name(toy_manager)["toy"]
+    assert toy.status == "active"
+    assert (toy.distribution, toy.version) == ("mmrope-test-plugins", "1.0")
+    assert toy.hooks == ("bind_rope_index", "example_cases", "get_rope_index_kwargs", "validate_inputs_policy", "varlen_keys")
+    assert toy.processors == ("ToyProcessor",)
+
+
+def test_a_plugin_that_fails_to_import_is_recorded_and_skipped(make_manager):
+    manager = make_manager(MMROPE_LOAD_PLUGINS="toy,broken_import")
+    with pytest.warns(PluginLoadWarning, match=r"broken_import \(mmrope-test-plugins 1.0\) failed to load: ModuleNotFoundError"):
+        plugins = by_name(manager)
+    assert plugins["broken_import"].status == "failed"
+    assert "mmrope_dependency_that_is_not_installed" in plugins["broken_import"].reason
+    assert plugins["toy"].status == "active"
+
+
+def test_strict_mode_turns_a_load_failure_into_an_error(make_manager):
+    manager = make_manager(MMROPE_LOAD_PLUGINS="broken_import", MMROPE_STRICT_PLUGINS="1")
+    with pytest.raises(PluginLoadError, match="broken_import .*MMROPE_STRICT_PLUGINS") as caught:
+        manager.plugins()
+    assert isinstance(caught.value.__cause__, ModuleNotFoundError)
+
+
+def test_a_hook_with_an_unknown_name_fails_validation(make_manager):
+    manager = make_manager(MMROPE_LOAD_PLUGINS="unknown_hook")
+    with pytest.warns(PluginLoadWarning, match="unknown hook.*bind_rope_indx"):
+        info = by_name(manager)["unknown_hook"]
+    assert info.status == "failed"
+    assert "bind_rope_index" in info.reason  # lists the real hook names
+
+
+def test_disabled_plugins_are_never_imported(make_manager):
+    # mmrope_test_blocked raises on import: loading it would be a failure, not "disabled".
+    manager = make_manager(MMROPE_DISABLE_PLUGINS="blocked,broken_import,unknown_hook")
+    plugins = by_name(manager)
+    assert plugins["blocked"].status == "disabled"
+    assert plugins["blocked"].reason == "MMROPE_DISABLE_PLUGINS"
+    assert "mmrope_test_blocked" not in sys.modules
+
+
+def test_the_allowlist_loads_only_the_plugins_named(make_manager):
+    plugins = by_name(make_manager(MMROPE_LOAD_PLUGINS="toy"))
+    assert plugins["toy"].status == "active"
+    assert {info.status for name, info in plugins.items() if name != "toy"} == {"disabled"}
+    assert plugins["raises"].reason == "not in MMROPE_LOAD_PLUGINS"
+
+
+def test_an_empty_allowlist_loads_no_plugin(make_manager):
+    plugins = by_name(make_manager(MMROPE_LOAD_PLUGINS=""))
+    assert plugins and {info.status for info in plugins.values()} == {"disabled"}
+
+
+def test_entry_points_are_read_once_and_only_when_needed(make_manager, monkeypatch):
+    import importlib_metadata
+
+    calls = []
+    real = importlib_metadata.entry_points
+    monkeypatch.setattr(importlib_metadata, "entry_points", lambda **kw: calls.append(kw) or real(**kw))
+    manager = make_manager(MMROPE_LOAD_PLUGINS="toy")
+    assert calls == []
+    manager.plugins()
+    manager.plugins()
+    assert calls == [{"group": "mmrope"}]
+
+
+def test_importing_mmrope_core_loads_no_plugin():
+    code = (
+        "import sys, mmrope_core, mmrope_core.engine, mmrope_core.cli; "
+        "print(sorted(m for m in sys.modules if m.startswith('mmrope_') and not m.startswith('mmrope_core')))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+def test_in_process_registration_always_unregisters(toy_manager):
+    from mmrope_core import hookimpl
+
+    class Plugin:
+        @hookimpl
+        def varlen_keys(self, processor):
+            return ["extra"]
+
+    with pytest.raises(RuntimeError):
+        with toy_manager.registered(Plugin(), "notebook"):
+            assert by_name(toy_manager)["notebook"].distribution is None
+            raise RuntimeError("leave the block by an exception")
+    assert "notebook" not in by_name(toy_manager)
+
+
+def test_registering_a_name_twice_is_refused(toy_manager):
+    with pytest.raises(PluginLoadError, match="already registered: toy \\(mmrope-test-plugins 1.0\\)"):
+        toy_manager.register(object(), "toy")
+
+
+def test_plugin_info_serialises_for_json():
+    info = PluginInfo("x", "dist-x", "2.0", "failed", reason="ImportError: y")
+    assert info.as_dict()["status"] == "failed"
+    assert info.label == "x (dist-x 2.0)"
+
+
+def test_hook_names_are_the_documented_ones():
+    assert PluginManager.hook_names() == [
+        "bind_rope_index", "example_cases", "get_rope_index_kwargs", "validate_inputs_policy", "varlen_keys",
+    ]

@@ -1,0 +1,278 @@
+"""mmrope-qwen-vl against the installed transformers reference, with real processors."""
+
+import functools
+import random
+import types
+import warnings
+
+import pytest
+import torch
+import transformers
+
+from mmrope_core import InvalidInputError, PlaceholderMismatchError, PluginManager, RopeEngine
+from mmrope_core.tiny import processors_without_torchvision
+from qwen_vl_inputs import random_batch
+
+# (example family, config model_type): every model class the plugin binds
+MODELS = [
+    ("Qwen2-VL", "qwen2_vl"),
+    ("Qwen2.5-VL", "qwen2_5_vl"),
+    ("Qwen3-VL", "qwen3_vl"),
+    ("Qwen3-VL", "qwen3_vl_moe"),
+    ("Qwen3.5", "qwen3_5"),
+    ("Qwen3.5", "qwen3_5_moe"),
+    ("GLM-4V", "glm4v"),
+    ("GLM-4V", "glm4v_moe"),
+]
+BATCHES_PER_MODEL = 150
+
+
+@pytest.fixture(scope="module")
+def manager():
+    return PluginManager(env={"MMROPE_LOAD_PLUGINS": "qwen_vl"})
+
+
+@functools.cache
+def example(name):
+    from mmrope_qwen_vl.examples import example_cases
+
+    return next(case for case in example_cases() if case.name == name)
+
+
+@functools.cache
+def built(name, model_type):
+    processor, _ = example(name).build()
+    return processor, transformers.AutoConfig.for_model(model_type)
+
+
+def engines(manager, name, model_type):
+    processor, config = built(name, model_type)
+    fast = RopeEngine.from_processor(processor, config, plugin_manager=manager)
+    reference = RopeEngine.from_processor(processor, config, plugin_manager=manager, impl="reference")
+    return fast, reference
+
+
+def transformers_reference(config):
+    """The model's own get_rope_index, bound to the config, without mmrope."""
+    from mmrope_qwen_vl.families import FAMILIES
+
+    module, name = next(f.models[config.model_type] for f in FAMILIES.values() if config.model_type in f.models)
+    model_cls = getattr(getattr(transformers.models, module), name)
+    namespace = types.SimpleNamespace(config=config)
+    for method in ("get_vision_position_ids", "get_rope_index"):
+        setattr(namespace, method, types.MethodType(getattr(model_cls, method), namespace))
+    return namespace.get_rope_index
+
+
+def split(batch):
+    return batch["input_ids"], batch["attention_mask"], {k: v for k, v in batch.items() if k not in ("input_ids", "attention_mask")}
+
+
+@pytest.mark.differential
+@pytest.mark.parametrize("name, model_type", MODELS)
+def test_fast_binding_is_used_on_this_transformers(manager, name, model_type):
+    fast, reference = engines(manager, name, model_type)
+    assert fast.implementation == "fast", fast.binding.description
+    assert reference.implementation == "reference"
+
+
+@pytest.mark.differential
+@pytest.mark.parametrize("name, model_type", MODELS)
+def test_real_processor_output_gives_the_models_own_positions(manager, name, model_type):
+    processor, config = built(name, model_type)
+    fast, _ = engines(manager, name, model_type)
+    for seed in range(5):
+        batch = processor(**example(name).inputs(processor, random.Random(seed)))
+        ids, mask, inputs = split(dict(batch))
+        want_positions, want_deltas = transformers_reference(config)(
+            input_ids=ids, mm_token_type_ids=inputs["mm_token_type_ids"], image_grid_thw=inputs["image_grid_thw"],
+            attention_mask=mask,
+        )
+        positions = fast.compute_position_ids(ids, mask, inputs)
+        assert torch.equal(positions[:, 1:], want_positions.transpose(0, 1))
+        got_positions, got_deltas = fast.get_rope_index(ids, mask, image_grid_thw=inputs["image_grid_thw"])
+        assert torch.equal(got_positions, want_positions) and torch.equal(got_deltas, want_deltas)
+
+
+@pytest.mark.differential
+@pytest.mark.parametrize("name, model_type", MODELS)
+def test_fast_equals_reference_on_generated_batches(manager, name, model_type):
+    processor, _ = built(name, model_type)
+    fast, reference = engines(manager, name, model_type)
+    rng = random.Random(f"{name}/{model_type}")
+    for index in range(BATCHES_PER_MODEL):
+        batch = random_batch(processor, rng)
+        ids, mask, inputs = split(batch)
+        want = reference.get_rope_index(ids, mask, **inputs)
+        got = fast.get_rope_index(ids, mask, **inputs)
+        context = f"batch {index}: {ids.shape}, grids {inputs}"
+        assert got[0].dtype == want[0].dtype and got[1].dtype == want[1].dtype, context
+        assert torch.equal(got[0], want[0]), context
+        assert torch.equal(got[1], want[1]), context
+        assert torch.equal(fast.compute_position_ids(ids, mask, inputs), reference.compute_position_ids(ids, mask, inputs))
+
+
+def test_generated_batches_cover_what_the_tests_claim(manager):
+    processor, _ = built("Qwen2.5-VL", "qwen2_5_vl")
+    rng = random.Random("coverage")
+    batches = [random_batch(processor, rng) for _ in range(BATCHES_PER_MODEL)]
+    left = sum(bool(b["attention_mask"][:, 0].lt(1).any()) for b in batches)
+    right = sum(bool(b["attention_mask"][:, -1].lt(1).any()) for b in batches)
+    seconds = torch.cat([b["second_per_grid_ts"] for b in batches if "second_per_grid_ts" in b])
+    frames = torch.cat([b["video_grid_thw"][:, 0] for b in batches if "video_grid_thw" in b])
+    assert left > 20 and right > 20
+    assert bool((seconds != seconds.round()).any()) and int(frames.max()) >= 12
+    assert max(b["input_ids"].shape[0] for b in batches) >= 12
+
+
+def test_caller_data_is_not_changed(manager):
+    processor, _ = built("Qwen3-VL", "qwen3_vl")
+    fast, reference = engines(manager, "Qwen3-VL", "qwen3_vl")
+    batch = random_batch(processor, random.Random(3), max_videos=2)
+    before = {key: value.clone() for key, value in batch.items()}
+    for engine in (fast, reference):
+        engine.compute_position_ids(*split(batch))
+    assert all(torch.equal(before[key], batch[key]) for key in batch)
+
+
+def test_default_config_uses_the_processors_merge_size(manager):
+    processor, config = built("Qwen2-VL", "qwen2_vl")
+    without = RopeEngine.from_processor(processor, None, plugin_manager=manager)
+    with_config = RopeEngine.from_processor(processor, config, plugin_manager=manager)
+    batch = random_batch(processor, random.Random(0))
+    assert torch.equal(without.compute_position_ids(*split(batch)), with_config.compute_position_ids(*split(batch)))
+
+
+def test_from_pretrained_reads_a_saved_processor_and_config(manager, tmp_path):
+    processor, config = built("Qwen2.5-VL", "qwen2_5_vl")
+    processor.save_pretrained(tmp_path)
+    config.save_pretrained(tmp_path)
+    with processors_without_torchvision():
+        loaded = RopeEngine.from_pretrained(str(tmp_path), plugin_manager=manager)
+    assert type(loaded.processor).__name__ == "Qwen2_5_VLProcessor" and loaded.plugin_name == "qwen_vl"
+    fast, _ = engines(manager, "Qwen2.5-VL", "qwen2_5_vl")
+    batch = random_batch(processor, random.Random(1))
+    assert torch.equal(loaded.compute_position_ids(*split(batch)), fast.compute_position_ids(*split(batch)))
+
+
+def test_a_config_of_another_family_is_refused(manager):
+    processor, _ = built("Qwen2-VL", "qwen2_vl")
+    with pytest.raises(InvalidInputError, match="Qwen2-VL.*model_type 'qwen3_vl'"):
+        RopeEngine.from_processor(processor, transformers.AutoConfig.for_model("qwen3_vl"), plugin_manager=manager)
+
+
+def test_an_unknown_implementation_is_refused(manager):
+    processor, config = built("Qwen2-VL", "qwen2_vl")
+    with pytest.raises(InvalidInputError, match="impl='turbo'.*'fast', 'reference'"):
+        RopeEngine.from_processor(processor, config, plugin_manager=manager, impl="turbo")
+
+
+def test_a_fast_kernel_that_disagrees_falls_back_to_the_reference_with_one_warning(monkeypatch):
+    from mmrope_qwen_vl import rope
+    from mmrope_qwen_vl.families import FAMILIES
+
+    monkeypatch.setattr(rope, "_agreement", {})
+    family = FAMILIES["Qwen2_5_VLProcessor"]
+    config = transformers.AutoConfig.for_model("qwen2_5_vl")
+    reference = rope.ReferenceRopeIndex(family, config)
+    original = reference.model.get_rope_index
+    # stands for a future transformers whose text positions resume one later
+    reference.model.get_rope_index = lambda **kw: (original(**kw)[0] + 1, original(**kw)[1])
+    with pytest.warns(RuntimeWarning, match="reference implementation is used"):
+        assert rope.agreeing_rule(family, config, reference) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert rope.agreeing_rule(family, config, reference) is None  # cached: no second warning
+
+
+# -- bad inputs: typed errors from both implementations ------------------------------------------
+
+def image_batch(processor, counts=(2, 1)):
+    tokenizer = processor.tokenizer
+    start, end = tokenizer.convert_tokens_to_ids([tokenizer.vision_start_token, tokenizer.vision_end_token])
+    image, word = processor.image_token_id, tokenizer.convert_tokens_to_ids("cat")
+    rows = []
+    for count in counts:
+        rows.append([word] * 3 + ([start] + [image] * 4 + [end] + [word]) * count)
+    length = max(map(len, rows))
+    ids = torch.tensor([row + [tokenizer.pad_token_id] * (length - len(row)) for row in rows])
+    mask = (torch.arange(length) < torch.tensor([len(r) for r in rows])[:, None]).long()
+    return ids, mask, torch.tensor([[1, 4, 4]] * sum(counts))
+
+
+@pytest.fixture(params=["fast", "reference"])
+def qwen2_engine(manager, request):
+    processor, config = built("Qwen2-VL", "qwen2_vl")
+    return processor, RopeEngine.from_processor(processor, config, plugin_manager=manager, impl=request.param)
+
+
+def test_a_truncated_image_run_names_the_sample_and_counts(qwen2_engine):
+    processor, engine = qwen2_engine
+    ids, mask, grids = image_batch(processor)
+    mask[1, 6:] = 0  # sample 1 cut inside its image
+    with pytest.raises(PlaceholderMismatchError, match=r"sample 1, image 0: the grid \(1, 4, 4\) needs 4 .* found 2.*truncated"):
+        engine.get_rope_index(ids, mask, image_grid_thw=grids)
+
+
+def test_a_placeholder_sampled_in_a_response_has_no_grid(qwen2_engine):
+    processor, engine = qwen2_engine
+    ids, mask, grids = image_batch(processor)
+    ids[1, 1] = processor.image_token_id
+    with pytest.raises(PlaceholderMismatchError, match="sample 1: a run of 1 .* has no image grid"):
+        engine.get_rope_index(ids, mask, image_grid_thw=grids)
+
+
+def test_grids_left_over_are_reported(qwen2_engine):
+    processor, engine = qwen2_engine
+    ids, mask, grids = image_batch(processor)
+    with pytest.raises(PlaceholderMismatchError, match=r"image_grid_thw has 4 rows but the batch holds only 3 .*per sample: \[2, 1\]"):
+        engine.get_rope_index(ids, mask, image_grid_thw=torch.cat([grids, grids[:1]]))
+
+
+def test_video_tokens_without_video_grids(qwen2_engine):
+    processor, engine = qwen2_engine
+    ids, mask, grids = image_batch(processor)
+    ids[0, 4:8] = processor.video_token_id
+    with pytest.raises(PlaceholderMismatchError, match="sample 0: a run of 4 .* has no video grid"):
+        engine.get_rope_index(ids, mask, image_grid_thw=grids[1:])
+
+
+@pytest.mark.parametrize(
+    "grid, message",
+    [
+        ([[1, 4, 3]], r"row 0 is \(1, 4, 3\).*divisible by the spatial merge size 2"),
+        ([[0, 4, 4]], "every size must be positive"),
+        ([[1, -4, 4]], "every size must be positive"),
+    ],
+)
+def test_invalid_grids(qwen2_engine, grid, message):
+    processor, engine = qwen2_engine
+    ids, mask, _ = image_batch(processor, counts=(1,))
+    with pytest.raises(InvalidInputError, match=message):
+        engine.get_rope_index(ids, mask, image_grid_thw=torch.tensor(grid))
+
+
+def test_grids_as_lists_are_refused_with_a_fix(qwen2_engine):
+    processor, engine = qwen2_engine
+    ids, mask, grids = image_batch(processor, counts=(1,))
+    with pytest.raises(InvalidInputError, match=r"image_grid_thw must be a tensor.*torch.as_tensor"):
+        engine.get_rope_index(ids, mask, image_grid_thw=grids.tolist())
+
+
+@pytest.mark.parametrize("impl", ["fast", "reference"])
+@pytest.mark.parametrize(
+    "seconds, message",
+    [
+        (torch.tensor([0.5, 1.0]), "2 values for 1 videos"),
+        (torch.tensor([float("nan")]), "non-finite"),
+        (torch.tensor([-1.0]), "negative"),
+    ],
+)
+def test_bad_second_per_grid_ts(manager, impl, seconds, message):
+    processor, config = built("Qwen2.5-VL", "qwen2_5_vl")
+    engine = RopeEngine.from_processor(processor, config, plugin_manager=manager, impl=impl)
+    tokenizer = processor.tokenizer
+    start, end = tokenizer.convert_tokens_to_ids([tokenizer.vision_start_token, tokenizer.vision_end_token])
+    ids = torch.tensor([[start] + [processor.video_token_id] * 8 + [end]])
+    with pytest.raises(InvalidInputError, match=message):
+        engine.get_rope_index(ids, video_grid_thw=torch.tensor([[2, 4, 4]]), second_per_grid_ts=seconds)
