@@ -149,8 +149,7 @@ class RopeEngine:
         kwargs = self.rope_index_kwargs(multi_modal_inputs, mm_processor_kwargs)
         positions, _ = self._rope_index(ids, mask, kwargs)
         dtype = self.binding.position_dtype
-        text = text_positions(ids, mask).to(dtype).unsqueeze(1)
-        return torch.cat((text, positions.to(dtype).transpose(0, 1)), dim=1)
+        return torch.cat((text_positions(ids, mask).unsqueeze(1), positions.transpose(0, 1)), dim=1).to(dtype)
 
     def get_rope_index(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs: Any

@@ -60,71 +60,86 @@ def mrope_positions(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Positions ``(3, B, L)`` (0 at padding) and deltas ``(B, 1)`` (``max + 1 - valid length``).
 
-    Raises :class:`PlaceholderMismatchError` naming the sample when placeholder runs and grids
-    disagree in number or size.
+    ``attention_mask`` is a bool ``(B, L)`` tensor or None. Raises
+    :class:`PlaceholderMismatchError` naming the sample when placeholder runs and grids disagree
+    in number or size.
     """
+    token_types = token_types.contiguous()
+    if attention_mask is not None and not _each_row_contiguous(attention_mask):
+        compact_types, compact_mask, order = _compact(token_types, attention_mask)
+        compact, deltas = mrope_positions(
+            compact_types, compact_mask, kinds, grids, spatial_merge_size=spatial_merge_size, out_dtype=out_dtype
+        )
+        out = torch.zeros_like(compact)
+        return out.scatter_(2, order.unsqueeze(0).expand_as(compact), compact), deltas
+
     batch, length = token_types.shape
     device = token_types.device
     runs = _scan(token_types, attention_mask)
-    seg_start, seg_len, seg_type, seg_row = runs.start, runs.length, runs.type, runs.row
-    seg_grid = torch.zeros(seg_start.numel(), 3, dtype=torch.int64, device=device)
+    run_grid = torch.zeros(runs.count, 3, dtype=torch.int64, device=device)
     scaled: list[tuple[torch.Tensor, torch.Tensor]] = []
     for kind, kind_runs, grid in _match(runs, kinds, grids, spatial_merge_size):
         if kind_runs.numel():
-            seg_grid[kind_runs] = grid
+            run_grid[kind_runs] = grid
             media = grids.get(kind.type_id)
             if media is not None and media.temporal_scale is not None:
-                scaled.append((kind_runs, media.temporal_scale))
+                scaled.append((kind_runs, media.temporal_scale.to(device)))
+    grid_h = run_grid[:, 1] // spatial_merge_size
+    grid_w = run_grid[:, 2] // spatial_merge_size
+    advance = torch.maximum(run_grid[:, 1], run_grid[:, 2]) // spatial_merge_size
 
-    is_media = seg_type != 0
-    grid_h = seg_grid[:, 1] // spatial_merge_size
-    grid_w = seg_grid[:, 2] // spatial_merge_size
-    advance = torch.where(is_media, torch.maximum(seg_grid[:, 1], seg_grid[:, 2]) // spatial_merge_size, seg_len)
-    # start position of each run: advances of the earlier runs of the same sample
-    ends = advance.cumsum(0)
-    first_run = torch.searchsorted(seg_start, runs.row_start)
-    first_run = first_run.clamp(max=max(seg_start.numel() - 1, 0))
-    seg_pos = ends - advance - (ends - advance)[first_run][seg_row]
-
-    positions = torch.arange(runs.total, device=device) + torch.repeat_interleave(seg_pos - seg_start, seg_len)
-    positions = positions.unsqueeze(0).repeat(3, 1)
-    seg_max = seg_pos + seg_len - 1
-    media_runs = is_media.nonzero().squeeze(1)
-    if media_runs.numel():
-        media_len = seg_len[media_runs]
-        token_run = torch.repeat_interleave(media_runs, media_len)
-        offset = torch.arange(token_run.numel(), device=device) - torch.repeat_interleave(
-            media_len.cumsum(0) - media_len, media_len
-        )
-        width, height, start = grid_w[token_run], grid_h[token_run], seg_pos[token_run]
-        frame = offset // (width * height)
-        temporal = frame.clone() if scaled else frame
-        last_temporal = seg_grid[:, 0] - 1
-        for kind_runs, scale in scaled:
-            # the reference multiplies in the scale's dtype, then truncates: do exactly that
-            scale_index = torch.full_like(seg_start, -1)
-            scale_index[kind_runs] = torch.arange(kind_runs.numel(), device=device)
-            token_scale_index = scale_index[token_run]
-            selected = token_scale_index >= 0
-            temporal[selected] = (frame[selected] * scale[token_scale_index[selected]]).long()
-            last_temporal[kind_runs] = (last_temporal[kind_runs] * scale).long()
-        flat_index = seg_start[token_run] + offset
-        positions[0, flat_index] = start + temporal
-        positions[1, flat_index] = start + (offset // width) % height
-        positions[2, flat_index] = start + offset % width
-        seg_max = seg_max.clone()
-        seg_max[media_runs] = seg_pos[media_runs] + torch.maximum(
-            last_temporal[media_runs], torch.maximum(grid_h[media_runs], grid_w[media_runs]) - 1
-        )
-
-    row_max = torch.full((batch,), torch.iinfo(torch.int64).min, dtype=torch.int64, device=device)
-    row_max = row_max.scatter_reduce(0, seg_row, seg_max, reduce="amax")
-    deltas = (row_max + 1 - runs.row_len).unsqueeze(1)
+    # Text positions count valid tokens; after each media run the count jumps so that the next
+    # token sits at (run start + advance). One cumsum places every text token.
+    out = torch.empty(3, batch, length, dtype=torch.int64, device=device)
     if attention_mask is None:
-        return positions.view(3, batch, length).to(out_dtype), deltas
-    out = torch.zeros(3, batch, length, dtype=out_dtype, device=device)
-    out[:, attention_mask] = positions.to(out_dtype)
-    return out, deltas
+        out[1].fill_(1)
+    else:
+        out[1].copy_(attention_mask)
+    after = runs.start + runs.length
+    inside_row = after % length != 0
+    out[1].view(-1).index_put_((after[inside_row],), (advance - runs.length)[inside_row], accumulate=True)
+    text = torch.cumsum(out[1], dim=1, out=out[0]).sub_(1)
+    run_pos = text.view(-1)[runs.start]
+    if attention_mask is not None:
+        text.mul_(attention_mask)
+    out[1:].copy_(text.unsqueeze(0).expand(2, batch, length))
+    run_max = run_pos.clone()
+    if runs.count:
+        run = runs.token_run
+        # int32 division is much faster than int64 and media runs are far below 2**31 tokens
+        offset = (torch.arange(run.numel(), device=device) - runs.first_token[run]).to(torch.int32)
+        width, height = grid_w.to(torch.int32)[run], grid_h.to(torch.int32)[run]
+        start = run_pos[run]
+        frame = offset // (width * height)
+        last_frame = run_grid[:, 0] - 1
+        temporal, last_temporal = frame, last_frame
+        if scaled:
+            temporal, last_temporal = frame.long(), last_frame.clone()
+        for kind_runs, scale in scaled:
+            # the reference multiplies int64 frame numbers in the scale's dtype, then truncates
+            scale_index = torch.full((runs.count,), -1, dtype=torch.int64, device=device)
+            scale_index[kind_runs] = torch.arange(kind_runs.numel(), device=device)
+            token_scale = scale_index[run]
+            selected = token_scale >= 0
+            temporal[selected] = (temporal[selected] * scale[token_scale[selected]]).long()
+            last_temporal[kind_runs] = (last_frame[kind_runs] * scale).long()
+        flat = out.view(3, -1)
+        flat[0, runs.tokens] = start + temporal
+        flat[1, runs.tokens] = start + (offset // width) % height
+        flat[2, runs.tokens] = start + offset % width
+        run_max = run_pos + torch.maximum(last_temporal, torch.maximum(grid_h, grid_w) - 1)
+
+    # The largest position of a sample is its last token's or a media run's.
+    if attention_mask is None:
+        row_len = torch.full((batch,), length, dtype=torch.int64, device=device)
+        last = row_len - 1
+    else:
+        row_len = attention_mask.sum(dim=1)
+        last = (attention_mask.view(torch.int8).argmax(dim=1) + row_len - 1).clamp(min=0)
+    rows = torch.arange(batch, device=device)
+    row_max = out[:, rows, last].amax(dim=0)
+    row_max = row_max.scatter_reduce(0, runs.row, run_max, reduce="amax")
+    return out.to(out_dtype), (row_max + 1 - row_len).unsqueeze(1)
 
 
 def check_placeholders(
@@ -137,52 +152,75 @@ def check_placeholders(
 ) -> None:
     """Raise the errors :func:`mrope_positions` raises, without computing positions (for plugins
     that hand valid inputs to a reference implementation)."""
+    token_types = token_types.contiguous()
+    if attention_mask is not None and not _each_row_contiguous(attention_mask):
+        token_types, attention_mask, _ = _compact(token_types, attention_mask)
     for _ in _match(_scan(token_types, attention_mask), kinds, grids, spatial_merge_size):
         pass
 
 
+def _each_row_contiguous(mask: torch.Tensor) -> bool:
+    """True when each sample's valid tokens form one span (left or right padding, no holes)."""
+    rises = (mask[:, 1:] > mask[:, :-1]).sum(dim=1) + mask[:, 0]
+    return bool((rises <= 1).all())
+
+
+def _compact(token_types: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Move each sample's valid tokens to the front, in order; ``order`` maps them back."""
+    order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)
+    lengths = mask.sum(dim=1, keepdim=True)
+    compact_mask = torch.arange(mask.shape[1], device=mask.device) < lengths
+    return token_types.gather(1, order), compact_mask, order
+
+
 @dataclasses.dataclass(frozen=True)
 class _Runs:
-    """Runs of equal token type over the valid tokens of a batch, samples concatenated."""
+    """Media placeholder runs of a batch in reading order, and their tokens."""
 
-    start: torch.Tensor  # index of the run's first token among all valid tokens
+    start: torch.Tensor  # flat index (row * L + column) of each run's first token
     length: torch.Tensor
     type: torch.Tensor
     row: torch.Tensor  # sample index
-    row_len: torch.Tensor  # valid tokens per sample
-    row_start: torch.Tensor
-    total: int
+    tokens: torch.Tensor  # flat index of every media token
+    token_run: torch.Tensor  # run of every media token
+    first_token: torch.Tensor  # index into ``tokens`` of each run's first token
+
+    @property
+    def count(self) -> int:
+        return self.start.numel()
 
 
 def _scan(token_types: torch.Tensor, attention_mask: torch.Tensor | None) -> _Runs:
-    batch, length = token_types.shape
-    device = token_types.device
-    if attention_mask is None:
-        flat_types = token_types.reshape(-1)
-        row_len = torch.full((batch,), length, dtype=torch.int64, device=device)
-    else:
-        flat_types = token_types[attention_mask]
-        row_len = attention_mask.sum(dim=1)
-    total = flat_types.numel()
-    row_start = row_len.cumsum(0) - row_len
-    boundary = torch.ones(total, dtype=torch.bool, device=device)
-    boundary[1:] = flat_types[1:] != flat_types[:-1]
-    boundary[row_start[row_len > 0]] = True
-    start = boundary.nonzero().squeeze(1)
-    run_len = torch.diff(start, append=start.new_tensor([total]))
-    run_type = flat_types[start].long()
-    row = torch.searchsorted(row_start, start, right=True) - 1
-    return _Runs(start, run_len, run_type, row, row_len, row_start, total)
+    length = token_types.shape[1]
+    media = token_types != 0
+    if attention_mask is not None:
+        media &= attention_mask
+    tokens = media.view(-1).nonzero().squeeze(1)
+    types_ = token_types.view(-1)[tokens].long()
+    new_run = torch.ones(tokens.numel(), dtype=torch.bool, device=tokens.device)
+    new_run[1:] = (tokens[1:] != tokens[:-1] + 1) | (types_[1:] != types_[:-1]) | (tokens[1:] % length == 0)
+    first_token = new_run.nonzero().squeeze(1)
+    start = tokens[first_token]
+    run_length = torch.diff(first_token, append=first_token.new_tensor([tokens.numel()]))
+    return _Runs(
+        start=start,
+        length=run_length,
+        type=types_[first_token],
+        row=start // length,
+        tokens=tokens,
+        token_run=new_run.cumsum(0) - 1,
+        first_token=first_token,
+    )
 
 
 def _match(runs: _Runs, kinds: Sequence[MediaKind], grids: Mapping[int, MediaGrids | None], merge: int):
     """Yield ``(kind, runs of that kind, their grids)`` after checking they agree."""
-    known = runs.type.new_tensor([0, *(kind.type_id for kind in kinds)])
+    known = runs.type.new_tensor([kind.type_id for kind in kinds])
     unknown = runs.type[~torch.isin(runs.type, known)]
     if unknown.numel():
         raise InvalidInputError(
             f"mm_token_type_ids holds type {int(unknown[0])}, which this family does not place; "
-            f"known types: {known.tolist()}"
+            f"known media types: {known.tolist()}"
         )
     for kind in kinds:
         kind_runs = (runs.type == kind.type_id).nonzero().squeeze(1)

@@ -80,12 +80,12 @@ class TokenTypes:
         return cls(processor.image_token_id, processor.video_token_id)
 
     def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
-        image = input_ids == self.image
+        image = (input_ids == self.image).view(torch.int8)
         if self.video_start is None:
-            return image.to(torch.int32) + (input_ids == self.video).to(torch.int32) * 2
+            return image + (input_ids == self.video).view(torch.int8) * 2
         opened = (input_ids == self.video_start).cumsum(dim=1)
         closed = (input_ids == self.video_end).cumsum(dim=1)
-        return image.to(torch.int32) * torch.where(opened > closed, 2, 1).to(torch.int32)
+        return image + (image & (opened > closed).view(torch.int8))
 
 
 def _kinds(family: Family, tokens: tuple[str, str]) -> tuple[MediaKind, MediaKind]:

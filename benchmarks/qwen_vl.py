@@ -1,0 +1,98 @@
+"""Qwen-VL positions: transformers reference vs mmrope's fast kernel, and the floor of merely
+allocating and filling the output. Prints ratios measured in this run (machines are noisy;
+compare ratios, not times).
+
+    python benchmarks/qwen_vl.py [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import transformers
+
+from mmrope_core import PluginManager, RopeEngine
+from mmrope_qwen_vl.examples import build
+
+
+def timed(fn, repeat):
+    fn()  # warm up
+    samples = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples)
+
+
+def batch_with_media(processor, rows, length, media, grid, right_pad):
+    """Each row: text, then ``media`` runs of ``grid`` (start/end markers around), text, padding."""
+    tokenizer = processor.tokenizer
+    start, end = tokenizer.convert_tokens_to_ids([tokenizer.vision_start_token, tokenizer.vision_end_token])
+    token = processor.image_token_id if grid[0] == 1 else processor.video_token_id
+    per_run = grid[0] * grid[1] * grid[2] // 4
+    word = tokenizer.convert_tokens_to_ids("cat")
+    row = [word] * 16
+    for _ in range(media):
+        row += [start] + [token] * per_run + [end] + [word] * 32
+    valid = length - right_pad
+    row += [word] * (valid - len(row))
+    ids = torch.full((rows, length), tokenizer.pad_token_id, dtype=torch.long)
+    ids[:, :valid] = torch.tensor(row[:valid])
+    mask = torch.zeros(rows, length, dtype=torch.long)
+    mask[:, :valid] = 1
+    key = "image_grid_thw" if grid[0] == 1 else "video_grid_thw"
+    return ids, mask, {key: torch.tensor([grid] * (rows * media))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    torch.set_num_threads(torch.get_num_threads())
+    processor, config = build("Qwen2-VL")
+    manager = PluginManager(env={"MMROPE_LOAD_PLUGINS": "qwen_vl"})
+    fast = RopeEngine.from_processor(processor, config, plugin_manager=manager)
+    reference = RopeEngine.from_processor(processor, config, plugin_manager=manager, impl="reference")
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"median of {args.repeat}\n")
+    header = f"{'case':<44}{'reference':>12}{'fast':>12}{'fill only':>12}{'ref/fast':>10}{'fast/fill':>11}"
+    print(header)
+    print("-" * len(header))
+    cases = [
+        ("Qwen2-VL 32 x 8192, 4 images (1,28,28)/row", batch_with_media(processor, 32, 8192, 4, (1, 28, 28), 512)),
+        ("Qwen2-VL 8 x 32768, 1 video (16,36,36)/row", batch_with_media(processor, 8, 32768, 1, (16, 36, 36), 0)),
+    ]
+    for name, (ids, mask, grids) in cases:
+        kwargs = dict(grids)
+        assert all(torch.equal(a, b) for a, b in zip(fast.get_rope_index(ids, mask, **kwargs),
+                                                      reference.get_rope_index(ids, mask, **kwargs)))
+        t_ref = timed(lambda: reference.get_rope_index(ids, mask, **kwargs), args.repeat)
+        t_fast = timed(lambda: fast.get_rope_index(ids, mask, **kwargs), args.repeat)
+        bool_mask = mask.bool()
+        t_fill = timed(lambda: torch.zeros(3, *ids.shape, dtype=ids.dtype).masked_scatter_(
+            bool_mask, torch.arange(int(mask.sum())).repeat(3)), args.repeat)
+        print(f"{name:<44}{t_ref * 1e3:>10.2f}ms{t_fast * 1e3:>10.2f}ms{t_fill * 1e3:>10.2f}ms"
+              f"{t_ref / t_fast:>9.1f}x{t_fast / t_fill:>10.1f}x")
+
+    ids, mask, grids = batch_with_media(processor, 1, 4096, 2, (1, 28, 28), 100)
+    kernel = fast.binding.rope_index
+    types_ = fast.binding.token_types(ids)
+    bool_mask = mask.bool()
+    repeat = max(args.repeat * 40, 200)
+    t_kernel = timed(lambda: kernel(ids, attention_mask=bool_mask, mm_token_type_ids=types_, **grids), repeat)
+    t_engine = timed(lambda: fast.compute_position_ids(ids, mask, grids), repeat)
+    t_engine_rope = timed(lambda: fast.get_rope_index(ids, mask, **grids), repeat)
+    t_ref = timed(lambda: reference.compute_position_ids(ids, mask, grids), repeat)
+    print(f"\nsingle sample 1 x 4096, 2 images, through the engine (median of {repeat}):")
+    print(f"  kernel alone                     {t_kernel * 1e6:8.1f} us")
+    print(f"  engine.get_rope_index            {t_engine_rope * 1e6:8.1f} us  (+{(t_engine_rope - t_kernel) * 1e6:.1f} us)")
+    print(f"  engine.compute_position_ids      {t_engine * 1e6:8.1f} us  (+{(t_engine - t_kernel) * 1e6:.1f} us over the kernel)")
+    print(f"  reference compute_position_ids   {t_ref * 1e6:8.1f} us  ({t_ref / t_engine:.1f}x the fast engine)")
+
+
+if __name__ == "__main__":
+    main()
