@@ -40,32 +40,37 @@ def processors_without_torchvision() -> Iterator[Any]:
     """Let transformers build processors that declare a video processor when torchvision is
     missing, yielding a placeholder video processor to pass as ``video_processor=``.
 
-    Without torchvision, transformers cannot resolve the ``VideoProcessorMixin`` type check of
-    such processors. Inside the block the check resolves to the mixin itself; the placeholder
-    cannot process videos (build video inputs from grids instead). With torchvision installed
-    nothing is changed.
+    Without torchvision, transformers cannot resolve the base class it checks video processors
+    against (``VideoProcessorMixin`` or, in older releases, ``BaseVideoProcessor``). Inside the
+    block that name resolves to the class itself; the placeholder cannot process videos (build
+    video inputs from grids instead). With torchvision installed nothing is changed.
     """
     import transformers.processing_utils as processing_utils
     import transformers.video_processing_utils as video_processing_utils
 
+    name = processing_utils.MODALITY_TO_BASE_CLASS_MAPPING["video_processor"]
+    base = getattr(video_processing_utils, name)
     module = processing_utils.transformers_module
-    if _has_attribute(module, "VideoProcessorMixin"):
-        yield video_processing_utils.VideoProcessorMixin()
+    resolved = _attribute(module, name)
+    if resolved is base:
+        yield base()
         return
-    module.VideoProcessorMixin = video_processing_utils.VideoProcessorMixin
+    setattr(module, name, base)  # without torchvision the name is missing or a dummy
     try:
-        yield video_processing_utils.VideoProcessorMixin()
+        yield base()
     finally:
-        with contextlib.suppress(AttributeError):
-            delattr(module, "VideoProcessorMixin")
+        if resolved is None:
+            with contextlib.suppress(AttributeError):
+                delattr(module, name)
+        else:
+            setattr(module, name, resolved)
 
 
-def _has_attribute(module: Any, name: str) -> bool:
+def _attribute(module: Any, name: str) -> Any:
     try:
-        getattr(module, name)
+        return getattr(module, name)
     except Exception:
-        return False
-    return True
+        return None
 
 
 def random_image(rng: Any, height: int, width: int) -> Any:
