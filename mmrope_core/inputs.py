@@ -47,7 +47,8 @@ def as_batch(input_ids: Any, attention_mask: Any) -> tuple[torch.Tensor, torch.T
         return ids, mask
     if mask.dtype not in _INTEGER_DTYPES:
         raise InvalidInputError(f"attention_mask must be bool or integer 0/1, got dtype {mask.dtype}")
-    if bool((mask & -2).any()):  # a bit other than the lowest is set: not 0/1
+    low, high = torch.aminmax(mask)
+    if int(low) < 0 or int(high) > 1:
         bad = ((mask != 0) & (mask != 1)).nonzero()[0].tolist()
         raise InvalidInputError(
             f"attention_mask must hold only 0 and 1; sample {bad[0]}, position {bad[1]} holds "
@@ -58,7 +59,8 @@ def as_batch(input_ids: Any, attention_mask: Any) -> tuple[torch.Tensor, torch.T
 
 def require_valid_tokens(mask: torch.Tensor | None) -> None:
     """Raise when a row has no valid token: multimodal RoPE has nothing to place there."""
-    if mask is None or bool(mask.any(dim=1).all()):
+    # int8 reductions are several times faster than bool ones
+    if mask is None or bool(mask.view(torch.int8).amax(dim=1).min() > 0):
         return
     empty = (~mask.any(dim=1)).nonzero()
     if empty.numel():
