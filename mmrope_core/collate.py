@@ -14,8 +14,9 @@ from .errors import CollateError
 def collate(samples: Sequence[Mapping[str, Any]], varlen_keys: Iterable[str] = ()) -> dict[str, Any]:
     """Merge per-sample multimodal inputs into one batch.
 
-    Tensors of ``varlen_keys`` are zero-padded on their last dimension to the longest sample,
-    then every tensor is concatenated on dim 0. A key missing from some samples (a text-only
+    Tensors of ``varlen_keys`` are zero-padded at the end of every dimension but the first to
+    the largest sample (for ``(N, L)`` masks and token types: the last dimension; for ``(N, T, F)``
+    audio features: the time dimension too), then every tensor is concatenated on dim 0. A key missing from some samples (a text-only
     sample has no ``pixel_values``) is concatenated over the samples that have it. Lists are
     concatenated. Inputs are not modified.
     """
@@ -52,10 +53,17 @@ def _cat(key: str, present: list[tuple[int, torch.Tensor]], varlen: bool) -> tor
     if varlen:
         if len({value.dim() for value in tensors}) > 1:
             raise CollateError(f"varlen key {key!r} has tensors of different ranks ({shapes})")
-        longest = max(value.shape[-1] for value in tensors)
-        tensors = [F.pad(value, (0, longest - value.shape[-1])) for value in tensors]
+        largest = [max(sizes) for sizes in zip(*(value.shape[1:] for value in tensors))]
+        tensors = [_pad_to(value, largest) for value in tensors]
     try:
         return torch.cat(tensors, dim=0)
     except RuntimeError as exc:
         hint = "" if varlen else "; if its last dimension varies per sample, a plugin must declare it in varlen_keys"
         raise CollateError(f"cannot concatenate key {key!r} on dim 0 ({shapes}){hint}") from exc
+
+
+def _pad_to(value: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    padding = []
+    for have, want in zip(reversed(value.shape[1:]), reversed(sizes)):
+        padding += [0, want - have]
+    return F.pad(value, padding) if any(padding) else value

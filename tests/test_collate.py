@@ -50,3 +50,12 @@ def test_collate_takes_a_list_of_dicts():
         collate({"pixel_values": torch.ones(1)})
     with pytest.raises(CollateError, match="sample 1 is a int"):
         collate([{}, 3])
+
+
+def test_varlen_tensors_are_padded_in_every_dimension_but_the_batch_one():
+    short = {"input_features": torch.ones(1, 3, 4), "input_features_mask": torch.ones(1, 3, dtype=torch.bool)}
+    long = {"input_features": torch.ones(2, 5, 4), "input_features_mask": torch.ones(2, 5, dtype=torch.bool)}
+    batch = collate([short, long], varlen_keys={"input_features", "input_features_mask"})
+    assert batch["input_features"].shape == (3, 5, 4)
+    assert batch["input_features"][0, 3:].eq(0).all() and batch["input_features"][0, :3].eq(1).all()
+    assert batch["input_features_mask"].tolist()[0] == [True, True, True, False, False]
