@@ -27,7 +27,7 @@ def run(seed: int, out: TextIO) -> int:
         print(f"\n=== {case.name}  (plugin {info.label})", file=out)
         try:
             _show(case, random.Random(seed), out)
-        except MmropeError as exc:
+        except Exception as exc:  # one family's failure must not hide the others
             failures += 1
             print(f"  failed: {type(exc).__name__}: {exc}", file=out)
     print(f"\n{len(cases) - failures} of {len(cases)} families shown.", file=out)
@@ -56,16 +56,33 @@ def _show(case: Any, rng: random.Random, out: TextIO) -> None:
     tokens = processor.tokenizer.convert_ids_to_tokens(input_ids[0].tolist())
     rows = ["text", "t", "h", "w"] if positions.dim() == 3 else ["pos"]
     sample = positions[0] if positions.dim() == 3 else positions[:1]
-    print("  sample 0:", file=out)
-    for begin in range(0, len(tokens), _COLUMNS):
-        chunk = slice(begin, begin + _COLUMNS)
-        print("    token " + " ".join(_short(token) for token in tokens[chunk]), file=out)
-        for name, row in zip(rows, sample):
-            print(f"    {name:>5} " + " ".join(f"{_number(value):>8}" for value in row[chunk].tolist()), file=out)
+    columns = _shown_columns(tokens)
+    print("  sample 0 (long placeholder runs shortened to '..'):", file=out)
+    for begin in range(0, len(columns), _COLUMNS):
+        chunk = columns[begin : begin + _COLUMNS]
+        print("    token " + " ".join(_short(tokens[i]) if i >= 0 else f"{'..':>8}" for i in chunk), file=out)
+        for name, row in zip(rows, sample.tolist()):
+            print(f"    {name:>5} " + " ".join(f"{_number(row[i]):>8}" if i >= 0 else f"{'..':>8}" for i in chunk), file=out)
+
+
+def _shown_columns(tokens: list[str], keep: int = 3) -> list[int]:
+    """Column indices to print; -1 stands for the middle of a long run of one token."""
+    columns: list[int] = []
+    start = 0
+    while start < len(tokens):
+        end = start
+        while end < len(tokens) and tokens[end] == tokens[start]:
+            end += 1
+        if end - start > 2 * keep + 1:
+            columns += [*range(start, start + keep), -1, *range(end - keep, end)]
+        else:
+            columns += range(start, end)
+        start = end
+    return columns
 
 
 def _short(token: str) -> str:
-    token = token.replace("<|", "").replace("|>", "").replace("<", "").replace(">", "")
+    token = token.replace("<|", "").replace("|>", "")
     return f"{token[:8]:>8}"
 
 
