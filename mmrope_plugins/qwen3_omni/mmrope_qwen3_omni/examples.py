@@ -1,0 +1,77 @@
+"""Tiny real Omni processors, built offline, for ``mmrope demo``, the checks and the tests."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from mmrope_core import ExampleCase
+from mmrope_core.tiny import filler_text, processors_without_torchvision, random_image, word_level_tokenizer
+
+QWEN3_OMNI_TOKENS = {
+    "image_token": "<|image_pad|>",
+    "video_token": "<|video_pad|>",
+    "audio_token": "<|audio_pad|>",
+    "vision_bos_token": "<|vision_start|>",
+    "vision_eos_token": "<|vision_end|>",
+    "audio_bos_token": "<|audio_start|>",
+    "audio_eos_token": "<|audio_end|>",
+}
+QWEN2_5_OMNI_TOKENS = {
+    "image_token": "<|IMAGE|>",
+    "video_token": "<|VIDEO|>",
+    "audio_token": "<|AUDIO|>",
+    "vision_bos_token": "<|vision_bos|>",
+    "vision_eos_token": "<|vision_eos|>",
+    "audio_bos_token": "<|audio_bos|>",
+    "audio_eos_token": "<|audio_eos|>",
+}
+_SPECS = {
+    "Qwen3-Omni": ("Qwen3OmniMoeProcessor", QWEN3_OMNI_TOKENS, "qwen3_omni_moe"),
+    "Qwen2.5-Omni": ("Qwen2_5OmniProcessor", QWEN2_5_OMNI_TOKENS, "qwen2_5_omni"),
+}
+
+
+def build(name: str) -> tuple[Any, Any]:
+    """``(processor, config)``: a real Omni processor (word-level vocabulary, Whisper feature
+    extractor) and the family's default config with the tokenizer's token ids."""
+    import transformers
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    processor_name, tokens, model_type = _SPECS[name]
+    tokenizer = word_level_tokenizer(tokens)
+    with processors_without_torchvision() as video_processor:
+        processor = getattr(transformers, processor_name)(
+            image_processor=Qwen2VLImageProcessorPil(),
+            video_processor=video_processor,
+            feature_extractor=transformers.WhisperFeatureExtractor(),
+            tokenizer=tokenizer,
+        )
+    config = transformers.AutoConfig.for_model(model_type)
+    thinker = config.thinker_config
+    ids = tokenizer.convert_tokens_to_ids
+    thinker.image_token_id = ids(tokens["image_token"])
+    thinker.video_token_id = ids(tokens["video_token"])
+    thinker.audio_token_id = ids(tokens["audio_token"])
+    thinker.audio_start_token_id = ids(tokens["audio_bos_token"])
+    thinker.vision_start_token_id = ids(tokens["vision_bos_token"])
+    return processor, config
+
+
+def audio_and_image_prompt(processor: Any, rng: Any) -> dict[str, Any]:
+    """Two samples: an image and an audio clip; an audio clip alone. Markers written in the text."""
+    import numpy as np
+
+    tokenizer = processor.tokenizer
+    image = f"{tokenizer.vision_bos_token}{processor.image_token}{tokenizer.vision_eos_token}"
+    audio = f"{tokenizer.audio_bos_token}{processor.audio_token}{tokenizer.audio_eos_token}"
+    texts = [
+        f"{filler_text(rng, 3)} {image} {filler_text(rng, 2)} {audio} {filler_text(rng, 2)}",
+        f"{filler_text(rng, 2)} {audio} {filler_text(rng, 4)}",
+    ]
+    clips = [np.sin(np.arange(16000 * seconds) / rng.uniform(5, 40)).astype(np.float32) for seconds in (1, 2)]
+    return {"text": texts, "images": [random_image(rng, 56, 84)], "audio": clips, "padding": True, "return_tensors": "pt"}
+
+
+def example_cases() -> list[ExampleCase]:
+    return [ExampleCase(name, functools.partial(build, name), audio_and_image_prompt) for name in _SPECS]

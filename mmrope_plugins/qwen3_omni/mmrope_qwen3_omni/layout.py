@@ -1,0 +1,183 @@
+"""Reading an Omni sequence: where each audio, image, video and audio-in-video item sits, checked
+against the grids and audio lengths before any position is computed."""
+
+from __future__ import annotations
+
+import dataclasses
+import torch
+
+from mmrope_core import PlaceholderMismatchError
+
+
+@dataclasses.dataclass(frozen=True)
+class Tokens:
+    """Token ids of the Omni markers and placeholders."""
+
+    image: int
+    video: int
+    audio: int
+    vision_start: int
+    vision_end: int
+    audio_start: int
+    audio_end: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Item:
+    """One media item of a sample.
+
+    Attributes:
+        kind: ``"image"``, ``"video"``, ``"audio"`` or ``"audio_in_video"``.
+        start: index of its first start marker among the sample's valid tokens.
+        index: its position among the batch's items of its grid kind (image, video) or audio.
+        audio_index: for audio-in-video, the position of its audio among the batch's audios.
+        media_tokens: placeholder tokens between the markers.
+        markers: start plus end marker tokens (2, or 4 for audio-in-video).
+    """
+
+    kind: str
+    start: int
+    index: int
+    audio_index: int
+    media_tokens: int
+    markers: int
+
+    @property
+    def length(self) -> int:
+        return self.media_tokens + self.markers
+
+
+@dataclasses.dataclass
+class Counters:
+    image: int = 0
+    video: int = 0
+    audio: int = 0
+
+
+def read_items(
+    sample: int,
+    tokens: torch.Tensor,
+    ids: Tokens,
+    counters: Counters,
+    *,
+    image_grid_thw: torch.Tensor | None,
+    video_grid_thw: torch.Tensor | None,
+    audio_lengths: torch.Tensor | None,
+    merge: int,
+    use_audio_in_video: bool,
+) -> list[Item]:
+    """The media items of one sample's valid tokens, in order; raises a typed error naming the
+    sample when markers, placeholders, grids and audio lengths disagree."""
+    vision_starts = (tokens == ids.vision_start).nonzero().squeeze(1).tolist()
+    audio_starts = (tokens == ids.audio_start).nonzero().squeeze(1).tolist()
+    in_video = {start + 1 for start in vision_starts}
+    starts = sorted([(p, "vision") for p in vision_starts] + [(p, "audio") for p in audio_starts if p not in in_video])
+    items: list[Item] = []
+    length = tokens.numel()
+    for position, marker in starts:
+        following = int(tokens[position + 1]) if position + 1 < length else None
+        if marker == "audio":
+            audio = _take(counters, "audio", audio_lengths, sample, "audio", "feature_attention_mask (audio_seqlens)")
+            n = int(audio_lengths[audio])
+            _expect_run(sample, tokens, position + 1, n, {ids.audio}, "audio", audio, ids.audio_end)
+            items.append(Item("audio", position, audio, audio, n, 2))
+        elif following == ids.image:
+            image = _take(counters, "image", image_grid_thw, sample, "image", "image_grid_thw")
+            n = int(image_grid_thw[image].prod()) // merge**2
+            _expect_run(sample, tokens, position + 1, n, {ids.image}, "image", image, ids.vision_end)
+            items.append(Item("image", position, image, -1, n, 2))
+        elif following == ids.video:
+            if use_audio_in_video:
+                raise PlaceholderMismatchError(
+                    f"sample {sample}: a video at token {position} has no audio start marker after its vision "
+                    f"start, but use_audio_in_video is set; pass use_audio_in_video=False for silent videos "
+                    f"or the processor output made with load_audio_from_video"
+                )
+            video = _take(counters, "video", video_grid_thw, sample, "video", "video_grid_thw")
+            n = int(video_grid_thw[video].prod()) // merge**2
+            _expect_run(sample, tokens, position + 1, n, {ids.video}, "video", video, ids.vision_end)
+            items.append(Item("video", position, video, -1, n, 2))
+        elif following == ids.audio_start:
+            if not use_audio_in_video:
+                raise PlaceholderMismatchError(
+                    f"sample {sample}: an audio start marker follows the vision start at token {position} "
+                    f"(audio in video), but use_audio_in_video is not set; pass "
+                    f"mm_processor_kwargs={{'use_audio_in_video': True}}"
+                )
+            video = _take(counters, "video", video_grid_thw, sample, "video", "video_grid_thw")
+            audio = _take(counters, "audio", audio_lengths, sample, "audio of a video", "feature_attention_mask (audio_seqlens)")
+            video_tokens = int(video_grid_thw[video].prod()) // merge**2
+            audio_tokens = int(audio_lengths[audio])
+            _expect_run(sample, tokens, position + 2, video_tokens + audio_tokens, {ids.video, ids.audio},
+                        "video with its audio", video, ids.audio_end)
+            run = tokens[position + 2 : position + 2 + video_tokens + audio_tokens]
+            found_audio = int((run == ids.audio).sum())
+            if found_audio != audio_tokens:
+                raise PlaceholderMismatchError(
+                    f"sample {sample}, video {video}: its audio needs {audio_tokens} audio tokens (from "
+                    f"feature_attention_mask), found {found_audio} among the video's placeholders"
+                )
+            end = position + 3 + video_tokens + audio_tokens
+            if end >= length or int(tokens[end]) != ids.vision_end:
+                raise PlaceholderMismatchError(
+                    f"sample {sample}, video {video}: the vision end marker is missing after its audio; "
+                    f"the sequence was probably truncated inside the video"
+                )
+            items.append(Item("audio_in_video", position, video, audio, video_tokens + audio_tokens, 4))
+        else:
+            raise PlaceholderMismatchError(
+                f"sample {sample}: the vision start marker at token {position} is not followed by an image, "
+                f"video or audio placeholder"
+            )
+    placeholders = int(((tokens == ids.image) | (tokens == ids.video) | (tokens == ids.audio)).sum())
+    expected = sum(item.media_tokens for item in items)
+    if placeholders != expected:
+        raise PlaceholderMismatchError(
+            f"sample {sample}: {placeholders - expected} image, video or audio placeholder tokens stand outside "
+            f"any start/end markers (a missing start marker, or placeholders sampled in a response); "
+            f"mask them out or restore the markers"
+        )
+    return items
+
+
+def check_all_used(counters: Counters, image_grid_thw, video_grid_thw, audio_lengths) -> None:
+    for name, used, given, key in (
+        ("image", counters.image, image_grid_thw, "image_grid_thw"),
+        ("video", counters.video, video_grid_thw, "video_grid_thw"),
+        ("audio", counters.audio, audio_lengths, "audio_seqlens (feature_attention_mask)"),
+    ):
+        available = 0 if given is None else given.shape[0]
+        if available != used:
+            raise PlaceholderMismatchError(
+                f"{key} describes {available} {name}s but the batch holds {used}; the sequence was "
+                f"probably truncated before a {name}, drop the inputs of removed {name}s"
+            )
+
+
+def _take(counters: Counters, field: str, given, sample: int, name: str, key: str) -> int:
+    index = getattr(counters, field)
+    available = 0 if given is None else given.shape[0]
+    if index >= available:
+        raise PlaceholderMismatchError(
+            f"sample {sample}: {name} {index} of the batch has no entry in {key} ({available} given); "
+            f"pass the inputs of every sample's {name}s"
+        )
+    setattr(counters, field, index + 1)
+    return index
+
+
+def _expect_run(sample, tokens, begin, n, allowed, name, index, end_marker) -> None:
+    run = tokens[begin : begin + n]
+    found = int(torch.isin(run, run.new_tensor(sorted(allowed))).sum()) if run.numel() else 0
+    if run.numel() < n or found != n:
+        raise PlaceholderMismatchError(
+            f"sample {sample}, {name} {index}: needs {n} placeholder tokens, found {found}. "
+            f"The sequence was probably truncated inside it; truncate before the item or drop it"
+        )
+    if begin + n >= tokens.numel() or int(tokens[begin + n]) != end_marker:
+        raise PlaceholderMismatchError(
+            f"sample {sample}, {name} {index}: {n} placeholder tokens are followed by token "
+            f"{int(tokens[begin + n]) if begin + n < tokens.numel() else 'end of sequence'} instead of the "
+            f"end marker; the placeholder count does not match its grid or audio length"
+        )
+

@@ -1,0 +1,86 @@
+"""Generated Omni batches: text, images, audios, videos with fractional timing, audio in video,
+left and right padding. The plugin checks itself on a few; the tests run hundreds."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from .families import Family
+from .layout import Tokens
+
+
+def audio_tokens(family: Family, frames: int, thinker: Any, rule: str = "config_window") -> int:
+    from .rope import audio_token_counts
+
+    return int(audio_token_counts(family, thinker, rule, torch.tensor([frames]))[0])
+
+
+def random_batch(family: Family, tokens: Tokens, merge: int, thinker: Any, rng: random.Random, *,
+                 use_audio_in_video: bool, max_batch: int = 6, max_items: int = 5, text_ids=None,
+                 pad_id: int | None = None, max_frames: int = 8) -> dict[str, Any]:
+    """A valid batch of ``input_ids``, ``attention_mask`` and the Omni keyword arguments.
+
+    ``text_ids`` default to ids that are none of ``tokens``; padding uses the first of them.
+    """
+    if text_ids is None:
+        special = set(vars(tokens).values())
+        text_ids = [token for token in range(len(special) + 4) if token not in special][:4]
+    pad_id = text_ids[0] if pad_id is None else pad_id
+    rows, images, videos, seconds, audio_frames = [], [], [], [], []
+    for _ in range(rng.randint(1, max_batch)):
+        row = [rng.choice(text_ids) for _ in range(rng.randint(1, 8))]
+        for _ in range(rng.randint(0, max_items)):
+            kind = rng.choice(["image", "audio", "video", "video"])
+            if kind == "image":
+                grid = (1, merge * rng.randint(1, 5), merge * rng.randint(1, 5))
+                images.append(grid)
+                row += [tokens.vision_start] + [tokens.image] * (grid[0] * grid[1] * grid[2] // merge**2) + [tokens.vision_end]
+            elif kind == "audio":
+                frames = rng.randint(20, 700)
+                audio_frames.append(frames)
+                row += [tokens.audio_start] + [tokens.audio] * audio_tokens(family, frames, thinker) + [tokens.audio_end]
+            else:
+                grid = (rng.randint(1, max_frames), merge * rng.randint(1, 3), merge * rng.randint(1, 3))
+                videos.append(grid)
+                seconds.append(rng.choice([0.5, 1.0, 2.0, 1 / 3, 0.04, rng.uniform(0.05, 2.5)]))
+                video_count = grid[0] * grid[1] * grid[2] // merge**2
+                if use_audio_in_video:
+                    frames = rng.randint(20, 900)
+                    audio_frames.append(frames)
+                    row += [tokens.vision_start, tokens.audio_start] + [tokens.video] * video_count
+                    row += [tokens.audio] * audio_tokens(family, frames, thinker) + [tokens.audio_end, tokens.vision_end]
+                else:
+                    row += [tokens.vision_start] + [tokens.video] * video_count + [tokens.vision_end]
+            row += [rng.choice(text_ids) for _ in range(rng.randint(0, 6))]
+        rows.append(row)
+    if not images and not videos:  # the reference places media only when a grid is given
+        grid = (1, merge, merge)
+        images.append(grid)
+        rows[0] += [tokens.vision_start, tokens.image, tokens.vision_end]
+    length = max(map(len, rows))
+    left = rng.random() < 0.5
+    input_ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), length, dtype=torch.long)
+    for index, row in enumerate(rows):
+        span = slice(length - len(row), length) if left else slice(0, len(row))
+        input_ids[index, span] = torch.tensor(row)
+        mask[index, span] = 1
+    return {
+        "input_ids": input_ids,
+        "attention_mask": mask,
+        "image_grid_thw": torch.tensor(images) if images else None,
+        "video_grid_thw": torch.tensor(videos) if videos else None,
+        "second_per_grids": torch.tensor(seconds, dtype=torch.float32) if videos else None,
+        "audio_seqlens": torch.tensor(audio_frames) if audio_frames else None,
+        "use_audio_in_video": use_audio_in_video,
+    }
+
+
+def probe_batches(family: Family, tokens: Tokens, merge: int, thinker: Any) -> Iterator[dict[str, Any]]:
+    rng = random.Random(f"mmrope probe {family.name}")
+    for use_audio_in_video in (False, True, False, True):
+        yield random_batch(family, tokens, merge, thinker, rng, use_audio_in_video=use_audio_in_video, max_batch=3)
