@@ -41,6 +41,8 @@ def build(name: str) -> tuple[Any, Any]:
     processor_name, tokens, model_type = _SPECS[name]
     tokenizer = word_level_tokenizer(tokens)
     with processors_without_torchvision() as video_processor:
+        # some releases read the video merge size even for prompts without video
+        video_processor.merge_size = getattr(video_processor, "merge_size", 2)
         processor = getattr(transformers, processor_name)(
             image_processor=Qwen2VLImageProcessorPil(),
             video_processor=video_processor,

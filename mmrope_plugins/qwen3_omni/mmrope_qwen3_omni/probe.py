@@ -13,7 +13,7 @@ from .families import Family
 from .layout import Tokens
 
 
-def audio_tokens(family: Family, frames: int, thinker: Any, rule: str = "config_window") -> int:
+def audio_tokens(family: Family, frames: int, thinker: Any, rule: str) -> int:
     from .rope import audio_token_counts
 
     return int(audio_token_counts(family, thinker, rule, torch.tensor([frames]))[0])
@@ -21,7 +21,7 @@ def audio_tokens(family: Family, frames: int, thinker: Any, rule: str = "config_
 
 def random_batch(family: Family, tokens: Tokens, merge: int, thinker: Any, rng: random.Random, *,
                  use_audio_in_video: bool, max_batch: int = 6, max_items: int = 5, text_ids=None,
-                 pad_id: int | None = None, max_frames: int = 8) -> dict[str, Any]:
+                 pad_id: int | None = None, max_frames: int = 8, audio_rule: str | None = None) -> dict[str, Any]:
     """A valid batch of ``input_ids``, ``attention_mask`` and the Omni keyword arguments.
 
     ``text_ids`` default to ids that are none of ``tokens``; padding uses the first of them.
@@ -42,7 +42,7 @@ def random_batch(family: Family, tokens: Tokens, merge: int, thinker: Any, rng: 
             elif kind == "audio":
                 frames = rng.randint(20, 700)
                 audio_frames.append(frames)
-                row += [tokens.audio_start] + [tokens.audio] * audio_tokens(family, frames, thinker) + [tokens.audio_end]
+                row += [tokens.audio_start] + [tokens.audio] * audio_tokens(family, frames, thinker, audio_rule) + [tokens.audio_end]
             else:
                 grid = (rng.randint(1, max_frames), merge * rng.randint(1, 3), merge * rng.randint(1, 3))
                 videos.append(grid)
@@ -52,7 +52,7 @@ def random_batch(family: Family, tokens: Tokens, merge: int, thinker: Any, rng: 
                     frames = rng.randint(20, 900)
                     audio_frames.append(frames)
                     row += [tokens.vision_start, tokens.audio_start] + [tokens.video] * video_count
-                    row += [tokens.audio] * audio_tokens(family, frames, thinker) + [tokens.audio_end, tokens.vision_end]
+                    row += [tokens.audio] * audio_tokens(family, frames, thinker, audio_rule) + [tokens.audio_end, tokens.vision_end]
                 else:
                     row += [tokens.vision_start] + [tokens.video] * video_count + [tokens.vision_end]
             row += [rng.choice(text_ids) for _ in range(rng.randint(0, 6))]
@@ -80,7 +80,8 @@ def random_batch(family: Family, tokens: Tokens, merge: int, thinker: Any, rng: 
     }
 
 
-def probe_batches(family: Family, tokens: Tokens, merge: int, thinker: Any) -> Iterator[dict[str, Any]]:
+def probe_batches(family: Family, tokens: Tokens, merge: int, thinker: Any, audio_rule: str) -> Iterator[dict[str, Any]]:
     rng = random.Random(f"mmrope probe {family.name}")
     for use_audio_in_video in (False, True, False, True):
-        yield random_batch(family, tokens, merge, thinker, rng, use_audio_in_video=use_audio_in_video, max_batch=3)
+        yield random_batch(family, tokens, merge, thinker, rng, use_audio_in_video=use_audio_in_video, max_batch=3,
+                           audio_rule=audio_rule)

@@ -26,11 +26,8 @@ def bind(family: Family, processor: Any, config: Any, options: Mapping[str, Any]
         raise InvalidInputError(f"impl={impl!r} is not an implementation of {family.name}; use one of {IMPLEMENTATIONS}")
     integer = bool(options.get("integer_positions", False))
     thinker = thinker_config(family, processor, config)
-    tokenizer = processor.tokenizer
-    markers = {
-        "vision_end": tokenizer.convert_tokens_to_ids(processor.vision_eos_token),
-        "audio_end": tokenizer.convert_tokens_to_ids(processor.audio_eos_token),
-    }
+    ids = token_ids(processor)
+    markers = {"vision_end": ids["vision_eos"], "audio_end": ids["audio_eos"]}
     rule = agreeing_audio_rule(family, thinker, markers)
     reference = ReferenceRopeIndex(family, thinker, markers, rule)
     dtype = torch.float32 if family.float_positions and not integer else torch.int64
@@ -61,13 +58,13 @@ def thinker_config(family: Family, processor: Any, config: Any) -> Any:
             f"given has {model_type!r}. Pass the model's config or None"
         )
     config = copy.copy(config)
-    tokenizer = processor.tokenizer
+    ids = token_ids(processor)
     from_processor = {
-        "vision_start_token_id": tokenizer.convert_tokens_to_ids(processor.vision_bos_token),
-        "image_token_id": processor.image_token_id,
-        "video_token_id": processor.video_token_id,
-        "audio_token_id": processor.audio_token_id,
-        "audio_start_token_id": tokenizer.convert_tokens_to_ids(processor.audio_bos_token),
+        "vision_start_token_id": ids["vision_bos"],
+        "image_token_id": ids["image"],
+        "video_token_id": ids["video"],
+        "audio_token_id": ids["audio"],
+        "audio_start_token_id": ids["audio_bos"],
     }
     for key, value in from_processor.items():
         have = getattr(config, key, None)
@@ -79,6 +76,13 @@ def thinker_config(family: Family, processor: Any, config: Any) -> Any:
                 f"pass the config saved with this processor"
             )
     return config
+
+
+def token_ids(processor: Any) -> dict[str, int]:
+    """Ids of the processor's placeholder and marker tokens, from its tokenizer."""
+    convert = processor.tokenizer.convert_tokens_to_ids
+    names = ("image", "video", "audio", "vision_bos", "vision_eos", "audio_bos", "audio_eos")
+    return {name: convert(getattr(processor, f"{name}_token")) for name in names}
 
 
 def tokens_of(config: Any, processor_tokens: Mapping[str, int]) -> Tokens:
@@ -378,18 +382,13 @@ def agreeing_audio_rule(family: Family, thinker: Any, markers: Mapping[str, int]
     with _agreement_lock:
         if key not in _agreement:
             reference = ReferenceRopeIndex(family, thinker, markers)
-            batches = list(probe_batches(family, tokens_of(thinker, markers), reference.merge, thinker))
-            expected = [reference(**batch) for batch in batches]
-            _agreement[key] = None
-            for rule in AUDIO_RULES[family.float_positions]:
-                fast = FastRopeIndex(family, thinker, markers, rule)
-                try:
-                    got = [fast(**batch) for batch in batches]
-                except Exception:
-                    continue
-                if all(_equal(a, b) for a, b in zip(got, expected)):
-                    _agreement[key] = rule
-                    break
+            tokens = tokens_of(thinker, markers)
+            _agreement[key] = next(
+                (rule for rule in AUDIO_RULES[family.float_positions]
+                 if _agrees(FastRopeIndex(family, thinker, markers, rule), reference,
+                            probe_batches(family, tokens, reference.merge, thinker, rule))),
+                None,
+            )
             if _agreement[key] is None:
                 import transformers
 
@@ -401,6 +400,17 @@ def agreeing_audio_rule(family: Family, thinker: Any, markers: Mapping[str, int]
                     stacklevel=6,
                 )
         return _agreement[key]
+
+
+def _agrees(fast: FastRopeIndex, reference: ReferenceRopeIndex, batches) -> bool:
+    for batch in batches:
+        try:
+            want = reference(**batch)
+        except Exception:  # the batch's audio lengths follow another rule than this reference's
+            return False
+        if not _equal(fast(**batch), want):
+            return False
+    return True
 
 
 def _equal(got, want) -> bool:
