@@ -168,7 +168,7 @@ def _take(counters: Counters, field: str, given, sample: int, name: str, key: st
 
 def _expect_run(sample, tokens, begin, n, allowed, name, index, end_marker) -> None:
     run = tokens[begin : begin + n]
-    found = int(torch.isin(run, run.new_tensor(sorted(allowed))).sum()) if run.numel() else 0
+    found = sum(int((run == token).sum()) for token in allowed)
     if run.numel() < n or found != n:
         raise PlaceholderMismatchError(
             f"sample {sample}, {name} {index}: needs {n} placeholder tokens, found {found}. "
