@@ -121,8 +121,10 @@ class _Implementation:
         self.config = thinker
         self.merge = int(thinker.vision_config.spatial_merge_size)
 
-    def check(self, input_ids, attention_mask, image_grid_thw, video_grid_thw, audio_lengths, second_per_grids,
+    def check(self, input_ids, spans, image_grid_thw, video_grid_thw, audio_lengths, second_per_grids,
               use_audio_in_video, tokens: Tokens) -> list[list[Item]]:
+        """Each sample's media items, after checking inputs and layout; ``spans`` index each
+        sample's valid tokens."""
         for key, value in (("image_grid_thw", image_grid_thw), ("video_grid_thw", video_grid_thw)):
             if value is not None and (not isinstance(value, torch.Tensor) or value.dim() != 2 or value.shape[1] != 3):
                 raise InvalidInputError(f"{key} must be a tensor of shape (N, 3), got {type(value).__name__} "
@@ -139,8 +141,8 @@ class _Implementation:
                 raise InvalidInputError(f"second_per_grids must be finite and not negative: {second_per_grids.tolist()}")
         counters = Counters()
         items = []
-        for sample in range(input_ids.shape[0]):
-            row = input_ids[sample] if attention_mask is None else input_ids[sample][valid_tokens(attention_mask[sample])]
+        for sample, span in enumerate(spans):
+            row = input_ids[sample][span]
             items.append(read_items(sample, row, tokens, counters, image_grid_thw=image_grid_thw,
                                     video_grid_thw=video_grid_thw, audio_lengths=audio_lengths, merge=self.merge,
                                     use_audio_in_video=use_audio_in_video))
@@ -199,7 +201,8 @@ class ReferenceRopeIndex(_Implementation):
         second_per_grids = _seconds(second_per_grids)
         if self.audio_rule is not None:
             lengths = audio_token_counts(self.family, self.config, self.audio_rule, audio_seqlens)
-            self.check(input_ids, attention_mask, image_grid_thw, video_grid_thw, lengths, second_per_grids,
+            spans = [valid_tokens(row) for row in _ones_if_none(input_ids, attention_mask)]
+            self.check(input_ids, spans, image_grid_thw, video_grid_thw, lengths, second_per_grids,
                        use_audio_in_video, self.tokens)
         return self.model.get_rope_index(
             input_ids=input_ids, image_grid_thw=image_grid_thw, video_grid_thw=video_grid_thw,
@@ -243,15 +246,15 @@ class FastRopeIndex(_Implementation):
         if image_grid_thw is None and video_grid_thw is None:
             return self._text_only(input_ids, mask)
         lengths = audio_token_counts(self.family, self.config, self.audio_rule, audio_seqlens)
-        items = self.check(input_ids, mask, image_grid_thw, video_grid_thw, lengths, second_per_grids,
+        spans = [valid_tokens(row) for row in mask]
+        items = self.check(input_ids, spans, image_grid_thw, video_grid_thw, lengths, second_per_grids,
                            use_audio_in_video, self.tokens)
         if self.family.float_positions:
             out = torch.zeros(3, *input_ids.shape, dtype=torch.float32, device=input_ids.device)
         else:
             out = torch.ones(3, *input_ids.shape, dtype=input_ids.dtype, device=input_ids.device)
         deltas = []
-        for sample, sample_items in enumerate(items):
-            valid = valid_tokens(mask[sample])
+        for sample, (sample_items, valid) in enumerate(zip(items, spans)):
             count = int(mask[sample].sum())
             chunks = self._sample(sample_items, count, image_grid_thw, video_grid_thw, lengths, second_per_grids)
             positions = torch.cat([chunk.float() for chunk in chunks] if self.family.float_positions else chunks, dim=1)
@@ -317,7 +320,9 @@ class FastRopeIndex(_Implementation):
             chunks.append(video)
             return video
         audio = _run(lengths[item.audio_index], start)
-        return (self._merge_qwen3 if qwen3 else self._merge_qwen2_5)(chunks, video, audio, start)
+        if qwen3:
+            return self._merge_qwen3(chunks, video, audio, int(video_grid_thw[item.index][0]))
+        return self._merge_qwen2_5(chunks, video, audio, start)
 
     def _vision(self, start, grid, frames: torch.Tensor) -> torch.Tensor:
         height, width = int(grid[1]) // self.merge, int(grid[2]) // self.merge
@@ -329,16 +334,20 @@ class FastRopeIndex(_Implementation):
         return out.view(3, -1)
 
     @staticmethod
-    def _merge_qwen3(chunks, video, audio, start) -> torch.Tensor:
-        # Tokens in order of temporal position; on a tie the video token comes first.
-        video_time, audio_time = video[0], audio[0].to(video.dtype)
-        video_slot = torch.arange(video_time.numel()) + torch.searchsorted(audio_time, video_time, right=False)
-        audio_slot = torch.arange(audio_time.numel()) + torch.searchsorted(video_time, audio_time, right=True)
+    def _merge_qwen3(chunks, video, audio, frames: int) -> torch.Tensor:
+        # Tokens in order of temporal position; on a tie the video token comes first. All tokens
+        # of a frame share its time, so the comparisons are made once per frame.
+        per_frame = video.shape[1] // frames
+        frame_time = video[0].view(frames, per_frame)[:, 0]
+        audio_time = audio[0].to(video.dtype)
+        audio_before = torch.searchsorted(audio_time, frame_time, right=False)
+        video_slot = torch.arange(video.shape[1]) + audio_before.view(-1, 1).expand(-1, per_frame).reshape(-1)
+        audio_slot = torch.arange(audio_time.numel()) + torch.searchsorted(frame_time, audio_time, right=True) * per_frame
         merged = torch.empty(3, video.shape[1] + audio.shape[1], dtype=video.dtype)
         merged.index_copy_(1, video_slot, video)
         merged.index_copy_(1, audio_slot, audio.to(video.dtype))
         chunks.append(merged)
-        if audio.shape[1] and bool(video_time[-1] <= audio_time[-1]):
+        if audio.shape[1] and bool(frame_time[-1] <= audio_time[-1]):
             return audio[:, -1:]  # the audio ran longer: its tail was appended last
         tail = video_slot > (audio_slot[-1] if audio.shape[1] else -1)
         return video[:, tail]  # the video ran longer: its tail was appended last
