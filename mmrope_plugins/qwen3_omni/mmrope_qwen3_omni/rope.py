@@ -338,8 +338,8 @@ class FastRopeIndex(_Implementation):
         # Tokens in order of temporal position; on a tie the video token comes first. All tokens
         # of a frame share its time, so the comparisons are made once per frame.
         per_frame = video.shape[1] // frames
-        frame_time = video[0].view(frames, per_frame)[:, 0]
-        audio_time = audio[0].to(video.dtype)
+        frame_time = video[0].view(frames, per_frame)[:, 0].contiguous()
+        audio_time = audio[0].to(video.dtype).contiguous()
         audio_before = torch.searchsorted(audio_time, frame_time, right=False)
         video_slot = torch.arange(video.shape[1]) + audio_before.view(-1, 1).expand(-1, per_frame).reshape(-1)
         audio_slot = torch.arange(audio_time.numel()) + torch.searchsorted(frame_time, audio_time, right=True) * per_frame
