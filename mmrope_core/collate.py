@@ -31,6 +31,41 @@ def collate(samples: Sequence[Mapping[str, Any]], varlen_keys: Iterable[str] = (
     return {key: _merge(key, samples, key in varlen) for key in keys}
 
 
+def batch_processor_outputs(
+    outputs: Sequence[Mapping[str, Any]],
+    varlen_keys: Iterable[str] = (),
+    *,
+    pad_token_id: int = 0,
+    padding_side: str = "right",
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """Batch the outputs of one processor call per sample, as trainers do.
+
+    Returns ``(input_ids, attention_mask, multi_modal_inputs)``: ids padded with ``pad_token_id``
+    and masks with 0 on ``padding_side``, every other key through :func:`collate`.
+    """
+    if padding_side not in ("left", "right"):
+        raise CollateError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    rows = []
+    for index, output in enumerate(outputs):
+        if "input_ids" not in output:
+            raise CollateError(f"sample {index} has no input_ids; pass the processor's outputs")
+        ids = output["input_ids"]
+        mask = output.get("attention_mask")
+        if ids.dim() != 2 or ids.shape[0] != 1:
+            raise CollateError(f"sample {index}: input_ids must be (1, L) per sample, got {tuple(ids.shape)}")
+        rows.append((ids[0], torch.ones_like(ids[0]) if mask is None else mask[0]))
+    length = max(ids.numel() for ids, _ in rows)
+    input_ids = torch.full((len(rows), length), pad_token_id, dtype=rows[0][0].dtype)
+    attention_mask = torch.zeros(len(rows), length, dtype=rows[0][1].dtype)
+    for index, (ids, mask) in enumerate(rows):
+        span = slice(length - ids.numel(), length) if padding_side == "left" else slice(0, ids.numel())
+        input_ids[index, span] = ids
+        attention_mask[index, span] = mask
+    rest = [{key: value for key, value in output.items() if key not in ("input_ids", "attention_mask")}
+            for output in outputs]
+    return input_ids, attention_mask, collate(rest, varlen_keys)
+
+
 def _merge(key: str, samples: Sequence[Mapping[str, Any]], varlen: bool) -> Any:
     present = [(index, sample[key]) for index, sample in enumerate(samples) if key in sample]
     values = [value for _, value in present]

@@ -36,10 +36,9 @@ def run(seed: int, out: TextIO) -> int:
 
 def _show(case: Any, rng: random.Random, out: TextIO) -> None:
     processor, config = case.build()
-    batch = processor(**case.inputs(processor, rng))
-    input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
-    multi_modal_inputs = {key: value for key, value in batch.items() if key not in ("input_ids", "attention_mask")}
     engine = RopeEngine.from_processor(processor, config)
+    outputs = [engine.process(**sample) for sample in case.samples(processor, rng)]
+    input_ids, attention_mask, multi_modal_inputs = engine.batch(outputs)
     started = time.perf_counter()
     positions = engine.compute_position_ids(input_ids, attention_mask, multi_modal_inputs)
     elapsed = time.perf_counter() - started

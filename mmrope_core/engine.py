@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from .collate import batch_processor_outputs
 from .collate import collate as _collate
 from .errors import (
     InvalidInputError,
@@ -220,8 +221,14 @@ class RopeEngine:
     # -- batching and processing -------------------------------------------------------------
 
     def collate(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        """Batch per-sample multimodal inputs; :attr:`varlen_keys` are zero-padded on the last dim."""
+        """Batch per-sample multimodal inputs; :attr:`varlen_keys` are zero-padded to the largest sample."""
         return _collate(samples, self.varlen_keys)
+
+    def batch(self, outputs: Sequence[Mapping[str, Any]], padding_side: str = "right") -> tuple[Any, Any, dict[str, Any]]:
+        """Batch per-sample processor outputs: ``(input_ids, attention_mask, multi_modal_inputs)``."""
+        tokenizer = getattr(self.processor, "tokenizer", None)
+        pad = getattr(tokenizer, "pad_token_id", None)
+        return batch_processor_outputs(outputs, self.varlen_keys, pad_token_id=pad or 0, padding_side=padding_side)
 
     def process(self, **processor_kwargs: Any) -> Any:
         """Call the processor under the plugins' validation policy.

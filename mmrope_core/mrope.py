@@ -49,6 +49,29 @@ class MediaGrids:
     temporal_scale: torch.Tensor | None = None
 
 
+class TokenTypeMap:
+    """Builds ``mm_token_type_ids`` from ``input_ids``: each listed token id becomes its media
+    type, every other token 0 (text). Returns int8, the dtype :func:`mrope_positions` works in.
+
+    Example: ``TokenTypeMap({processor.image_token_id: 1, processor.video_token_id: 2})``.
+    """
+
+    def __init__(self, types: Mapping[int, int]) -> None:
+        if any(not 0 < media_type < 128 for media_type in types.values()):
+            raise ValueError(f"media types must be between 1 and 127, got {dict(types)}")
+        self.types = dict(types)
+
+    def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(input_ids.shape, dtype=torch.int8, device=input_ids.device)
+        for token, media_type in self.types.items():
+            match = (input_ids == token).view(torch.int8)
+            out += match if media_type == 1 else match * media_type
+        return out
+
+    def __repr__(self) -> str:
+        return f"TokenTypeMap({self.types})"
+
+
 def mrope_positions(
     token_types: torch.Tensor,
     attention_mask: torch.Tensor | None,

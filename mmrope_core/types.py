@@ -92,22 +92,24 @@ STRICT = ValidationPolicy()
 
 @dataclasses.dataclass(frozen=True)
 class ExampleCase:
-    """A tiny, offline, real processor and inputs for it: what ``mmrope demo`` shows and what the
+    """A tiny, offline, real processor and samples for it: what ``mmrope demo`` shows and what the
     conformance checks exercise.
 
     Attributes:
         name: the model family, e.g. ``"Qwen2.5-VL"``.
         build: ``build() -> (processor, config)``; must work without network or weights.
-        inputs: ``inputs(processor, rng) -> dict`` of keyword arguments for ``processor(...)``
-            (``rng`` is a ``random.Random``); the result must include ``return_tensors="pt"``.
+        samples: ``samples(processor, rng) -> list of dict``: keyword arguments for
+            ``processor(...)``, one call per sample, each with ``return_tensors="pt"`` (``rng`` is a
+            ``random.Random``). Samples are processed one by one and batched as trainers do,
+            so give at least two that differ in length and media.
     """
 
     name: str
     build: Callable[[], tuple[Any, Any]]
-    inputs: Callable[[Any, Any], Mapping[str, Any]]
+    samples: Callable[[Any, Any], list[Mapping[str, Any]]]
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):
             raise TypeError("ExampleCase.name must be a non-empty string")
-        if not callable(self.build) or not callable(self.inputs):
-            raise TypeError("ExampleCase.build and ExampleCase.inputs must be callable")
+        if not callable(self.build) or not callable(self.samples):
+            raise TypeError("ExampleCase.build and ExampleCase.samples must be callable")

@@ -82,7 +82,9 @@ def test_real_processor_output_gives_the_models_own_positions(manager, name, mod
     processor, config = built(name, model_type)
     fast, _ = engines(manager, name, model_type)
     for seed in range(5):
-        batch = processor(**example(name).inputs(processor, random.Random(seed)))
+        from mmrope_qwen_vl.examples import image_prompt
+
+        batch = processor(**image_prompt(processor, random.Random(seed)))
         ids, mask, inputs = split(dict(batch))
         want_positions, want_deltas = transformers_reference(config)(
             input_ids=ids, mm_token_type_ids=inputs["mm_token_type_ids"], image_grid_thw=inputs["image_grid_thw"],

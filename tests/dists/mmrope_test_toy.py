@@ -76,4 +76,5 @@ def varlen_keys(processor):
 
 @hookimpl
 def example_cases():
-    return [ExampleCase("Toy", build=lambda: (ToyProcessor(), None), inputs=lambda processor, rng: {"text": ["a b", "c d e f"]})]
+    return [ExampleCase("Toy", build=lambda: (ToyProcessor(), None),
+                        samples=lambda processor, rng: [{"text": ["a b"]}, {"text": ["c d e f"]}])]

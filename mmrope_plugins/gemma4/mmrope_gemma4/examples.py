@@ -32,19 +32,28 @@ def build(with_audio_tokens: bool = True, max_soft_tokens: int = 70) -> tuple[An
     return processor, transformers.AutoConfig.for_model("gemma4")
 
 
-def image_prompt(processor: Any, rng: Any) -> dict[str, Any]:
+def image_samples(processor: Any, rng: Any) -> list[dict[str, Any]]:
     """Three samples: two images, one image, none; random text around them."""
-    texts, images = [], []
+    samples = []
     for count in (2, 1, 0):
-        parts = [filler_text(rng, rng.randint(1, 5))]
-        sample_images = []
+        parts, images = [filler_text(rng, rng.randint(1, 5))], []
         for _ in range(count):
             parts += [processor.image_token, filler_text(rng, rng.randint(1, 4))]
-            sample_images.append(random_image(rng, 16 * rng.randint(3, 8), 16 * rng.randint(3, 8)))
-        texts.append(" ".join(parts))
-        images.append(sample_images)
-    return {"text": texts, "images": images, "padding": True, "return_tensors": "pt"}
+            images.append(random_image(rng, 16 * rng.randint(3, 8), 16 * rng.randint(3, 8)))
+        sample = {"text": [" ".join(parts)], "return_tensors": "pt"}
+        if images:
+            sample["images"] = [images]
+        samples.append(sample)
+    return samples
+
+
+def image_prompt(processor: Any, rng: Any) -> dict[str, Any]:
+    """The samples of :func:`image_samples` as one padded processor call."""
+    samples = image_samples(processor, rng)
+    return {"text": [sample["text"][0] for sample in samples],
+            "images": [sample.get("images", [[]])[0] for sample in samples],
+            "padding": True, "return_tensors": "pt"}
 
 
 def example_cases() -> list[ExampleCase]:
-    return [ExampleCase("Gemma4", build, image_prompt)]
+    return [ExampleCase("Gemma4", build, image_samples)]

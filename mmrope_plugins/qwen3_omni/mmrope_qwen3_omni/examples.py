@@ -60,20 +60,34 @@ def build(name: str) -> tuple[Any, Any]:
     return processor, config
 
 
-def audio_and_image_prompt(processor: Any, rng: Any) -> dict[str, Any]:
-    """Two samples: an image and an audio clip; an audio clip alone. Markers written in the text."""
+def audio_and_image_samples(processor: Any, rng: Any) -> list[dict[str, Any]]:
+    """Three samples: an image and an audio clip; an audio clip alone; text alone. The text holds
+    the start and end markers itself, as Omni chat templates write them."""
     import numpy as np
 
     tokenizer = processor.tokenizer
     image = f"{tokenizer.vision_bos_token}{processor.image_token}{tokenizer.vision_eos_token}"
     audio = f"{tokenizer.audio_bos_token}{processor.audio_token}{tokenizer.audio_eos_token}"
-    texts = [
-        f"{filler_text(rng, 3)} {image} {filler_text(rng, 2)} {audio} {filler_text(rng, 2)}",
-        f"{filler_text(rng, 2)} {audio} {filler_text(rng, 4)}",
+
+    def clip(seconds: float):
+        return np.sin(np.arange(int(16000 * seconds)) / rng.uniform(5, 40)).astype(np.float32)
+
+    return [
+        {"text": [f"{filler_text(rng, 3)} {image} {filler_text(rng, 2)} {audio} {filler_text(rng, 2)}"],
+         "images": [random_image(rng, 56, 84)], "audio": [clip(1)], "return_tensors": "pt"},
+        {"text": [f"{filler_text(rng, 2)} {audio} {filler_text(rng, 4)}"], "audio": [clip(2)], "return_tensors": "pt"},
+        {"text": [filler_text(rng, 5)], "return_tensors": "pt"},
     ]
-    clips = [np.sin(np.arange(16000 * seconds) / rng.uniform(5, 40)).astype(np.float32) for seconds in (1, 2)]
-    return {"text": texts, "images": [random_image(rng, 56, 84)], "audio": clips, "padding": True, "return_tensors": "pt"}
+
+
+def audio_and_image_prompt(processor: Any, rng: Any) -> dict[str, Any]:
+    """The first two samples of :func:`audio_and_image_samples` as one padded processor call."""
+    samples = audio_and_image_samples(processor, rng)[:2]
+    return {"text": [sample["text"][0] for sample in samples],
+            "images": [image for sample in samples for image in sample.get("images", [])],
+            "audio": [clip for sample in samples for clip in sample["audio"]],
+            "padding": True, "return_tensors": "pt"}
 
 
 def example_cases() -> list[ExampleCase]:
-    return [ExampleCase(name, functools.partial(build, name), audio_and_image_prompt) for name in _SPECS]
+    return [ExampleCase(name, functools.partial(build, name), audio_and_image_samples) for name in _SPECS]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib
 import threading
-import types
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 import torch
 
 from mmrope_core import InvalidInputError, RopeBinding
+from mmrope_core.reference import config_only_model
 
 from .families import Family
 from .layout import Counters, Item, Tokens, check_all_used, read_items
@@ -191,9 +191,7 @@ class ReferenceRopeIndex(_Implementation):
         self.audio_rule = audio_rule
         model_cls = getattr(importlib.import_module(f"transformers.models.{family.module}.modeling_{family.module}"),
                             family.reference_class)
-        self.model = types.SimpleNamespace(config=thinker, spatial_merge_size=self.merge)
-        for method in ("get_llm_pos_ids_for_vision", "get_chunked_index", "get_rope_index"):
-            setattr(self.model, method, types.MethodType(getattr(model_cls, method), self.model))
+        self.model = config_only_model(model_cls, thinker, spatial_merge_size=self.merge)
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                  image_grid_thw=None, video_grid_thw=None, audio_seqlens=None, second_per_grids=None,

@@ -37,6 +37,12 @@ def get_rope_index_kwargs(processor: Any, multi_modal_inputs: Any):
 
 
 @hookimpl
+def varlen_keys(processor: Any):
+    # the processor returns one token type per token; the engine rebuilds them, trainers batch them
+    return {"mm_token_type_ids"} if family_of(processor) is not None else None
+
+
+@hookimpl
 def example_cases():
     from .examples import example_cases as cases
 

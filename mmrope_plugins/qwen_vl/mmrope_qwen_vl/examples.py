@@ -52,18 +52,25 @@ def build(name: str) -> tuple[Any, Any]:
     return processor, config
 
 
-def image_prompt(processor: Any, rng: Any) -> dict[str, Any]:
+def image_samples(processor: Any, rng: Any) -> list[dict[str, Any]]:
     """Two samples of different lengths: one with two images, one with one, random text around."""
     start, end = _markers(processor)
-    texts, images = [], []
+    samples = []
     for count in (2, 1):
-        parts = [filler_text(rng, rng.randint(1, 6))]
+        parts, images = [filler_text(rng, rng.randint(1, 6))], []
         for _ in range(count):
-            parts.append(f"{start}{processor.image_token}{end}")
-            parts.append(filler_text(rng, rng.randint(1, 4)))
+            parts += [f"{start}{processor.image_token}{end}", filler_text(rng, rng.randint(1, 4))]
             images.append(random_image(rng, 28 * rng.randint(2, 4), 28 * rng.randint(2, 4)))
-        texts.append(" ".join(parts))
-    return {"text": texts, "images": images, "padding": True, "return_tensors": "pt"}
+        samples.append({"text": [" ".join(parts)], "images": images, "return_tensors": "pt"})
+    return samples
+
+
+def image_prompt(processor: Any, rng: Any) -> dict[str, Any]:
+    """The samples of :func:`image_samples` as one padded processor call."""
+    samples = image_samples(processor, rng)
+    return {"text": [text for sample in samples for text in sample["text"]],
+            "images": [image for sample in samples for image in sample["images"]],
+            "padding": True, "return_tensors": "pt"}
 
 
 def _markers(processor: Any) -> tuple[str, str]:
@@ -74,4 +81,4 @@ def _markers(processor: Any) -> tuple[str, str]:
 
 
 def example_cases() -> list[ExampleCase]:
-    return [ExampleCase(name, functools.partial(build, name), image_prompt) for name in _SPECS]
+    return [ExampleCase(name, functools.partial(build, name), image_samples) for name in _SPECS]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import threading
-import types
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -12,7 +11,8 @@ from typing import Any
 import torch
 
 from mmrope_core import InvalidInputError, RopeBinding
-from mmrope_core.mrope import MediaGrids, MediaKind, check_placeholders, mrope_positions
+from mmrope_core.mrope import MediaGrids, MediaKind, TokenTypeMap, check_placeholders, mrope_positions
+from mmrope_core.reference import config_only_model
 
 from .families import Family
 
@@ -32,7 +32,7 @@ def bind(family: Family, processor: Any, config: Any, options: Mapping[str, Any]
     if impl not in IMPLEMENTATIONS:
         raise InvalidInputError(f"impl={impl!r} is not an implementation of {family.name}; use one of {IMPLEMENTATIONS}")
     config = _resolve_config(family, processor, config)
-    token_types = TokenTypes.for_processor(family, processor)
+    token_types = token_types_for(family, processor)
     tokens = (processor.image_token, processor.video_token)
     reference = ReferenceRopeIndex(family, config, tokens)
     if impl == "reference":
@@ -67,22 +67,21 @@ def _resolve_config(family: Family, processor: Any, config: Any) -> Any:
     return config
 
 
-class TokenTypes:
-    """Builds ``mm_token_type_ids`` (0 text, 1 image, 2 video) from ``input_ids``."""
+def token_types_for(family: Family, processor: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+    """How ``mm_token_type_ids`` (0 text, 1 image, 2 video) are built from ``input_ids``."""
+    if family.video_inside_markers:
+        return GlmTokenTypes(processor.image_token_id, processor.video_start_id, processor.video_end_id)
+    return TokenTypeMap({processor.image_token_id: 1, processor.video_token_id: 2})
 
-    def __init__(self, image: int, video: int, video_start: int | None = None, video_end: int | None = None) -> None:
-        self.image, self.video, self.video_start, self.video_end = image, video, video_start, video_end
 
-    @classmethod
-    def for_processor(cls, family: Family, processor: Any) -> TokenTypes:
-        if family.video_inside_markers:
-            return cls(processor.image_token_id, processor.video_token_id, processor.video_start_id, processor.video_end_id)
-        return cls(processor.image_token_id, processor.video_token_id)
+class GlmTokenTypes:
+    """GLM videos reuse the image token between begin- and end-of-video markers."""
+
+    def __init__(self, image: int, video_start: int, video_end: int) -> None:
+        self.image, self.video_start, self.video_end = image, video_start, video_end
 
     def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
         image = (input_ids == self.image).view(torch.int8)
-        if self.video_start is None:
-            return image + (input_ids == self.video).view(torch.int8) * 2
         opened = (input_ids == self.video_start).cumsum(dim=1)
         closed = (input_ids == self.video_end).cumsum(dim=1)
         return image + (image & (opened > closed).view(torch.int8))
@@ -145,10 +144,7 @@ class ReferenceRopeIndex(_Implementation):
     def __init__(self, family: Family, config: Any, tokens: tuple[str, str] = _TOKENS) -> None:
         super().__init__(family, config, tokens)
         module, name = family.models[config.model_type]
-        model_cls = getattr(importlib.import_module(f"transformers.models.{module}"), name)
-        self.model = types.SimpleNamespace(config=config)
-        for method in ("get_vision_position_ids", "get_rope_index"):
-            setattr(self.model, method, types.MethodType(getattr(model_cls, method), self.model))
+        self.model = config_only_model(getattr(importlib.import_module(f"transformers.models.{module}"), name), config)
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                  mm_token_type_ids: torch.Tensor, image_grid_thw: Any = None, video_grid_thw: Any = None,
