@@ -1,9 +1,10 @@
 # Two environments, each built from nothing: the newest supported transformers (.venv) and the
-# oldest (.venv-oldest). Both install mmrope-core and every plugin under mmrope_plugins/.
+# oldest (.venv-oldest). Both install mmrope-core, every plugin under mmrope_plugins/ and the
+# third-party example plugin.
 PYTHON ?= python3
-PLUGINS := $(patsubst %/pyproject.toml,%,$(wildcard mmrope_plugins/*/pyproject.toml))
+PLUGINS := $(patsubst %/pyproject.toml,%,$(wildcard mmrope_plugins/*/pyproject.toml)) examples/third_party_plugin
 EDITABLE := -e . $(addprefix -e ./,$(PLUGINS))
-SOURCES := pyproject.toml $(wildcard mmrope_plugins/*/pyproject.toml)
+SOURCES := pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS))
 
 .PHONY: demo test test-newest test-oldest bench clean
 
@@ -20,7 +21,8 @@ test-oldest: .venv-oldest/.installed
 	.venv-oldest/bin/python -m pytest -q -p no:cacheprovider -m differential
 
 bench: .venv/.installed
-	.venv/bin/python benchmarks/run.py
+	.venv/bin/python benchmarks/qwen_vl.py
+	.venv/bin/python benchmarks/qwen_omni.py
 
 .venv/.installed: requirements/newest.txt $(SOURCES)
 	$(PYTHON) -m venv .venv

@@ -19,10 +19,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     plugins.add_argument("--json", action="store_true", help="print JSON instead of a table")
     demo = commands.add_parser("demo", help="build tiny processors of every installed family and show their positions")
     demo.add_argument("--seed", type=int, default=0, help="seed of the generated prompts and images")
+    check = commands.add_parser("check", help="run the conformance checks on an installed plugin")
+    check.add_argument("name", help="the plugin's entry-point name (see `mmrope plugins`)")
+    check.add_argument("--seed", type=int, default=0, help="seed of the generated samples")
     args = parser.parse_args(argv)
     if args.command == "plugins":
         return _plugins(args.json)
+    if args.command == "check":
+        return _check(args.name, args.seed)
     return _demo(args.seed)
+
+
+def _check(name: str, seed: int) -> int:
+    from .testing import check_plugin
+
+    violations = check_plugin(name, seed=seed)
+    for violation in violations:
+        print(violation)
+    print(f"{name}: {'conforms' if not violations else f'{len(violations)} violation(s)'}")
+    return 1 if violations else 0
 
 
 def _plugins(as_json: bool) -> int:

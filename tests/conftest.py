@@ -5,7 +5,6 @@ from pathlib import Path
 import pytest
 
 DISTS = Path(__file__).parent / "dists"
-ALL_TEST_PLUGINS = "toy,broken_import,raises,blocked,conflict_a,conflict_b,unknown_hook"
 
 
 @pytest.fixture
@@ -31,4 +30,4 @@ def make_manager(test_dists):
 @pytest.fixture
 def toy_manager(make_manager):
     """Only the well-behaved test plugin (and whatever else the environment installs)."""
-    return make_manager(MMROPE_DISABLE_PLUGINS="broken_import,raises,blocked,conflict_a,conflict_b,unknown_hook")
+    return make_manager(MMROPE_DISABLE_PLUGINS="broken_import,raises,blocked,conflict_a,conflict_b,unknown_hook,nonconforming")

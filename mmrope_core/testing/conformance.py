@@ -1,0 +1,236 @@
+"""The rules every plugin must keep, checked on inputs generated from its example processors."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import random
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ..engine import RopeEngine
+from ..errors import MmropeError
+from ..manager import PluginManager
+from ..types import ExampleCase, RopeBinding, ValidationPolicy
+
+
+@dataclasses.dataclass(frozen=True)
+class Violation:
+    """One broken rule: which hook of which plugin, on which example, and what happened."""
+
+    plugin: str
+    hook: str
+    rule: str
+    detail: str
+    case: str = ""
+
+    def __str__(self) -> str:
+        where = f" on {self.case}" if self.case else ""
+        return f"plugin {self.plugin}: {self.hook} broke rule '{self.rule}'{where}: {self.detail}"
+
+
+class _ForeignProcessor:
+    """A processor no plugin should claim."""
+
+    image_token = "<foreign>"
+    tokenizer = None
+
+
+def check_plugin(
+    name: str,
+    *,
+    cases: Sequence[ExampleCase] | None = None,
+    manager: PluginManager | None = None,
+    seed: int = 0,
+) -> list[Violation]:
+    """Run every conformance rule on plugin ``name`` (an entry-point or registered name).
+
+    ``cases`` default to the plugin's own ``example_cases``. ``manager`` defaults to a fresh one
+    that loads only this plugin from the installed entry points.
+    """
+    manager = manager or PluginManager(env={"MMROPE_LOAD_PLUGINS": name})
+    info = {plugin.name: plugin for plugin in manager.plugins()}.get(name)
+    if info is None or info.status != "active":
+        state = "not installed" if info is None else f"{info.status}: {info.reason}"
+        return [Violation(name, "entry point", "the plugin loads", state)]
+    checker = _Checker(name, manager, random.Random(seed))
+    if cases is None:
+        cases = checker.example_cases()
+    if not cases:
+        checker.fail("example_cases", "examples exist", "the plugin offers no example case to check it on")
+    for case in cases:
+        checker.check_case(case)
+    checker.check_foreign()
+    return checker.violations
+
+
+def assert_conforms(name: str, **kwargs: Any) -> None:
+    """Raise ``AssertionError`` listing every violation of plugin ``name``."""
+    violations = check_plugin(name, **kwargs)
+    if violations:
+        raise AssertionError(f"{len(violations)} conformance violation(s):\n" + "\n".join(f"  - {v}" for v in violations))
+
+
+class _Checker:
+    def __init__(self, name: str, manager: PluginManager, rng: random.Random) -> None:
+        self.name, self.manager, self.rng = name, manager, rng
+        self.violations: list[Violation] = []
+        self.case = ""
+
+    def fail(self, hook: str, rule: str, detail: str) -> None:
+        self.violations.append(Violation(self.name, hook, rule, detail, self.case))
+
+    def own(self, hook: str, **kwargs: Any) -> list[Any]:
+        """Results of this plugin's implementation of ``hook`` alone (None included)."""
+        impls = [impl for impl in getattr(self.manager._pm.hook, hook).get_hookimpls() if impl.plugin_name == self.name]
+        results = []
+        for impl in impls:
+            try:
+                results.append(impl.function(*[kwargs[arg] for arg in impl.argnames]))
+            except Exception as exc:
+                self.fail(hook, "hooks do not raise on valid input", f"{type(exc).__name__}: {exc}")
+        return results
+
+    def example_cases(self) -> list[ExampleCase]:
+        cases = []
+        for result in self.own("example_cases"):
+            if result is None:
+                continue
+            if not isinstance(result, Iterable) or not all(isinstance(case, ExampleCase) for case in result):
+                self.fail("example_cases", "returns a list of ExampleCase", f"got {result!r}")
+                continue
+            cases.extend(result)
+        return cases
+
+    def check_foreign(self) -> None:
+        self.case = "a processor of no family"
+        foreign = _ForeignProcessor()
+        for hook, kwargs in (
+            ("bind_rope_index", {"processor": foreign, "config": None, "options": {}}),
+            ("get_rope_index_kwargs", {"processor": foreign, "multi_modal_inputs": {}, "mm_processor_kwargs": {}}),
+            ("validate_inputs_policy", {"processor": foreign}),
+            ("varlen_keys", {"processor": foreign}),
+        ):
+            for result in self.own(hook, **kwargs):
+                if result is not None:
+                    self.fail(hook, "returns None for processors it does not handle", f"returned {result!r}")
+        self.case = ""
+
+    def check_case(self, case: ExampleCase) -> None:
+        self.case = case.name
+        try:
+            processor, config = case.build()
+        except Exception as exc:
+            self.fail("example_cases", "example processors build offline", f"{type(exc).__name__}: {exc}")
+            return
+        if not self.check_hook_types(processor, config):
+            return
+        try:
+            engine = RopeEngine.from_processor(processor, config, plugin_manager=self.manager)
+            outputs = [engine.process(**sample) for sample in case.samples(processor, self.rng)]
+        except MmropeError as exc:
+            self.fail("bind_rope_index", "an engine builds for its own processor", f"{type(exc).__name__}: {exc}")
+            return
+        if engine.plugin_name != self.name:
+            self.fail("bind_rope_index", "claims its own processors", f"the engine was bound by {engine.plugin_name}")
+            return
+        if len(outputs) < 2:
+            self.fail("example_cases", "examples hold at least two samples", f"got {len(outputs)}")
+            return
+        self.check_kwargs_do_not_mutate(processor, outputs)
+        self.check_positions(engine, outputs)
+        self.case = ""
+
+    def check_hook_types(self, processor: Any, config: Any) -> bool:
+        bindings = [r for r in self.own("bind_rope_index", processor=processor, config=config, options={}) if r is not None]
+        if not bindings:
+            self.fail("bind_rope_index", "claims its own processors", f"returned None for {type(processor).__name__}")
+            return False
+        if not all(isinstance(b, RopeBinding) for b in bindings):
+            self.fail("bind_rope_index", "returns a RopeBinding or None", f"got {bindings!r}")
+            return False
+        for policy in self.own("validate_inputs_policy", processor=processor):
+            if policy is not None and not isinstance(policy, ValidationPolicy):
+                self.fail("validate_inputs_policy", "returns a ValidationPolicy or None", f"got {policy!r}")
+        for keys in self.own("varlen_keys", processor=processor):
+            if keys is not None and (isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable)
+                                     or not all(isinstance(key, str) for key in keys)):
+                self.fail("varlen_keys", "returns key names or None", f"got {keys!r}")
+        return True
+
+    def check_kwargs_do_not_mutate(self, processor: Any, outputs: Sequence[Mapping[str, Any]]) -> None:
+        for output in outputs:
+            inputs = {k: v for k, v in output.items() if k not in ("input_ids", "attention_mask")}
+            before = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+            keys = list(inputs)
+            for result in self.own("get_rope_index_kwargs", processor=processor, multi_modal_inputs=inputs,
+                                   mm_processor_kwargs={}):
+                if result is not None and not isinstance(result, Mapping):
+                    self.fail("get_rope_index_kwargs", "returns a dict or None", f"got {type(result).__name__}")
+            if list(inputs) != keys or any(not _same(before[k], inputs[k]) for k in keys):
+                self.fail("get_rope_index_kwargs", "does not change its inputs", "multi_modal_inputs changed in the call")
+
+    def check_positions(self, engine: RopeEngine, outputs: Sequence[Mapping[str, Any]]) -> None:
+        hook = "bind_rope_index"
+        try:
+            right = engine.batch(outputs, "right")
+            left = engine.batch(outputs, "left")
+        except MmropeError as exc:
+            self.fail("varlen_keys", "declared varlen keys collate", str(exc))
+            return
+        try:
+            batched = engine.compute_position_ids(*right)
+            again = engine.compute_position_ids(*right)
+            left_positions = engine.compute_position_ids(*left)
+            alone = [engine.compute_position_ids(*engine.batch([output])) for output in outputs]
+        except MmropeError as exc:
+            self.fail(hook, "computes positions for its own examples", f"{type(exc).__name__}: {exc}")
+            return
+        binding = engine.binding
+        expected_shape = (*right[0].shape[:1], 4, right[0].shape[1]) if binding.kind == "mrope" else tuple(right[0].shape)
+        if tuple(batched.shape) != expected_shape:
+            self.fail(hook, "output shape", f"expected {expected_shape}, got {tuple(batched.shape)}")
+            return
+        if batched.dtype != binding.position_dtype or (not binding.position_dtype.is_floating_point
+                                                       and batched.dtype != torch.int64):
+            self.fail(hook, "int64 positions unless the binding declares another dtype",
+                      f"got {batched.dtype}, binding declares {binding.position_dtype}")
+        if not torch.equal(batched, again):
+            self.fail(hook, "determinism", "two calls on the same batch differ")
+        for index, (single, output) in enumerate(zip(alone, outputs)):
+            n = output["input_ids"].shape[1]
+            if not torch.equal(_valid(batched, right[1], index), _valid(single, None, 0)):
+                self.fail(hook, "batched results equal per-sample results", f"sample {index} ({n} tokens) differs")
+            if not torch.equal(_valid(batched, right[1], index), _valid(left_positions, left[1], index)):
+                self.fail(hook, "left and right padding give the same valid positions", f"sample {index} differs")
+        if binding.kind == "mrope":
+            positions, deltas = engine.get_rope_index(right[0], right[1], **engine.rope_index_kwargs(right[2]))
+            if positions.shape != (3, *right[0].shape) or deltas.shape != (right[0].shape[0], 1):
+                self.fail(hook, "get_rope_index returns (3, B, L) and (B, 1)",
+                          f"got {tuple(positions.shape)} and {tuple(deltas.shape)}")
+        try:
+            # what an unpickled engine is rebuilt from, rebuilt here with this checker's plugins
+            rebuild, (processor, config, options) = pickle.loads(pickle.dumps(engine.__reduce__()))
+            clone = RopeEngine.from_processor(processor, config, plugin_manager=self.manager, **options)
+            if not torch.equal(clone.compute_position_ids(*right), batched):
+                self.fail(hook, "the engine pickles", "the unpickled engine computes other positions")
+        except Exception as exc:
+            self.fail(hook, "the engine pickles", f"{type(exc).__name__}: {exc}")
+
+
+def _valid(positions: torch.Tensor, mask: torch.Tensor | None, row: int) -> torch.Tensor:
+    """The positions of sample ``row``'s valid tokens, with the axes first."""
+    sample = positions[row]
+    if mask is None:
+        return sample
+    return sample[..., mask[row].bool()]
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+    return a == b
+
+

@@ -1,0 +1,43 @@
+"""pytest fixtures for mmrope plugin authors; registered through the ``pytest11`` entry point
+(or ``pytest -p mmrope_core.testing.pytest_plugin``). Loading it imports nothing heavy."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture
+def mmrope_plugin_manager() -> Any:
+    """A fresh plugin manager over the installed entry points, independent of every other test."""
+    from mmrope_core import PluginManager
+
+    return PluginManager(env=dict(os.environ))
+
+
+@pytest.fixture
+def mmrope_register(mmrope_plugin_manager: Any) -> Iterator[Callable[[Any, str], None]]:
+    """``register(plugin, name)`` on :func:`mmrope_plugin_manager`; unregistered after the test,
+    whatever happens in it."""
+    names: list[str] = []
+
+    def register(plugin: Any, name: str) -> None:
+        mmrope_plugin_manager.register(plugin, name)
+        names.append(name)
+
+    try:
+        yield register
+    finally:
+        for name in reversed(names):
+            mmrope_plugin_manager.unregister(name)
+
+
+@pytest.fixture
+def mmrope_conformance() -> Callable[..., None]:
+    """``mmrope_conformance("my_vl")`` fails the test with every conformance violation listed."""
+    from mmrope_core.testing import assert_conforms
+
+    return assert_conforms
