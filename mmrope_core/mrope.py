@@ -297,7 +297,8 @@ def _check_grid(
         raise PlaceholderMismatchError(
             f"{kind.grid_key} has {count} rows but the batch holds only {runs.numel()} runs of {kind.token} "
             f"(per sample: {torch.bincount(seg_row[runs], minlength=int(seg_row.max()) + 1 if seg_row.numel() else 0).tolist()}). "
-            f"The sequence was probably truncated before a {kind.name}; drop the grids of removed {kind.name}s"
+            f"The sequence was probably truncated before a {kind.name} (drop the grids of removed "
+            f"{kind.name}s), or the inputs come from another processor than the engine's"
         )
     return grid[: runs.numel()] if grid is not None else torch.zeros(0, 3, dtype=torch.int64, device=runs.device)
 

@@ -1,0 +1,154 @@
+"""Every row of docs/errors.md, triggered: the error class and the message it documents."""
+
+import functools
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+import mmrope_core.errors as errors
+from mmrope_core import PluginManager, RopeEngine
+from mmrope_core.collate import collate
+
+CATALOGUE = Path(__file__).parent.parent / "docs" / "errors.md"
+ROW = re.compile(r"^\| `([\w-]+)` \| .* \| `(\w+)` \| `(.+)` \| .* \|$")
+
+
+def catalogue():
+    rows = [ROW.match(line) for line in CATALOGUE.read_text().splitlines()]
+    return {match[1]: (match[2], match[3]) for match in rows if match}
+
+
+@functools.cache
+def manager():
+    return PluginManager(env={"MMROPE_LOAD_PLUGINS": "qwen_vl,gemma4,qwen3_omni"})
+
+
+@functools.cache
+def engine(name, impl="fast"):
+    if name in ("Qwen3-Omni",):
+        from mmrope_qwen3_omni.examples import build
+    elif name == "Gemma4":
+        from mmrope_gemma4.examples import build as gemma_build
+
+        processor, config = gemma_build()
+        return RopeEngine.from_processor(processor, config, plugin_manager=manager())
+    else:
+        from mmrope_qwen_vl.examples import build
+    processor, config = build(name)
+    return RopeEngine.from_processor(processor, config, plugin_manager=manager(), impl=impl)
+
+
+def qwen_ids(*rows):
+    """Rows written as strings: t text, [ ] vision start/end, i image token, v video token."""
+    processor = engine("Qwen2-VL").processor
+    tokenizer = processor.tokenizer
+    table = {"t": tokenizer.convert_tokens_to_ids("cat"), "[": tokenizer.convert_tokens_to_ids(tokenizer.vision_start_token),
+             "]": tokenizer.convert_tokens_to_ids(tokenizer.vision_end_token), "i": processor.image_token_id,
+             "v": processor.video_token_id}
+    length = max(map(len, rows))
+    ids = torch.full((len(rows), length), tokenizer.pad_token_id)
+    mask = torch.zeros(len(rows), length, dtype=torch.long)
+    for index, row in enumerate(rows):
+        ids[index, : len(row)] = torch.tensor([table[c] for c in row])
+        mask[index, : len(row)] = 1
+    return ids, mask
+
+
+GRID = torch.tensor([[1, 4, 4]])
+
+
+def qwen2(*rows, **kwargs):
+    ids, mask = qwen_ids(*rows)
+    return lambda: engine("Qwen2-VL").get_rope_index(ids, mask, **kwargs)
+
+
+def qwen25_seconds(seconds):
+    ids, mask = qwen_ids("t[vvvvvvvv]t")
+    return lambda: engine("Qwen2.5-VL").get_rope_index(ids, mask, video_grid_thw=torch.tensor([[2, 4, 4]]),
+                                                       second_per_grid_ts=seconds)
+
+
+def compute(input_ids, attention_mask):
+    return lambda: engine("Qwen2-VL").compute_position_ids(input_ids, attention_mask, {})
+
+
+def omni(row, **kwargs):
+    from mmrope_qwen3_omni.rope import token_ids
+
+    processor = engine("Qwen3-Omni").processor
+    token = token_ids(processor)
+    table = {"t": processor.tokenizer.convert_tokens_to_ids("cat"), "[": token["vision_bos"], "]": token["vision_eos"],
+             "i": token["image"], "v": token["video"], "(": token["audio_bos"], ")": token["audio_eos"], "a": token["audio"]}
+    ids = torch.tensor([[table[c] for c in row]])
+    return lambda: engine("Qwen3-Omni").get_rope_index(ids, **kwargs)
+
+
+class MysteryProcessor:
+    pass
+
+
+TRIGGERS = {
+    "ids-list": compute([[1, 2]], None),
+    "ids-float": compute(torch.ones(1, 2), None),
+    "ids-rank": compute(torch.ones(1, 2, 3, dtype=torch.long), None),
+    "empty-batch": compute(torch.ones(0, 4, dtype=torch.long), None),
+    "zero-length": compute(torch.ones(2, 0, dtype=torch.long), None),
+    "mask-list": compute(torch.ones(1, 2, dtype=torch.long), [[1, 1]]),
+    "mask-shape": compute(torch.ones(2, 3, dtype=torch.long), torch.ones(2, 4, dtype=torch.long)),
+    "mask-values": compute(torch.ones(1, 3, dtype=torch.long), torch.tensor([[1, 2, 1]])),
+    "mask-float": compute(torch.ones(1, 3, dtype=torch.long), torch.ones(1, 3) * 0.5),
+    "mask-device": compute(torch.ones(1, 3, dtype=torch.long), torch.ones(1, 3, dtype=torch.long, device="meta")),
+    "all-padding": compute(torch.ones(2, 2, dtype=torch.long), torch.tensor([[1, 1], [0, 0]])),
+    "grid-list": qwen2("t[iiii]t", image_grid_thw=[[1, 4, 4]]),
+    "grid-shape": qwen2("t[iiii]t", image_grid_thw=torch.tensor([[4, 4]])),
+    "grid-float": qwen2("t[iiii]t", image_grid_thw=torch.tensor([[1.0, 4.0, 4.0]])),
+    "grid-zero": qwen2("t[iiii]t", image_grid_thw=torch.tensor([[0, 4, 4]])),
+    "grid-negative": qwen2("t[iiii]t", image_grid_thw=torch.tensor([[1, -4, 4]])),
+    "grid-divisible": qwen2("t[iiii]t", image_grid_thw=torch.tensor([[1, 4, 3]])),
+    "grids-left-over": qwen2("t[iiii]t", "t[iiii]t", image_grid_thw=GRID.repeat(3, 1)),
+    "run-without-grid": qwen2("t[iiii]t", "t[iiii]t", image_grid_thw=GRID),
+    "sampled-placeholder": qwen2("t[iiii]ttit", image_grid_thw=GRID),
+    "placeholder-in-text-only": qwen2("t[iiii]t", "ttiit", image_grid_thw=GRID),
+    "truncated-run": qwen2("t[iii", image_grid_thw=GRID),
+    "touching-runs": qwen2("t[iiiiiiii]t", image_grid_thw=GRID.repeat(2, 1)),
+    "video-without-grid": qwen2("t[vvvv]t"),
+    "seconds-length": qwen25_seconds(torch.tensor([0.5, 1.0])),
+    "seconds-nonfinite": qwen25_seconds(torch.tensor([float("inf")])),
+    "seconds-negative": qwen25_seconds(torch.tensor([-0.5])),
+    "other-family-inputs": qwen2("tttttt", image_grid_thw=GRID),
+    "other-family-config": lambda: RopeEngine.from_processor(
+        engine("Qwen2-VL").processor, transformers.AutoConfig.for_model("qwen3_vl"), plugin_manager=manager()),
+    "audio-length": omni("t[i]t(" + "a" * 10 + ")t", image_grid_thw=torch.tensor([[1, 2, 2]]),
+                         audio_seqlens=torch.tensor([100])),
+    "audio-no-start": omni("t[i]tt" + "a" * 13 + ")t", image_grid_thw=torch.tensor([[1, 2, 2]]),
+                           audio_seqlens=torch.tensor([100])),
+    "audio-mask-missing": omni("t[i]t(" + "a" * 13 + ")t", image_grid_thw=torch.tensor([[1, 2, 2]])),
+    "audio-in-video-no-audio": omni("t[vv]t", video_grid_thw=torch.tensor([[2, 2, 2]]),
+                                    second_per_grids=torch.tensor([1.0]), use_audio_in_video=True),
+    "video-seconds-missing": omni("t[vv]t", video_grid_thw=torch.tensor([[2, 2, 2]])),
+    "omni-config-ids": lambda: RopeEngine.from_processor(
+        engine("Qwen3-Omni").processor, transformers.AutoConfig.for_model("qwen3_omni_moe"), plugin_manager=manager()),
+    "unsupported-processor": lambda: RopeEngine.from_processor(MysteryProcessor(), plugin_manager=manager()),
+    "rope-index-1d": lambda: engine("Gemma4").get_rope_index(torch.tensor([[1, 2, 3]])),
+    "unknown-impl": lambda: engine("Qwen2-VL", impl="turbo"),
+    "collate-shapes": lambda: collate([{"input_features": torch.ones(1, 4, 3)}, {"input_features": torch.ones(1, 4, 5)}]),
+    "collate-types": lambda: collate([{"metadata": "x"}, {"metadata": {"fps": 2}}]),
+}
+
+
+def test_the_catalogue_and_the_triggers_name_the_same_inputs():
+    rows = catalogue()
+    assert len(rows) >= 25
+    assert sorted(rows) == sorted(TRIGGERS)
+
+
+@pytest.mark.parametrize("row", sorted(catalogue()))
+def test_each_catalogued_input_raises_what_the_catalogue_says(row):
+    error_name, pattern = catalogue()[row]
+    with pytest.raises(getattr(errors, error_name)) as caught:
+        TRIGGERS[row]()
+    assert re.search(pattern, str(caught.value)), f"{row}: {caught.value}"
+    assert type(caught.value).__name__ == error_name
