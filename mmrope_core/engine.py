@@ -15,6 +15,7 @@ from .collate import collate as _collate
 from .errors import (
     InvalidInputError,
     MmropeError,
+    PlaceholderMismatchError,
     PluginConflictError,
     PluginContractError,
     PluginHookError,
@@ -23,6 +24,7 @@ from .errors import (
 )
 from .inputs import ReadOnlyInputs, as_batch, require_valid_tokens
 from .manager import PluginManager, get_plugin_manager
+from .packing import PackedLayout
 from .positions import one_d_positions, text_positions
 from .types import STRICT, RopeBinding, ValidationPolicy
 
@@ -129,6 +131,9 @@ class RopeEngine:
         attention_mask: torch.Tensor | None,
         multi_modal_inputs: Mapping[str, Any] | None = None,
         mm_processor_kwargs: Mapping[str, Any] | None = None,
+        *,
+        cu_seqlens: torch.Tensor | None = None,
+        segment_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Positions in the layout trainers feed the model.
 
@@ -137,28 +142,44 @@ class RopeEngine:
             attention_mask: same shape, 0/1 or bool; None means every token is valid.
             multi_modal_inputs: the processor's outputs for these samples (grids, masks, ...).
             mm_processor_kwargs: the keyword arguments the processor was called with.
+            cu_seqlens: for one packed ``(1, T)`` row, ``(K + 1,)`` segment boundaries from 0 to T.
+            segment_ids: for packed rows, ``(B, L)``: 0 for padding, 1..K for each row's segments.
 
         Returns:
             For M-RoPE, ``(B, 4, L)``: row 0 counts valid tokens 0..n-1 (1 at padding), rows 1..3
             are the family's ``(t, h, w)`` positions (padding holds what the family's reference
             puts there). For 1-D RoPE, ``(B, L)`` ``clip(cumsum(mask) - 1, 0)``. The dtype is
-            ``binding.position_dtype`` (int64 unless the family documents otherwise).
+            ``binding.position_dtype`` (int64 unless the family documents otherwise). Packed rows
+            restart at 0 in every segment and hold 0 (row 0: 1) outside segments.
         """
         ids, mask = as_batch(input_ids, attention_mask)
+        layout = _packed_layout(ids, mask, cu_seqlens, segment_ids)
         if self.binding.kind == "1d":
-            return one_d_positions(ids, mask)
+            return one_d_positions(ids, mask) if layout is None else layout.offsets()
         kwargs = self.rope_index_kwargs(multi_modal_inputs, mm_processor_kwargs)
-        positions, _ = self._rope_index(ids, mask, kwargs)
+        if layout is None:
+            positions, _ = self._rope_index(ids, mask, kwargs)
+            text = text_positions(ids, mask)
+        else:
+            positions, _ = self._packed_rope_index(ids, layout, kwargs)
+            text = layout.offsets().masked_fill_(layout.pack(layout.unpacked_mask()).logical_not(), 1)
         dtype = self.binding.position_dtype
-        return torch.cat((text_positions(ids, mask).unsqueeze(1), positions.transpose(0, 1)), dim=1).to(dtype)
+        return torch.cat((text.unsqueeze(1), positions.transpose(0, 1)), dim=1).to(dtype)
 
     def get_rope_index(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs: Any
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        cu_seqlens: torch.Tensor | None = None,
+        segment_ids: torch.Tensor | None = None,
+        **kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Drop-in for the model's ``get_rope_index``: ``(3, B, L)`` positions and ``(B, 1)`` deltas.
 
         Keyword arguments are those of the family's reference (``image_grid_thw``, ...);
-        ``mm_token_type_ids`` is rebuilt from ``input_ids``.
+        ``mm_token_type_ids`` is rebuilt from ``input_ids``. With ``cu_seqlens`` or
+        ``segment_ids`` (see :meth:`compute_position_ids`) the deltas are per segment, ``(K, 1)``.
         """
         if self.binding.kind == "1d":
             raise RopeIndexUnavailableError(
@@ -168,7 +189,23 @@ class RopeEngine:
             )
         ids, mask = as_batch(input_ids, attention_mask)
         kwargs.pop("mm_token_type_ids", None)
+        layout = _packed_layout(ids, mask, cu_seqlens, segment_ids)
+        if layout is not None:
+            return self._packed_rope_index(ids, layout, kwargs)
         return self._rope_index(ids, mask, kwargs)
+
+    def _packed_rope_index(
+        self, ids: torch.Tensor, layout: PackedLayout, kwargs: dict[str, Any]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each segment computed as the sample it was, in one call on the unpacked segments."""
+        segments = layout.unpack(ids)
+        if self.binding.token_types is not None:
+            _check_segment_boundaries(layout, self.binding.token_types(segments))
+        try:
+            positions, deltas = self._rope_index(segments, layout.unpacked_mask(), kwargs)
+        except MmropeError as exc:
+            raise type(exc)(f"in the packed input, sample k below is segment k (counted row by row): {exc}") from exc
+        return layout.pack(positions), deltas
 
     def rope_index_kwargs(
         self, multi_modal_inputs: Mapping[str, Any] | None, mm_processor_kwargs: Mapping[str, Any] | None = None
@@ -251,6 +288,39 @@ class RopeEngine:
         else:
             relaxed.validate_inputs = functools.partial(policy.validate, relaxed)
         return relaxed
+
+
+def _packed_layout(ids: torch.Tensor, mask: torch.Tensor | None, cu_seqlens: Any, segment_ids: Any) -> PackedLayout | None:
+    if cu_seqlens is None and segment_ids is None:
+        return None
+    if cu_seqlens is not None and segment_ids is not None:
+        raise InvalidInputError("pass either cu_seqlens or segment_ids, not both")
+    if cu_seqlens is not None:
+        if mask is not None and not bool(mask.all()):
+            raise InvalidInputError("with cu_seqlens every token belongs to a segment: attention_mask must be all 1 "
+                                    "or None; mark padding with segment_ids instead")
+        return PackedLayout.from_cu_seqlens(cu_seqlens, tuple(ids.shape))
+    layout = PackedLayout.from_segment_ids(segment_ids, tuple(ids.shape))
+    if mask is not None and not torch.equal(mask, layout.pack(layout.unpacked_mask())):
+        raise InvalidInputError("attention_mask disagrees with segment_ids: a token is valid exactly when its "
+                                "segment id is not 0; keep the mask 0/1 and the segments in segment_ids")
+    return layout
+
+
+def _check_segment_boundaries(layout: PackedLayout, segment_types: torch.Tensor) -> None:
+    """A segment must not start inside a placeholder run the previous segment began."""
+    last = segment_types[torch.arange(layout.segments), layout.lengths - 1]
+    first = segment_types[:, 0]
+    starts = layout.tokens[torch.cat([torch.zeros(1, dtype=torch.long), layout.lengths.cumsum(0)[:-1]])]
+    adjacent = starts[1:] == starts[:-1] + layout.lengths[:-1]  # same row, nothing between them
+    cut = adjacent & (last[:-1] != 0) & (last[:-1] == first[1:])
+    if bool(cut.any()):
+        k = int(cut.nonzero()[0, 0])
+        row, column = divmod(int(starts[k + 1]), layout.shape[1])
+        raise PlaceholderMismatchError(
+            f"segment {k + 1} starts inside a placeholder run that segment {k} began (row {row}, token {column}): "
+            f"the segment boundary cuts a media item; move the boundary before or after the item"
+        )
 
 
 def _skip_validation(*args: Any, **kwargs: Any) -> None:

@@ -205,6 +205,7 @@ class _Checker:
                 self.fail(hook, "batched results equal per-sample results", f"sample {index} ({n} tokens) differs")
             if not torch.equal(_valid(batched, right[1], index), _valid(left_positions, left[1], index)):
                 self.fail(hook, "left and right padding give the same valid positions", f"sample {index} differs")
+        self.check_packing(engine, outputs, right[2], alone)
         if binding.kind == "mrope":
             positions, deltas = engine.get_rope_index(right[0], right[1], **engine.rope_index_kwargs(right[2]))
             if positions.shape != (3, *right[0].shape) or deltas.shape != (right[0].shape[0], 1):
@@ -218,6 +219,27 @@ class _Checker:
                 self.fail(hook, "the engine pickles", "the unpickled engine computes other positions")
         except Exception as exc:
             self.fail(hook, "the engine pickles", f"{type(exc).__name__}: {exc}")
+
+
+    def check_packing(self, engine: RopeEngine, outputs, multi_modal_inputs, alone) -> None:
+        rows = [output["input_ids"][0][_mask_of(output)] for output in outputs]
+        lengths = torch.tensor([row.numel() for row in rows])
+        cu_seqlens = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+        try:
+            packed = engine.compute_position_ids(torch.cat(rows).unsqueeze(0), None, multi_modal_inputs,
+                                                 cu_seqlens=cu_seqlens)
+        except MmropeError as exc:
+            self.fail("bind_rope_index", "packed samples compute", f"{type(exc).__name__}: {exc}")
+            return
+        for index, single in enumerate(alone):
+            segment = packed[0][..., int(cu_seqlens[index]) : int(cu_seqlens[index + 1])]
+            if not torch.equal(segment, _valid(single, None, 0)):
+                self.fail("bind_rope_index", "a packed segment equals its sample alone", f"segment {index} differs")
+
+
+def _mask_of(output: Mapping[str, Any]) -> torch.Tensor:
+    mask = output.get("attention_mask")
+    return torch.ones_like(output["input_ids"][0], dtype=torch.bool) if mask is None else mask[0].bool()
 
 
 def _valid(positions: torch.Tensor, mask: torch.Tensor | None, row: int) -> torch.Tensor:

@@ -1,0 +1,87 @@
+"""Packed rows: one (1, 65536) row of 16 samples with images and videos, one packed engine call
+vs the transformers reference called once per segment. Prints the ratio measured in this run.
+
+    python benchmarks/packing.py [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+import torch
+import transformers
+
+from mmrope_core import PluginManager, RopeEngine
+from mmrope_qwen_vl.examples import build
+
+
+def timed(fn, repeat):
+    fn()
+    samples = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples)
+
+
+def sample(processor, rng, length):
+    """``length`` tokens: text, 1-3 images and sometimes a video, each inside vision markers."""
+    tokenizer = processor.tokenizer
+    start, end = tokenizer.convert_tokens_to_ids([tokenizer.vision_start_token, tokenizer.vision_end_token])
+    word = tokenizer.convert_tokens_to_ids("cat")
+    row, images, videos = [word] * 8, [], []
+    for _ in range(rng.randint(1, 3)):
+        grid = (1, 2 * rng.randint(4, 14), 2 * rng.randint(4, 14))
+        images.append(grid)
+        row += [start] + [processor.image_token_id] * (grid[1] * grid[2] // 4) + [end] + [word] * rng.randint(8, 64)
+    if rng.random() < 0.5:
+        grid = (rng.randint(2, 8), 2 * rng.randint(4, 8), 2 * rng.randint(4, 8))
+        videos.append(grid)
+        row += [start] + [processor.video_token_id] * (grid[0] * grid[1] * grid[2] // 4) + [end]
+    row += [word] * (length - len(row))
+    return torch.tensor(row[:length]), images, videos
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    processor, config = build("Qwen2.5-VL")
+    manager = PluginManager(env={"MMROPE_LOAD_PLUGINS": "qwen_vl"})
+    fast = RopeEngine.from_processor(processor, config, plugin_manager=manager)
+    reference = RopeEngine.from_processor(processor, config, plugin_manager=manager, impl="reference")
+    rng = random.Random(0)
+    samples = [sample(processor, rng, 4096) for _ in range(16)]
+    ids = torch.cat([s[0] for s in samples]).unsqueeze(0)
+    cu_seqlens = torch.arange(17) * 4096
+    images = torch.tensor([g for s in samples for g in s[1]])
+    videos = torch.tensor([g for s in samples for g in s[2]])
+    seconds = torch.full((videos.shape[0],), 0.5)
+    packed_kwargs = {"image_grid_thw": images, "video_grid_thw": videos, "second_per_grid_ts": seconds}
+
+    def per_segment():
+        video_index = 0
+        for row, sample_images, sample_videos in samples:
+            kwargs = {"image_grid_thw": torch.tensor(sample_images)}
+            if sample_videos:
+                kwargs["video_grid_thw"] = torch.tensor(sample_videos)
+                kwargs["second_per_grid_ts"] = seconds[video_index : video_index + len(sample_videos)]
+                video_index += len(sample_videos)
+            reference.get_rope_index(row.unsqueeze(0), **kwargs)
+
+    positions, _ = fast.get_rope_index(ids, cu_seqlens=cu_seqlens, **packed_kwargs)
+    assert torch.equal(positions, reference.get_rope_index(ids, cu_seqlens=cu_seqlens, **packed_kwargs)[0])
+    t_ref = timed(per_segment, args.repeat)
+    t_fast = timed(lambda: fast.get_rope_index(ids, cu_seqlens=cu_seqlens, **packed_kwargs), args.repeat * 2)
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}, {torch.get_num_threads()} threads\n")
+    print(f"{'case':<58}{'reference':>12}{'fast':>12}{'ref/fast':>10}")
+    print(f"{'Qwen2.5-VL packed 1 x 65536, 16 samples, images + videos':<58}"
+          f"{t_ref * 1e3:>10.1f}ms{t_fast * 1e3:>10.2f}ms{t_ref / t_fast:>9.1f}x")
+
+
+if __name__ == "__main__":
+    main()

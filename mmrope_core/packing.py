@@ -1,0 +1,134 @@
+"""Packed rows: several samples in one row, described by ``cu_seqlens`` (THD layout) or by
+per-token ``segment_ids`` ("neat packing"). Each segment is computed as the sample it was:
+positions restart at 0 and media grids are consumed in order across segments."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from .errors import InvalidInputError
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedLayout:
+    """Where each segment of a packed batch lies.
+
+    Attributes:
+        shape: ``(B, L)`` of the packed batch.
+        tokens: flat index (``row * L + column``) of every token that belongs to a segment.
+        slots: for each of those tokens, its flat index in the unpacked ``(K, longest)`` batch.
+        lengths: ``(K,)`` tokens per segment, in order (row by row).
+    """
+
+    shape: tuple[int, int]
+    tokens: torch.Tensor
+    slots: torch.Tensor
+    lengths: torch.Tensor
+
+    @property
+    def segments(self) -> int:
+        return self.lengths.numel()
+
+    @property
+    def longest(self) -> int:
+        return int(self.lengths.max())
+
+    @classmethod
+    def from_cu_seqlens(cls, cu_seqlens: Any, shape: tuple[int, int]) -> PackedLayout:
+        if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.dtype.is_floating_point:
+            raise InvalidInputError("cu_seqlens must be a 1-D integer tensor (K + 1,) of segment boundaries")
+        if shape[0] != 1:
+            raise InvalidInputError(f"cu_seqlens describes one packed (1, T) row, got input_ids of shape {shape}; "
+                                    f"use segment_ids for packed batches of several rows")
+        bounds = cu_seqlens.long()
+        if bounds.numel() < 2 or int(bounds[0]) != 0 or int(bounds[-1]) != shape[1]:
+            raise InvalidInputError(f"cu_seqlens must start at 0 and end at the row length {shape[1]}, got "
+                                    f"{bounds.tolist()[:3]}...{bounds.tolist()[-2:]}; cover the whole row")
+        steps = bounds[1:] - bounds[:-1]
+        bad = (steps <= 0).nonzero()
+        if bad.numel():
+            k = int(bad[0, 0])
+            raise InvalidInputError(f"cu_seqlens is not increasing at segment {k}: {int(bounds[k])} then "
+                                    f"{int(bounds[k + 1])}; every segment needs at least one token")
+        tokens = torch.arange(shape[1])
+        segment = torch.repeat_interleave(torch.arange(steps.numel()), steps)
+        offset = tokens - bounds[segment]
+        return cls(tuple(shape), tokens, segment * int(steps.max()) + offset, steps)
+
+    @classmethod
+    def from_segment_ids(cls, segment_ids: Any, shape: tuple[int, int]) -> PackedLayout:
+        if not isinstance(segment_ids, torch.Tensor) or segment_ids.dtype.is_floating_point:
+            raise InvalidInputError("segment_ids must be an integer tensor (B, L): 0 for padding, 1..K per segment")
+        ids = segment_ids.reshape(shape) if segment_ids.dim() == 1 and shape[0] == 1 else segment_ids
+        if tuple(ids.shape) != tuple(shape):
+            raise InvalidInputError(f"segment_ids has shape {tuple(segment_ids.shape)} but input_ids has {tuple(shape)}")
+        ids = ids.long()
+        if bool((ids < 0).any()):
+            raise InvalidInputError("segment_ids must not be negative: 0 marks padding, 1..K the segments")
+        rows, length = shape
+        valid = ids > 0
+        # a segment starts where the id changes to a non-zero value; ids must then read 1, 2, 3, ...
+        previous = torch.cat([torch.zeros(rows, 1, dtype=ids.dtype), ids[:, :-1]], dim=1)
+        starts = valid & (ids != previous)
+        expected = starts.long().cumsum(dim=1)
+        wrong = valid & (ids != expected)
+        if bool(wrong.any()):
+            row, column = (int(v) for v in wrong.nonzero()[0])
+            raise InvalidInputError(
+                f"segment_ids of row {row} are not contiguous and numbered 1, 2, ... in order: token {column} "
+                f"holds segment {int(ids[row, column])} where segment {int(expected[row, column])} was expected; "
+                f"each segment must be one span, and segments must follow each other in order"
+            )
+        counts = expected[:, -1] if length else torch.zeros(rows, dtype=torch.long)
+        first_segment = counts.cumsum(0) - counts
+        tokens = valid.view(-1).nonzero().squeeze(1)
+        segment = (first_segment[:, None] + ids - 1).view(-1)[tokens]
+        lengths = torch.bincount(segment, minlength=int(counts.sum()))
+        if lengths.numel() == 0:
+            raise InvalidInputError("segment_ids marks no token as part of a segment")
+        starts_at = torch.zeros_like(lengths).scatter_reduce(0, segment, tokens, reduce="amin", include_self=False)
+        offset = tokens - starts_at[segment]
+        return cls(tuple(shape), tokens, segment * int(lengths.max()) + offset, lengths)
+
+    @property
+    def covers_everything(self) -> bool:
+        """Every token belongs to a segment (always so with ``cu_seqlens``)."""
+        return self.tokens.numel() == self.shape[0] * self.shape[1]
+
+    @property
+    def one_row_of_segments(self) -> bool:
+        """One row cut into consecutive segments (``cu_seqlens``): segments are plain slices."""
+        return self.shape[0] == 1 and self.covers_everything
+
+    def unpack(self, values: torch.Tensor, fill: int = 0) -> torch.Tensor:
+        """``(B, L)`` values of the packed batch as a ``(K, longest)`` batch of segments."""
+        if self.one_row_of_segments:
+            pieces = torch.split(values.reshape(-1), self.lengths.tolist())
+            return torch.nn.utils.rnn.pad_sequence(pieces, batch_first=True, padding_value=fill)
+        source = values.reshape(-1)
+        if not self.covers_everything:
+            source = source.index_select(0, self.tokens)
+        out = torch.full((self.segments * self.longest,), fill, dtype=values.dtype, device=values.device)
+        return out.index_copy_(0, self.slots, source).view(self.segments, self.longest)
+
+    def unpacked_mask(self) -> torch.Tensor:
+        return torch.arange(self.longest) < self.lengths[:, None]
+
+    def pack(self, values: torch.Tensor, fill: float = 0) -> torch.Tensor:
+        """``(..., K, longest)`` per-segment values back into the packed ``(..., B, L)`` layout."""
+        lead = values.shape[:-2]
+        if self.one_row_of_segments:
+            pieces = [values[..., k, :n] for k, n in enumerate(self.lengths.tolist())]
+            return torch.cat(pieces, dim=-1).view(*lead, *self.shape)
+        flat = values.reshape(-1, self.segments * self.longest).index_select(1, self.slots)
+        if self.covers_everything:
+            return flat.view(*lead, *self.shape)
+        out = torch.full((flat.shape[0], self.shape[0] * self.shape[1]), fill, dtype=values.dtype, device=values.device)
+        return out.index_copy_(1, self.tokens, flat).view(*lead, *self.shape)
+
+    def offsets(self) -> torch.Tensor:
+        """Each token's position within its segment, ``(B, L)`` (0 outside segments)."""
+        return self.pack((torch.arange(self.longest) * self.unpacked_mask()).long())

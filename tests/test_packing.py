@@ -1,0 +1,156 @@
+"""Packed rows: computing K packed samples once equals computing each alone, for every family."""
+
+import random
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mmrope_core import InvalidInputError, PlaceholderMismatchError
+from test_properties import MROPE_FAMILIES, SETTINGS, engines, one_sample
+
+
+def packed(samples, style, pad, rows=1):
+    """Samples packed into ``rows`` rows; returns (input_ids, packing keyword, media keyword arguments)."""
+    per_row = [samples[i::rows] for i in range(rows)]
+    length = max(sum(ids.numel() for ids, _ in row) for row in per_row) + 3  # trailing padding
+    input_ids = torch.full((rows, length), pad)
+    segment_ids = torch.zeros(rows, length, dtype=torch.long)
+    for r, row in enumerate(per_row):
+        column = 0
+        for k, (ids, _) in enumerate(row, start=1):
+            input_ids[r, column : column + ids.numel()] = ids
+            segment_ids[r, column : column + ids.numel()] = k
+            column += ids.numel()
+    order = [sample for row in per_row for sample in row]
+    kwargs = {}
+    for _, sample_kwargs in order:
+        for key, value in sample_kwargs.items():
+            kwargs[key] = torch.cat([kwargs[key], value]) if isinstance(value, torch.Tensor) and key in kwargs else value
+    if style == "cu_seqlens":
+        used = int((segment_ids[0] > 0).sum())
+        lengths = torch.tensor([ids.numel() for ids, _ in order])
+        return input_ids[:, :used], {"cu_seqlens": torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])}, kwargs, order
+    return input_ids, {"segment_ids": segment_ids}, kwargs, order
+
+
+@pytest.mark.differential
+@pytest.mark.parametrize("name", MROPE_FAMILIES)
+@pytest.mark.parametrize("style", ["cu_seqlens", "segment_ids"])
+@SETTINGS
+@given(seed=st.integers(0, 2**31), count=st.integers(1, 6), use_audio_in_video=st.booleans(), rows=st.integers(1, 3))
+def test_packing_equals_each_sample_alone(name, style, seed, count, use_audio_in_video, rows):
+    fast, reference = engines(name)
+    rng = random.Random(seed)
+    samples = [one_sample(name, rng, use_audio_in_video) for _ in range(count)]
+    ids, packing, kwargs, order = packed(samples, style, fast.processor.tokenizer.pad_token_id,
+                                         rows=1 if style == "cu_seqlens" else rows)
+    positions, deltas = fast.get_rope_index(ids, **packing, **kwargs)
+    assert torch.equal(positions, reference.get_rope_index(ids, **packing, **kwargs)[0])
+    segment_ids = packing.get("segment_ids", None)
+    if segment_ids is None:
+        segment_ids = torch.repeat_interleave(torch.arange(1, len(order) + 1), packing["cu_seqlens"].diff()).unsqueeze(0)
+    layout_rows = [(r, k) for r in range(ids.shape[0]) for k in range(1, int(segment_ids[r].max()) + 1)]
+    assert deltas.shape == (len(order), 1)
+    for index, ((sample_ids, sample_kwargs), (row, k)) in enumerate(zip(order, layout_rows)):
+        alone, alone_delta = fast.get_rope_index(sample_ids, **sample_kwargs)
+        assert torch.equal(positions[:, row, segment_ids[row] == k], alone[:, 0]), f"segment {index}"
+        assert torch.equal(deltas[index], alone_delta[0])
+
+
+@pytest.mark.parametrize("style", ["cu_seqlens", "segment_ids"])
+def test_compute_position_ids_restarts_every_segment(style):
+    fast, _ = engines("Qwen2-VL")
+    rng = random.Random(4)
+    samples = [one_sample("Qwen2-VL", rng, False) for _ in range(3)]
+    ids, packing, kwargs, order = packed(samples, style, fast.processor.tokenizer.pad_token_id)
+    inputs = {k: v for k, v in kwargs.items() if k.endswith("grid_thw")}
+    positions = fast.compute_position_ids(ids, None, inputs, **packing)
+    column = 0
+    for sample_ids, sample_kwargs in order:
+        alone = fast.compute_position_ids(sample_ids, None, {k: v for k, v in sample_kwargs.items() if k.endswith("grid_thw")})
+        assert torch.equal(positions[0, :, column : column + sample_ids.numel()], alone[0])
+        column += sample_ids.numel()
+    if style == "segment_ids":
+        assert positions[0, 0, column:].eq(1).all() and positions[0, 1:, column:].eq(0).all()
+
+
+def test_1d_families_restart_per_segment_too():
+    from mmrope_core import PluginManager, RopeEngine
+    from mmrope_gemma4.examples import build
+
+    processor, config = build()
+    engine = RopeEngine.from_processor(processor, config, plugin_manager=PluginManager(env={"MMROPE_LOAD_PLUGINS": "gemma4"}))
+    ids = torch.ones(1, 9, dtype=torch.long)
+    assert engine.compute_position_ids(ids, None, cu_seqlens=torch.tensor([0, 4, 6, 9])).tolist() == [[0, 1, 2, 3, 0, 1, 0, 1, 2]]
+    segments = torch.tensor([[1, 1, 2, 2, 2, 0], [1, 1, 1, 1, 0, 0]])
+    assert engine.compute_position_ids(torch.ones(2, 6, dtype=torch.long), None, segment_ids=segments).tolist() == [
+        [0, 1, 0, 1, 2, 0], [0, 1, 2, 3, 0, 0]]
+
+
+def image_row(*segments):
+    fast, _ = engines("Qwen2-VL")
+    processor = fast.processor
+    tokenizer = processor.tokenizer
+    table = {"t": tokenizer.convert_tokens_to_ids("cat"), "[": tokenizer.convert_tokens_to_ids(tokenizer.vision_start_token),
+             "]": tokenizer.convert_tokens_to_ids(tokenizer.vision_end_token), "i": processor.image_token_id}
+    ids = torch.tensor([[table[c] for segment in segments for c in segment]])
+    cu = torch.tensor([0] + [len(s) for s in segments]).cumsum(0)
+    return fast, ids, cu
+
+
+def test_a_boundary_through_a_placeholder_run_names_the_segment():
+    fast, ids, cu = image_row("t[ii", "ii]t")
+    with pytest.raises(PlaceholderMismatchError, match=r"segment 1 starts inside a placeholder run that segment 0 began \(row 0, token 4\)"):
+        fast.get_rope_index(ids, cu_seqlens=cu, image_grid_thw=torch.tensor([[1, 4, 4]]))
+
+
+def test_errors_inside_a_segment_say_which_segment():
+    fast, ids, cu = image_row("t[iiii]t", "tt[iii]")
+    with pytest.raises(PlaceholderMismatchError, match=r"sample k below is segment k.*sample 1, image 0: .*found 3"):
+        fast.get_rope_index(ids, cu_seqlens=cu, image_grid_thw=torch.tensor([[1, 4, 4]] * 2))
+
+
+@pytest.mark.parametrize(
+    "cu_seqlens, message",
+    [
+        (torch.tensor([0, 5, 9]), "must start at 0 and end at the row length 10"),
+        (torch.tensor([1, 5, 10]), "must start at 0"),
+        (torch.tensor([0, 6, 4, 10]), "not increasing at segment 1: 6 then 4"),
+        (torch.tensor([0, 5, 5, 10]), "not increasing at segment 1"),
+        (torch.tensor([0.0, 10.0]), "1-D integer tensor"),
+    ],
+)
+def test_bad_cu_seqlens(cu_seqlens, message):
+    fast, _ = engines("Qwen2-VL")
+    with pytest.raises(InvalidInputError, match=message):
+        fast.compute_position_ids(torch.ones(1, 10, dtype=torch.long), None, {}, cu_seqlens=cu_seqlens)
+
+
+@pytest.mark.parametrize(
+    "segment_ids, message",
+    [
+        ([[1, 1, 2, 1, 0]], r"row 0 .*token 3 holds segment 1 where segment 3 was expected"),
+        ([[2, 2, 0, 0, 0]], r"token 0 holds segment 2 where segment 1 was expected"),
+        ([[1, 1, 0, 1, 0]], r"token 3 holds segment 1 where segment 2 was expected"),
+        ([[1, -1, 0, 0, 0]], "must not be negative"),
+    ],
+)
+def test_bad_segment_ids(segment_ids, message):
+    fast, _ = engines("Qwen2-VL")
+    with pytest.raises(InvalidInputError, match=message):
+        fast.compute_position_ids(torch.ones(1, 5, dtype=torch.long), None, {}, segment_ids=torch.tensor(segment_ids))
+
+
+def test_packing_arguments_are_checked_against_the_mask():
+    fast, _ = engines("Qwen2-VL")
+    ids = torch.ones(1, 4, dtype=torch.long)
+    with pytest.raises(InvalidInputError, match="either cu_seqlens or segment_ids"):
+        fast.compute_position_ids(ids, None, {}, cu_seqlens=torch.tensor([0, 4]), segment_ids=torch.ones(1, 4, dtype=torch.long))
+    with pytest.raises(InvalidInputError, match="attention_mask must be all 1"):
+        fast.compute_position_ids(ids, torch.tensor([[1, 1, 1, 0]]), {}, cu_seqlens=torch.tensor([0, 4]))
+    with pytest.raises(InvalidInputError, match="attention_mask disagrees with segment_ids"):
+        fast.compute_position_ids(ids, torch.tensor([[1, 1, 1, 1]]), {}, segment_ids=torch.tensor([[1, 1, 2, 0]]))
+    with pytest.raises(InvalidInputError, match="one packed \\(1, T\\) row"):
+        fast.compute_position_ids(torch.ones(2, 4, dtype=torch.long), None, {}, cu_seqlens=torch.tensor([0, 4]))
