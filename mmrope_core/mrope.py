@@ -129,23 +129,28 @@ def mrope_positions(
     out[1:].copy_(text.unsqueeze(0).expand(2, batch, length))
     if runs.count:
         run = runs.token_run
-        # int32 division is much faster than int64 and media runs are far below 2**31 tokens
-        offset = (torch.arange(run.numel(), device=device) - runs.first_token[run]).to(torch.int32)
-        width, height = grid_w.to(torch.int32)[run], grid_h.to(torch.int32)[run]
-        start = run_pos[run]
-        frame = offset // (width * height)
-        temporal = frame.long() if scaled else frame
+        # Grid coordinates of each media token from its offset in its run. float32 division is
+        # several times faster than integer division and exact here: offsets stay below 2**24.
+        per_run = torch.stack([runs.first_token.float(), grid_w.float(), (grid_h * grid_w).float()], dim=1)
+        per_token = per_run.index_select(0, run)
+        offset = torch.arange(run.numel(), dtype=torch.float32, device=device) - per_token[:, 0]
+        frame = (offset / per_token[:, 2]).floor_()
+        within = offset - frame * per_token[:, 2]
+        row = (within / per_token[:, 1]).floor_()
+        column = within - row * per_token[:, 1]
+        start = run_pos.index_select(0, run)
+        temporal = frame.long()
         for kind_runs, scale in scaled:
             # the reference multiplies int64 frame numbers in the scale's dtype, then truncates
             scale_index = torch.full((runs.count,), -1, dtype=torch.int64, device=device)
             scale_index[kind_runs] = torch.arange(kind_runs.numel(), device=device)
-            token_scale = scale_index[run]
+            token_scale = scale_index.index_select(0, run)
             selected = token_scale >= 0
             temporal[selected] = (temporal[selected] * scale[token_scale[selected]]).long()
         flat = out.view(3, -1)
-        flat[0, runs.tokens] = start + temporal
-        flat[1, runs.tokens] = start + (offset // width) % height
-        flat[2, runs.tokens] = start + offset % width
+        flat[0].index_copy_(0, runs.tokens, start + temporal)
+        flat[1].index_copy_(0, runs.tokens, start + row.long())
+        flat[2].index_copy_(0, runs.tokens, start + column.long())
 
     # The largest position of a sample, as the reference takes it over its valid tokens and three
     # axes: the temporal row holds every text position and temporal id; height and width ids
@@ -219,16 +224,18 @@ def _scan(token_types: torch.Tensor, attention_mask: torch.Tensor | None) -> _Ru
     length = token_types.shape[1]
     media = token_types if attention_mask is None else token_types * attention_mask.view(torch.int8)
     tokens = media.view(-1).nonzero().squeeze(1)
-    types_ = token_types.view(-1)[tokens].long()
+    types_ = token_types.view(-1).index_select(0, tokens).long()
     new_run = torch.ones(tokens.numel(), dtype=torch.bool, device=tokens.device)
-    new_run[1:] = (tokens[1:] != tokens[:-1] + 1) | (types_[1:] != types_[:-1]) | (tokens[1:] % length == 0)
+    new_run[1:] = (tokens[1:] != tokens[:-1] + 1) | (types_[1:] != types_[:-1])
+    if bool(media[:, -1].any()):  # a run ending a row must not continue into the next one
+        new_run[1:] |= tokens[1:] % length == 0
     first_token = new_run.nonzero().squeeze(1)
-    start = tokens[first_token]
+    start = tokens.index_select(0, first_token)
     run_length = torch.diff(first_token, append=first_token.new_tensor([tokens.numel()]))
     return _Runs(
         start=start,
         length=run_length,
-        type=types_[first_token],
+        type=types_.index_select(0, first_token),
         row=start // length,
         tokens=tokens,
         token_run=new_run.cumsum(0) - 1,
