@@ -8,23 +8,12 @@ from __future__ import annotations
 
 import argparse
 import random
-import time
 
 import torch
-import transformers
 
 from mmrope_core import PluginManager, RopeEngine
 from mmrope_qwen_vl.examples import build
-
-
-def timed(fn, repeat):
-    fn()
-    samples = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - started)
-    return min(samples)  # the least disturbed run: these machines are noisy
+from timing import environment, timed
 
 
 def sample(processor, rng, length):
@@ -76,7 +65,7 @@ def main() -> None:
     assert torch.equal(positions, reference.get_rope_index(ids, cu_seqlens=cu_seqlens, **packed_kwargs)[0])
     t_ref = timed(per_segment, args.repeat)
     t_fast = timed(lambda: fast.get_rope_index(ids, cu_seqlens=cu_seqlens, **packed_kwargs), args.repeat * 2)
-    print(f"transformers {transformers.__version__}, torch {torch.__version__}, {torch.get_num_threads()} threads\n")
+    print(f"{environment()}\n")
     print(f"{'case':<58}{'reference':>12}{'fast':>12}{'ref/fast':>10}")
     print(f"{'Qwen2.5-VL packed 1 x 65536, 16 samples, images + videos':<58}"
           f"{t_ref * 1e3:>10.1f}ms{t_fast * 1e3:>10.2f}ms{t_ref / t_fast:>9.1f}x")

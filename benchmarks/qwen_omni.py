@@ -8,24 +8,13 @@ run (machines are noisy: compare ratios, not times).
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
-import transformers
 
 from mmrope_core import PluginManager, RopeEngine
 from mmrope_qwen3_omni.examples import build
 from mmrope_qwen3_omni.rope import qwen3_audio_tokens, token_ids
-
-
-def timed(fn, repeat):
-    fn()
-    samples = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - started)
-    return min(samples)  # the least disturbed run: these machines are noisy
+from timing import environment, timed
 
 
 def audio_in_video_sample(processor, thinker, total=32768):
@@ -59,7 +48,7 @@ def main() -> None:
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     t_ref = timed(lambda: reference.get_rope_index(ids, **kwargs), args.repeat)
     t_fast = timed(lambda: fast.get_rope_index(ids, **kwargs), max(args.repeat, 10))
-    print(f"transformers {transformers.__version__}, torch {torch.__version__}, {torch.get_num_threads()} threads\n")
+    print(f"{environment()}\n")
     print(f"{'case':<52}{'reference':>12}{'fast':>12}{'ref/fast':>10}")
     print(f"{'Qwen3-Omni 1 x 32768, video (64,28,28) + its audio':<52}"
           f"{t_ref * 1e3:>10.1f}ms{t_fast * 1e3:>10.2f}ms{t_ref / t_fast:>9.0f}x")

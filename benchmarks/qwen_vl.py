@@ -8,23 +8,12 @@ compare ratios, not times).
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
-import transformers
 
 from mmrope_core import PluginManager, RopeEngine
 from mmrope_qwen_vl.examples import build
-
-
-def timed(fn, repeat):
-    fn()  # warm up
-    samples = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - started)
-    return min(samples)  # the least disturbed run: these machines are noisy
+from timing import environment, timed
 
 
 def batch_with_media(processor, rows, length, media, grid, right_pad):
@@ -56,7 +45,7 @@ def main() -> None:
     manager = PluginManager(env={"MMROPE_LOAD_PLUGINS": "qwen_vl"})
     fast = RopeEngine.from_processor(processor, config, plugin_manager=manager)
     reference = RopeEngine.from_processor(processor, config, plugin_manager=manager, impl="reference")
-    print(f"transformers {transformers.__version__}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+    print(f"{environment()}, "
           f"best of {args.repeat}\n")
     header = f"{'case':<44}{'reference':>12}{'fast':>12}{'fill only':>12}{'ref/fast':>10}{'fast/fill':>11}"
     print(header)

@@ -7,12 +7,13 @@ import functools
 from typing import Any
 
 from mmrope_core import ExampleCase, InvalidInputError, RopeBinding, hookimpl
+from mmrope_core.recognition import class_name_in
 
 PROCESSOR_CLASSES = ("PaddleOCRVLProcessor",)
 
 
 def _handles(processor: Any) -> bool:
-    return any(cls.__name__ in PROCESSOR_CLASSES for cls in type(processor).__mro__)
+    return class_name_in(processor, PROCESSOR_CLASSES) is not None
 
 
 @hookimpl

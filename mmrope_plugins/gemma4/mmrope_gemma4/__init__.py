@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from mmrope_core import RopeBinding, ValidationPolicy, hookimpl
+from mmrope_core.recognition import class_name_in
 
 PROCESSOR_CLASSES = ("Gemma4Processor",)
 
@@ -19,7 +20,7 @@ RELAXED_REASON = (
 
 
 def is_gemma4(processor: Any) -> bool:
-    return any(cls.__name__ in PROCESSOR_CLASSES for cls in type(processor).__mro__)
+    return class_name_in(processor, PROCESSOR_CLASSES) is not None
 
 
 @hookimpl

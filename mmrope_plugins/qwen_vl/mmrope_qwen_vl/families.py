@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from mmrope_core.recognition import class_name_in
+
 
 @dataclasses.dataclass(frozen=True)
 class Family:
@@ -56,8 +58,5 @@ FAMILIES: dict[str, Family] = {
 
 def family_of(processor: Any) -> Family | None:
     """The family of ``processor`` by its class or the first base class this plugin knows."""
-    for cls in type(processor).__mro__:
-        family = FAMILIES.get(cls.__name__)
-        if family is not None:
-            return family
-    return None
+    name = class_name_in(processor, FAMILIES)
+    return None if name is None else FAMILIES[name]
