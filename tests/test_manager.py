@@ -118,3 +118,17 @@ def test_hook_names_are_the_documented_ones():
     assert PluginManager.hook_names() == [
         "bind_rope_index", "example_cases", "get_rope_index_kwargs", "validate_inputs_policy", "varlen_keys",
     ]
+
+
+def test_core_works_with_no_plugin_at_all():
+    code = (
+        "import torch, mmrope_core as m;"
+        "pm = m.PluginManager();"
+        "assert [p.status for p in pm.plugins()] == ['disabled'] * len(pm.plugins());"
+        "e = m.RopeEngine.from_processor(None, plugin_manager=pm);"
+        "print(e.compute_position_ids(torch.tensor([[5, 6, 7]]), torch.tensor([[0, 1, 1]])).tolist())"
+    )
+    env = {**__import__("os").environ, "MMROPE_LOAD_PLUGINS": ""}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[[0, 0, 1]]"

@@ -154,3 +154,26 @@ def test_packing_arguments_are_checked_against_the_mask():
         fast.compute_position_ids(ids, torch.tensor([[1, 1, 1, 1]]), {}, segment_ids=torch.tensor([[1, 1, 2, 0]]))
     with pytest.raises(InvalidInputError, match="one packed \\(1, T\\) row"):
         fast.compute_position_ids(torch.ones(2, 4, dtype=torch.long), None, {}, cu_seqlens=torch.tensor([0, 4]))
+
+
+@SETTINGS
+@given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=6), rows=st.integers(1, 3), seed=st.integers(0, 2**31))
+def test_1d_packing_equals_each_sample_alone(lengths, rows, seed):
+    from mmrope_core import PluginManager, RopeEngine
+    from mmrope_gemma4.examples import build
+
+    processor, config = build()
+    engine = RopeEngine.from_processor(processor, config, plugin_manager=PluginManager(env={"MMROPE_LOAD_PLUGINS": "gemma4"}))
+    rng = random.Random(seed)
+    samples = [(torch.tensor([rng.randint(5, 9) for _ in range(n)]), {}) for n in lengths]
+    for style in ("cu_seqlens", "segment_ids"):
+        ids, packing, _, order = packed(samples, style, processor.tokenizer.pad_token_id,
+                                        rows=1 if style == "cu_seqlens" else rows)
+        positions = engine.compute_position_ids(ids, None, **packing)
+        segment_ids = packing.get("segment_ids")
+        if segment_ids is None:
+            segment_ids = torch.repeat_interleave(torch.arange(1, len(order) + 1), packing["cu_seqlens"].diff()).unsqueeze(0)
+        pairs = [(r, k) for r in range(ids.shape[0]) for k in range(1, int(segment_ids[r].max()) + 1)]
+        for (sample_ids, _), (row, k) in zip(order, pairs):
+            alone = engine.compute_position_ids(sample_ids, None)
+            assert torch.equal(positions[row, segment_ids[row] == k], alone[0])

@@ -137,3 +137,17 @@ def test_an_engine_pickled_to_another_process_gives_the_same_results(name, tmp_p
                    check=True, capture_output=True)
     got = pickle.loads((tmp_path / "out.pkl").read_bytes())
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+
+
+@pytest.mark.parametrize("name", ["Qwen2.5-VL", "Qwen3-Omni"])
+def test_non_contiguous_inputs_give_the_results_of_contiguous_copies(name):
+    fast, _ = engines(name)
+    rng = random.Random(2)
+    samples = [one_sample(name, rng, False) for _ in range(3)]
+    ids, mask, kwargs = stack(samples, True, fast.processor.tokenizer.pad_token_id)
+    wide_ids = torch.stack([ids, ids], dim=2)[:, :, 0]  # a strided view
+    wide_mask = torch.stack([mask, mask], dim=2)[:, :, 0]
+    assert not wide_ids.is_contiguous() and not wide_mask.is_contiguous()
+    got = fast.get_rope_index(wide_ids, wide_mask, **kwargs)
+    want = fast.get_rope_index(ids.contiguous(), mask.contiguous(), **kwargs)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
