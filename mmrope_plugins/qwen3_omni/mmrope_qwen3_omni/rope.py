@@ -340,7 +340,9 @@ class FastRopeIndex(_Implementation):
         audio_time = audio[0].to(video.dtype).contiguous()
         audio_before = torch.searchsorted(audio_time, frame_time, right=False)
         video_slot = torch.arange(video.shape[1]) + audio_before.view(-1, 1).expand(-1, per_frame).reshape(-1)
-        audio_slot = torch.arange(audio_time.numel()) + torch.searchsorted(frame_time, audio_time, right=True) * per_frame
+        # audio times increase strictly, so frame f precedes audio k exactly when k >= audio_before[f]
+        frames_before = torch.bincount(audio_before, minlength=audio_time.numel() + 1).cumsum(0)[: audio_time.numel()]
+        audio_slot = torch.arange(audio_time.numel()) + frames_before * per_frame
         merged = torch.empty(3, video.shape[1] + audio.shape[1], dtype=video.dtype)
         merged.index_copy_(1, video_slot, video)
         merged.index_copy_(1, audio_slot, audio.to(video.dtype))
