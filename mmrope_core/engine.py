@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import types
 from collections.abc import Iterable, Mapping, Sequence
@@ -339,8 +340,6 @@ def _bind(plugins: PluginManager, processor: Any, config: Any, options: Mapping[
 
 
 def _with_plugin(binding: RopeBinding, name: str) -> RopeBinding:
-    import dataclasses
-
     return dataclasses.replace(binding, plugin=name)
 
 
