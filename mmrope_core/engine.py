@@ -200,10 +200,12 @@ class RopeEngine:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Each segment computed as the sample it was, in one call on the unpacked segments."""
         segments = layout.unpack(ids)
+        token_types = None
         if self.binding.token_types is not None:
-            _check_segment_boundaries(layout, self.binding.token_types(segments))
+            token_types = self.binding.token_types(segments)
+            _check_segment_boundaries(layout, token_types)
         try:
-            positions, deltas = self._rope_index(segments, layout.unpacked_mask(), kwargs)
+            positions, deltas = self._rope_index(segments, layout.unpacked_mask(), kwargs, token_types)
         except MmropeError as exc:
             raise type(exc)(f"in the packed input, sample k below is segment k (counted row by row): {exc}") from exc
         return layout.pack(positions), deltas
@@ -234,11 +236,12 @@ class RopeEngine:
         return merged
 
     def _rope_index(
-        self, ids: torch.Tensor, mask: torch.Tensor | None, kwargs: dict[str, Any]
+        self, ids: torch.Tensor, mask: torch.Tensor | None, kwargs: dict[str, Any], token_types: Any = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``token_types``: ``binding.token_types(ids)`` when the caller has already built them."""
         require_valid_tokens(mask)
         if self.binding.token_types is not None:
-            kwargs["mm_token_type_ids"] = self.binding.token_types(ids)
+            kwargs["mm_token_type_ids"] = token_types if token_types is not None else self.binding.token_types(ids)
         try:
             return self.binding.rope_index(ids, attention_mask=mask, **kwargs)
         except MmropeError:
