@@ -163,7 +163,7 @@ class RopeEngine:
             text = text_positions(ids, mask)
         else:
             positions, _ = self._packed_rope_index(ids, layout, kwargs)
-            text = layout.offsets().masked_fill_(layout.pack(layout.unpacked_mask()).logical_not(), 1)
+            text = layout.offsets().masked_fill_(layout.valid().logical_not(), 1)
         dtype = self.binding.position_dtype
         return torch.cat((text.unsqueeze(1), positions.transpose(0, 1)), dim=1).to(dtype)
 
@@ -305,7 +305,7 @@ def _packed_layout(ids: torch.Tensor, mask: torch.Tensor | None, cu_seqlens: Any
                                     "or None; mark padding with segment_ids instead")
         return PackedLayout.from_cu_seqlens(cu_seqlens, tuple(ids.shape))
     layout = PackedLayout.from_segment_ids(segment_ids, tuple(ids.shape))
-    if mask is not None and not torch.equal(mask, layout.pack(layout.unpacked_mask())):
+    if mask is not None and not torch.equal(mask, layout.valid()):
         raise InvalidInputError("attention_mask disagrees with segment_ids: a token is valid exactly when its "
                                 "segment id is not 0; keep the mask 0/1 and the segments in segment_ids")
     return layout

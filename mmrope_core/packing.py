@@ -129,6 +129,10 @@ class PackedLayout:
         out = torch.full((flat.shape[0], self.shape[0] * self.shape[1]), fill, dtype=values.dtype, device=values.device)
         return out.index_copy_(1, self.tokens, flat).view(*lead, *self.shape)
 
+    def valid(self) -> torch.Tensor:
+        """``(B, L)`` bool: the tokens that belong to a segment."""
+        return self.pack(self.unpacked_mask())
+
     def offsets(self) -> torch.Tensor:
         """Each token's position within its segment, ``(B, L)`` (0 outside segments)."""
         return self.pack((torch.arange(self.longest) * self.unpacked_mask()).long())
