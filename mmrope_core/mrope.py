@@ -4,8 +4,12 @@ The sequence of a sample is cut into runs of equal token type (0 text, >0 a medi
 Media runs take the media's grids in order across the batch. Text tokens count up from where the
 previous run left off; a media run places its tokens on a ``(t, h, w)`` grid starting at the
 current position and then advances it by ``max(h, w) // merge``, the rule of transformers'
-Qwen2-VL family. The work is done with whole-tensor operations: no Python loop over tokens,
-samples or media.
+Qwen2-VL family.
+
+The work is done with whole-tensor operations, no Python loop over tokens, samples or media, and
+as little of it per token as possible: runs are found from the few places where the token type
+changes, text positions come from one cumsum, and media positions from a table with one entry
+per line of each grid.
 """
 
 from __future__ import annotations
@@ -59,14 +63,24 @@ class TokenTypeMap:
     def __init__(self, types: Mapping[int, int]) -> None:
         if any(not 0 < media_type < 128 for media_type in types.values()):
             raise ValueError(f"media types must be between 1 and 127, got {dict(types)}")
+        if any(not 0 <= token < 2**31 for token in types):
+            raise ValueError(f"token ids must be between 0 and 2**31 - 1, got {list(types)}")
         self.types = dict(types)
 
     def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros(input_ids.shape, dtype=torch.int8, device=input_ids.device)
+        # In-place comparisons on an int32 copy are several times faster than comparisons that
+        # produce bool. Ids that do not fit int32 are no token of any vocabulary; they are read
+        # modulo 2**32.
+        types = None
         for token, media_type in self.types.items():
-            match = (input_ids == token).view(torch.int8)
-            out += match if media_type == 1 else match * media_type
-        return out
+            match = input_ids.to(torch.int32, copy=True).eq_(token)
+            if types is None:
+                types = match.mul_(media_type) if media_type != 1 else match
+            else:
+                types.add_(match, alpha=media_type)
+        if types is None:
+            return torch.zeros(input_ids.shape, dtype=torch.int8, device=input_ids.device)
+        return types.to(torch.int8)
 
     def __repr__(self) -> str:
         return f"TokenTypeMap({self.types})"
@@ -88,82 +102,21 @@ def mrope_positions(
     in number or size.
     """
     token_types = _small_int(token_types)
-    if attention_mask is not None and not _each_row_contiguous(attention_mask):
-        compact_types, compact_mask, order = _compact(token_types, attention_mask)
-        compact, deltas = mrope_positions(
-            compact_types, compact_mask, kinds, grids, spatial_merge_size=spatial_merge_size, out_dtype=out_dtype
-        )
-        out = torch.zeros_like(compact)
-        return out.scatter_(2, order.unsqueeze(0).expand_as(compact), compact), deltas
-
-    batch, length = token_types.shape
-    device = token_types.device
-    runs = _scan(token_types, attention_mask)
-    run_grid = torch.zeros(runs.count, 3, dtype=torch.int64, device=device)
-    scaled: list[tuple[torch.Tensor, torch.Tensor]] = []
-    for kind, kind_runs, grid in _match(runs, kinds, grids, spatial_merge_size):
-        if kind_runs.numel():
-            run_grid[kind_runs] = grid
-            media = grids.get(kind.type_id)
-            if media is not None and media.temporal_scale is not None:
-                scaled.append((kind_runs, media.temporal_scale.to(device)))
-    grid_h = run_grid[:, 1] // spatial_merge_size
-    grid_w = run_grid[:, 2] // spatial_merge_size
-    advance = torch.maximum(run_grid[:, 1], run_grid[:, 2]) // spatial_merge_size
-
-    # Text positions count valid tokens; after each media run the count jumps so that the next
-    # token sits at (run start + advance). One cumsum places every text token.
-    out = torch.empty(3, batch, length, dtype=torch.int64, device=device)
-    if attention_mask is None:
-        out[1].fill_(1)
-    else:
-        out[1].copy_(attention_mask)
-    out[1, :, 0] -= 1  # so that the cumsum counts from 0 (leading padding is masked below)
-    after = runs.start + runs.length
-    inside_row = after % length != 0
-    out[1].view(-1).index_put_((after[inside_row],), (advance - runs.length)[inside_row], accumulate=True)
-    text = torch.cumsum(out[1], dim=1, out=out[0])
-    run_pos = text.view(-1)[runs.start]
-    if attention_mask is not None:
-        text.mul_(attention_mask.view(torch.int8))
-    out[1:].copy_(text.unsqueeze(0).expand(2, batch, length))
-    if runs.count:
-        run = runs.token_run
-        # Grid coordinates of each media token from its offset in its run. float32 division is
-        # several times faster than integer division and exact here: offsets stay below 2**24.
-        per_run = torch.stack([runs.first_token.float(), grid_w.float(), (grid_h * grid_w).float()], dim=1)
-        per_token = per_run.index_select(0, run)
-        offset = torch.arange(run.numel(), dtype=torch.float32, device=device) - per_token[:, 0]
-        frame = (offset / per_token[:, 2]).floor_()
-        within = offset - frame * per_token[:, 2]
-        row = (within / per_token[:, 1]).floor_()
-        column = within - row * per_token[:, 1]
-        start = run_pos.index_select(0, run)
-        temporal = frame.long()
-        for kind_runs, scale in scaled:
-            # the reference multiplies int64 frame numbers in the scale's dtype, then truncates
-            scale_index = torch.full((runs.count,), -1, dtype=torch.int64, device=device)
-            scale_index[kind_runs] = torch.arange(kind_runs.numel(), device=device)
-            token_scale = scale_index.index_select(0, run)
-            selected = token_scale >= 0
-            temporal[selected] = (temporal[selected] * scale[token_scale[selected]]).long()
-        flat = out.view(3, -1)
-        flat[0].index_copy_(0, runs.tokens, start + temporal)
-        flat[1].index_copy_(0, runs.tokens, start + row.long())
-        flat[2].index_copy_(0, runs.tokens, start + column.long())
-
-    # The largest position of a sample, as the reference takes it over its valid tokens and three
-    # axes: the temporal row holds every text position and temporal id; height and width ids
-    # exceed it only in a media run with no text after it.
-    row_max = out[0].amax(dim=1)
-    if runs.count:
-        run_hw_max = run_pos + torch.maximum(grid_h, grid_w) - 1
-        row_max = row_max.scatter_reduce(0, runs.row, run_hw_max, reduce="amax")
-    if attention_mask is None:
-        row_len = torch.full((batch,), length, dtype=torch.int64, device=device)
-    else:
-        row_len = attention_mask.view(torch.int8).sum(dim=1, dtype=torch.int32).long()
-    return out.to(out_dtype), (row_max + 1 - row_len).unsqueeze(1)
+    spans = _Spans.of(attention_mask, token_types.shape)
+    try:
+        runs = _scan(token_types, spans)
+        run_grid, scaled = _grids_of_runs(runs, kinds, grids, spatial_merge_size)
+    except PlaceholderMismatchError:
+        # The runs were read assuming one span of valid tokens per sample; with padding inside a
+        # sample, a placeholder run the padding interrupts is still one run to the reference.
+        if _has_holes(attention_mask):
+            return _compacted(token_types, attention_mask, kinds, grids, spatial_merge_size, out_dtype)
+        raise
+    placed = _place(token_types.shape, spans, attention_mask, runs, run_grid, scaled, spatial_merge_size)
+    if placed is None:
+        return _compacted(token_types, attention_mask, kinds, grids, spatial_merge_size, out_dtype)
+    positions, deltas = placed
+    return positions.to(out_dtype), deltas
 
 
 def check_placeholders(
@@ -177,22 +130,52 @@ def check_placeholders(
     """Raise the errors :func:`mrope_positions` raises, without computing positions (for plugins
     that hand valid inputs to a reference implementation)."""
     token_types = _small_int(token_types)
-    if attention_mask is not None and not _each_row_contiguous(attention_mask):
+    if _has_holes(attention_mask):
         token_types, attention_mask, _ = _compact(token_types, attention_mask)
-    for _ in _match(_scan(token_types, attention_mask), kinds, grids, spatial_merge_size):
+    runs = _scan(token_types, _Spans.of(attention_mask, token_types.shape))
+    for _ in _match(runs, kinds, grids, spatial_merge_size):
         pass
 
 
 def _small_int(token_types: torch.Tensor) -> torch.Tensor:
-    # int8 comparisons and nonzero are several times faster than bool or int64 ones
+    # int8 arithmetic moves an eighth of the memory int64 does
     return token_types.to(torch.int8).contiguous()
 
 
-def _each_row_contiguous(mask: torch.Tensor) -> bool:
-    """True when each sample's valid tokens form one span (left or right padding, no holes)."""
+@dataclasses.dataclass(frozen=True)
+class _Spans:
+    """Where each sample's valid tokens lie, assuming they form one span (left or right padding).
+
+    ``first`` and ``last`` are flat indices (``row * L + column``); a sample without valid tokens
+    has ``last = first - 1``.
+    """
+
+    count: torch.Tensor
+    leading: torch.Tensor | None  # whether column 0 is valid; None without a mask
+    first: torch.Tensor
+    last: torch.Tensor
+
+    @classmethod
+    def of(cls, mask: torch.Tensor | None, shape: tuple[int, int]) -> _Spans:
+        batch, length = shape
+        device = mask.device if mask is not None else None
+        row_start = torch.arange(0, batch * length, length, device=device)
+        if mask is None:
+            count = torch.full((batch,), length, dtype=torch.int64, device=device)
+            return cls(count, None, row_start, row_start + (length - 1))
+        count = mask.view(torch.int8).sum(dim=1, dtype=torch.int32).long()
+        leading = mask[:, 0]
+        first = row_start + torch.where(leading, 0, length - count)
+        return cls(count, leading, first, first + count - 1)
+
+
+def _has_holes(mask: torch.Tensor | None) -> bool:
+    """True when some sample's valid tokens do not form one span (padding inside a sample)."""
+    if mask is None:
+        return False
     flags = mask.view(torch.int8)
     rises = (flags[:, 1:] > flags[:, :-1]).view(torch.int8).sum(dim=1, dtype=torch.int32) + flags[:, 0]
-    return bool(rises.max() <= 1)
+    return bool(rises.max() > 1)
 
 
 def _compact(token_types: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -203,44 +186,173 @@ def _compact(token_types: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tenso
     return token_types.gather(1, order), compact_mask, order
 
 
+def _compacted(token_types, mask, kinds, grids, merge, out_dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions for masks with padding inside a sample: computed with each sample's valid tokens
+    moved to the front, then put back."""
+    compact_types, compact_mask, order = _compact(token_types, mask)
+    compact, deltas = mrope_positions(compact_types, compact_mask, kinds, grids, spatial_merge_size=merge,
+                                      out_dtype=out_dtype)
+    out = torch.zeros_like(compact)
+    return out.scatter_(2, order.unsqueeze(0).expand_as(compact), compact), deltas
+
+
 @dataclasses.dataclass(frozen=True)
 class _Runs:
-    """Media placeholder runs of a batch in reading order, and their tokens."""
+    """Media placeholder runs of a batch in reading order."""
 
     start: torch.Tensor  # flat index (row * L + column) of each run's first token
     length: torch.Tensor
     type: torch.Tensor
     row: torch.Tensor  # sample index
-    tokens: torch.Tensor  # flat index of every media token
-    token_run: torch.Tensor  # run of every media token
-    first_token: torch.Tensor  # index into ``tokens`` of each run's first token
 
     @property
     def count(self) -> int:
         return self.start.numel()
 
 
-def _scan(token_types: torch.Tensor, attention_mask: torch.Tensor | None) -> _Runs:
-    length = token_types.shape[1]
-    media = token_types if attention_mask is None else token_types * attention_mask.view(torch.int8)
-    tokens = media.view(-1).nonzero().squeeze(1)
-    types_ = token_types.view(-1).index_select(0, tokens).long()
-    new_run = torch.ones(tokens.numel(), dtype=torch.bool, device=tokens.device)
-    new_run[1:] = (tokens[1:] != tokens[:-1] + 1) | (types_[1:] != types_[:-1])
-    if bool(media[:, -1].any()):  # a run ending a row must not continue into the next one
-        new_run[1:] |= tokens[1:] % length == 0
-    first_token = new_run.nonzero().squeeze(1)
-    start = tokens.index_select(0, first_token)
-    run_length = torch.diff(first_token, append=first_token.new_tensor([tokens.numel()]))
-    return _Runs(
-        start=start,
-        length=run_length,
-        type=types_.index_select(0, first_token),
-        row=start // length,
-        tokens=tokens,
-        token_run=new_run.cumsum(0) - 1,
-        first_token=first_token,
+def _scan(token_types: torch.Tensor, spans: _Spans) -> _Runs:
+    """The runs of valid media tokens, read off the places where the token type changes."""
+    batch, length = token_types.shape
+    flat = token_types.view(-1)
+    change = _nonzero(flat[1:] - flat[:-1])  # p such that flat[p] != flat[p + 1]
+    change = change[(change + 1) % length != 0]  # row boundaries are handled below
+    row_start = torch.arange(0, batch * length, length, device=flat.device)
+    starts = torch.cat((change[flat[change + 1] != 0] + 1, row_start[token_types[:, 0] != 0])).sort().values
+    ends = torch.cat((change[flat[change] != 0], row_start[token_types[:, -1] != 0] + (length - 1))).sort().values
+    row = starts // length
+    if spans.leading is not None:  # keep the part of each run inside its sample's valid span
+        starts = torch.maximum(starts, spans.first.index_select(0, row))
+        ends = torch.minimum(ends, spans.last.index_select(0, row))
+        inside = (ends >= starts).nonzero().squeeze(1)
+        if inside.numel() < starts.numel():
+            starts, ends, row = starts[inside], ends[inside], row[inside]
+    return _Runs(start=starts, length=ends - starts + 1, type=flat.index_select(0, starts).long(), row=row)
+
+
+def _nonzero(flags: torch.Tensor) -> torch.Tensor:
+    """Indices of the nonzero entries of a 1-D int8 tensor in which they are sparse: the scan runs
+    over 8-byte words (several times faster), then looks inside the words that hold any."""
+    words = flags.numel() // 8
+    if words < 1024 or flags.storage_offset() % 8:
+        return flags.nonzero().squeeze(1)
+    head = flags[: words * 8]
+    hit = head.view(torch.int64).nonzero().squeeze(1)
+    inside = head.view(words, 8).index_select(0, hit).view(-1).nonzero().squeeze(1)
+    found = (hit.index_select(0, inside >> 3) << 3) | (inside & 7)
+    if flags.numel() > words * 8:
+        found = torch.cat((found, flags[words * 8 :].nonzero().squeeze(1) + words * 8))
+    return found
+
+
+def _grids_of_runs(runs: _Runs, kinds, grids, merge) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Each run's ``(t, h, w)`` grid, and the runs whose temporal ids are scaled, with their scales."""
+    run_grid = torch.zeros(runs.count, 3, dtype=torch.int64, device=runs.start.device)
+    scaled: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for kind, kind_runs, grid in _match(runs, kinds, grids, merge):
+        if kind_runs.numel():
+            run_grid[kind_runs] = grid
+            media = grids.get(kind.type_id)
+            if media is not None and media.temporal_scale is not None:
+                scaled.append((kind_runs, media.temporal_scale.to(runs.start.device)))
+    return run_grid, scaled
+
+
+def _place(shape, spans: _Spans, mask, runs: _Runs, run_grid, scaled, merge) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Positions and deltas, or None when the mask turns out to have padding inside a sample.
+
+    One cumsum places every text token: a counter row holds 1 per valid token, the jump after
+    each media run, -1 at a sample's first valid token (so that it counts from 0) and, after its
+    last one, minus everything counted so far (so that right padding stays 0).
+    """
+    batch, length = shape
+    grid_h = run_grid[:, 1] // merge
+    grid_w = run_grid[:, 2] // merge
+    after = runs.start + runs.length
+    in_row = after - runs.row * length < length  # a run ending its row has no text after it
+    jump = torch.where(in_row, torch.maximum(grid_h, grid_w) - runs.length, 0)
+    jumps = torch.zeros_like(spans.count).index_add_(0, runs.row, jump)
+    valid = spans.count > 0
+    tail = valid & ((spans.last + 1) % length != 0)
+
+    out = torch.empty(3, batch, length, dtype=torch.int64, device=spans.count.device)
+    counter = out[1]
+    if mask is None:
+        counter.fill_(1)
+    else:
+        counter.copy_(mask)
+    counter.view(-1).index_put_(
+        (torch.cat((spans.first[valid], after[in_row], spans.last[tail] + 1)),),
+        torch.cat((torch.full_like(spans.first[valid], -1), jump[in_row], 1 - spans.count[tail] - jumps[tail])),
+        accumulate=True,
     )
+    text = torch.cumsum(counter, dim=1, out=out[0]).view(-1)
+    run_pos = text.index_select(0, runs.start)
+    row_max = text.index_select(0, spans.last)
+    if mask is not None and not _spans_hold(text, spans, runs, after, jump, in_row):
+        return None
+    out[1].copy_(out[0])  # two plain copies are faster than one from an expanded view
+    out[2].copy_(out[0])
+    if runs.count:
+        positions, tokens, run_max = _media_positions(runs, run_pos, run_grid[:, 0], grid_h, grid_w, scaled)
+        out.view(3, -1).index_copy_(1, tokens, positions)
+        # The largest position of a sample, as the reference takes it over its valid tokens and
+        # three axes: its last text token, or a media run's largest id.
+        ends_sample = after - 1 == spans.last.index_select(0, runs.row)
+        row_max.index_fill_(0, runs.row[ends_sample], 0)
+        row_max = row_max.scatter_reduce(0, runs.row, run_max, reduce="amax")
+    return out, (row_max + 1 - spans.count).unsqueeze(1)
+
+
+def _spans_hold(text, spans: _Spans, runs: _Runs, after, jump, in_row) -> bool:
+    """Whether every sample's valid tokens lie in ``first..last``, read off the counter's cumsum:
+    the valid tokens counted up to ``last`` (right padding) or before ``first`` (left padding)."""
+    probe = torch.where(spans.leading, spans.last, spans.first - 1)
+    counted = in_row & (after <= probe.index_select(0, runs.row))
+    jumps_before = torch.zeros_like(spans.count).index_add_(0, runs.row, torch.where(counted, jump, 0))
+    valid_before = text.index_select(0, probe) + spans.leading.long() - jumps_before
+    return torch.equal(valid_before, torch.where(spans.leading, spans.count, 0))
+
+
+def _media_positions(runs: _Runs, run_pos, frames, grid_h, grid_w, scaled):
+    """``(3, N)`` positions of the media tokens, their ``(N,)`` flat indices, and each run's
+    largest position.
+
+    Per token there is only a gather and an add: every line of ``grid_w`` tokens of a grid gets
+    one entry ``(t, h, w - token number, flat index - token number)`` and each token adds its
+    number to the last two.
+    """
+    device = run_pos.device
+    lines_of_run = frames * grid_h
+    line_run = torch.repeat_interleave(lines_of_run)
+    line = torch.arange(line_run.numel(), device=device) - (lines_of_run.cumsum(0) - lines_of_run).index_select(0, line_run)
+    height = grid_h.index_select(0, line_run)
+    frame = line // height
+    temporal = frame
+    last_frame = frames - 1
+    for kind_runs, scale in scaled:
+        # the reference multiplies int64 frame numbers in the scale's dtype, then truncates
+        last_frame[kind_runs] = (last_frame[kind_runs] * scale).long()
+        scale_of_run = torch.full((runs.count,), -1, dtype=torch.int64, device=device)
+        scale_of_run[kind_runs] = torch.arange(kind_runs.numel(), device=device)
+        line_scale = scale_of_run.index_select(0, line_run)
+        selected = (line_scale >= 0).nonzero().squeeze(1)
+        temporal = temporal.clone() if temporal is frame else temporal
+        temporal[selected] = (frame[selected] * scale[line_scale[selected]]).long()
+    width = grid_w.index_select(0, line_run)
+    first_token = runs.length.cumsum(0) - runs.length
+    line_first_token = first_token.index_select(0, line_run) + line * width
+    pos = run_pos.index_select(0, line_run)
+    table = torch.stack((
+        pos + temporal,
+        pos + line - frame * height,
+        pos - line_first_token,
+        (runs.start - first_token).index_select(0, line_run),
+    ))
+    token_line = torch.repeat_interleave(width)
+    per_token = table.gather(1, token_line.expand(4, -1))  # gather: index_select on dim 1 is much slower
+    per_token[2:].add_(torch.arange(token_line.numel(), device=device))
+    run_max = run_pos + torch.maximum(last_frame, torch.maximum(grid_h, grid_w) - 1)
+    return per_token[:3], per_token[3], run_max
 
 
 def _match(runs: _Runs, kinds: Sequence[MediaKind], grids: Mapping[int, MediaGrids | None], merge: int):
