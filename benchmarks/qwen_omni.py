@@ -46,8 +46,9 @@ def main() -> None:
     ids, kwargs = audio_in_video_sample(processor, config.thinker_config)
     got, want = fast.get_rope_index(ids, **kwargs), reference.get_rope_index(ids, **kwargs)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
-    t_ref = timed(lambda: reference.get_rope_index(ids, **kwargs), args.repeat)
-    t_fast = timed(lambda: fast.get_rope_index(ids, **kwargs), max(args.repeat, 10))
+    t = timed({"reference": lambda: reference.get_rope_index(ids, **kwargs),
+               "fast": lambda: fast.get_rope_index(ids, **kwargs)}, args.repeat)
+    t_ref, t_fast = t["reference"], t["fast"]
     print(f"{environment()}\n")
     print(f"{'case':<52}{'reference':>12}{'fast':>12}{'ref/fast':>10}")
     print(f"{'Qwen3-Omni 1 x 32768, video (64,28,28) + its audio':<52}"

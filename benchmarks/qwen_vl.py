@@ -45,8 +45,7 @@ def main() -> None:
     manager = PluginManager(env={"MMROPE_LOAD_PLUGINS": "qwen_vl"})
     fast = RopeEngine.from_processor(processor, config, plugin_manager=manager)
     reference = RopeEngine.from_processor(processor, config, plugin_manager=manager, impl="reference")
-    print(f"{environment()}, "
-          f"best of {args.repeat}\n")
+    print(f"{environment()}, best of {args.repeat} rounds of 5 calls\n")
     header = f"{'case':<44}{'reference':>12}{'fast':>12}{'fill only':>12}{'ref/fast':>10}{'fast/fill':>11}"
     print(header)
     print("-" * len(header))
@@ -58,33 +57,37 @@ def main() -> None:
         kwargs = dict(grids)
         assert all(torch.equal(a, b) for a, b in zip(fast.get_rope_index(ids, mask, **kwargs),
                                                       reference.get_rope_index(ids, mask, **kwargs)))
-        t_ref = timed(lambda: reference.get_rope_index(ids, mask, **kwargs), args.repeat)
-        t_fast = timed(lambda: fast.get_rope_index(ids, mask, **kwargs), args.repeat)
         row = torch.arange(ids.shape[1]).expand(ids.shape)
-        t_fill = timed(lambda: torch.empty(3, *ids.shape, dtype=ids.dtype).copy_(row.expand(3, *ids.shape)), args.repeat)
+        t = timed({
+            "reference": lambda: reference.get_rope_index(ids, mask, **kwargs),
+            "fast": lambda: fast.get_rope_index(ids, mask, **kwargs),
+            "fill": lambda: torch.empty(3, *ids.shape, dtype=ids.dtype).copy_(row.expand(3, *ids.shape)),
+        }, args.repeat)
+        t_ref, t_fast, t_fill = t["reference"], t["fast"], t["fill"]
         print(f"{name:<44}{t_ref * 1e3:>10.2f}ms{t_fast * 1e3:>10.2f}ms{t_fill * 1e3:>10.2f}ms"
               f"{t_ref / t_fast:>9.1f}x{t_fast / t_fill:>10.1f}x")
 
     ids, mask, grids = batch_with_media(processor, 1, 4096, 2, (1, 28, 28), 100)
+    types_of = fast.binding.token_types
     kernel = fast.binding.rope_index
-    types_ = fast.binding.token_types(ids)
-    bool_mask = mask.bool()
-    repeat = max(args.repeat * 40, 200)
-    calls = [lambda: kernel(ids, attention_mask=bool_mask, mm_token_type_ids=types_, **grids),
-             lambda: fast.compute_position_ids(ids, mask, grids), lambda: fast.get_rope_index(ids, mask, **grids)]
-    for _ in range(repeat):  # settle caches and clocks before anything is timed
-        for call in calls:
-            call()
-    t_kernel = timed(lambda: kernel(ids, attention_mask=bool_mask, mm_token_type_ids=types_, **grids), repeat)
-    t_engine = timed(lambda: fast.compute_position_ids(ids, mask, grids), repeat)
-    t_engine_rope = timed(lambda: fast.get_rope_index(ids, mask, **grids), repeat)
-    t_ref = timed(lambda: reference.compute_position_ids(ids, mask, grids), repeat)
-    print(f"\nsingle sample 1 x 4096, 2 images, through the engine (best of {repeat}):")
-    print(f"  kernel alone                     {t_kernel * 1e6:8.1f} us")
-    print(f"  engine.get_rope_index            {t_engine_rope * 1e6:8.1f} us  (+{(t_engine_rope - t_kernel) * 1e6:.1f} us)")
-    print(f"  engine.compute_position_ids      {t_engine * 1e6:8.1f} us  (+{(t_engine - t_kernel) * 1e6:.1f} us over the kernel)")
-    print(f"  reference compute_position_ids   {t_ref * 1e6:8.1f} us  ({t_ref / t_engine:.1f}x the fast engine)")
-
+    bool_mask, types_ = mask.bool(), types_of(ids)
+    repeat = args.repeat * 8
+    t = timed({
+        "rope index": lambda: kernel(ids, attention_mask=bool_mask, mm_token_type_ids=types_, **grids),
+        "plugin": lambda: kernel(ids, attention_mask=bool_mask, mm_token_type_ids=types_of(ids), **grids),
+        "get_rope_index": lambda: fast.get_rope_index(ids, mask, **grids),
+        "compute_position_ids": lambda: fast.compute_position_ids(ids, mask, grids),
+        "reference": lambda: reference.compute_position_ids(ids, mask, grids),
+    }, repeat)
+    us = {name: seconds * 1e6 for name, seconds in t.items()}
+    print(f"\nsingle sample 1 x 4096, 2 images, best of {repeat} x 5:")
+    print(f"  rope index alone (bool mask, token types given)  {us['rope index']:8.1f} us")
+    print(f"  plugin alone (its token types + rope index)      {us['plugin']:8.1f} us")
+    for name in ("get_rope_index", "compute_position_ids"):
+        print(f"  engine.{name:<41}{us[name]:8.1f} us  (+{us[name] - us['plugin']:.1f} us over the plugin, "
+              f"+{us[name] - us['rope index']:.1f} us over the rope index)")
+    print(f"  reference compute_position_ids                   {us['reference']:8.1f} us  "
+          f"({us['reference'] / us['compute_position_ids']:.1f}x the fast engine)")
 
 if __name__ == "__main__":
     main()

@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 import transformers
 
 
-def timed(fn: Callable[[], object], repeat: int) -> float:
-    """Seconds of the least disturbed of ``repeat`` calls, after one warm-up call: these
-    machines are noisy, so the minimum is the estimate least affected by other load."""
-    fn()
-    samples = []
+def timed(fns: Mapping[str, Callable[[], object]], repeat: int, block: int = 5) -> dict[str, float]:
+    """Seconds per call of each function: the least disturbed of ``repeat`` rounds, in each of
+    which every function runs ``block`` times in a row (the first call warms caches and the
+    allocator after the others ran). The functions take turns, so that a change in the
+    machine's load (these machines are noisy) hits all of them alike and ratios stay meaningful."""
+    best = dict.fromkeys(fns, float("inf"))
     for _ in range(repeat):
-        started = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - started)
-    return min(samples)
+        for name, fn in fns.items():
+            for _ in range(block):
+                started = time.perf_counter()
+                fn()
+                best[name] = min(best[name], time.perf_counter() - started)
+    return best
 
 
 def environment() -> str:

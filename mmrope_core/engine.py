@@ -315,7 +315,7 @@ def _check_segment_boundaries(layout: PackedLayout, segment_types: torch.Tensor)
     """A segment must not start inside a placeholder run the previous segment began."""
     last = segment_types[torch.arange(layout.segments), layout.lengths - 1]
     first = segment_types[:, 0]
-    starts = layout.tokens[torch.cat([torch.zeros(1, dtype=torch.long), layout.lengths.cumsum(0)[:-1]])]
+    starts = layout.starts
     adjacent = starts[1:] == starts[:-1] + layout.lengths[:-1]  # same row, nothing between them
     cut = adjacent & (last[:-1] != 0) & (last[:-1] == first[1:])
     if bool(cut.any()):

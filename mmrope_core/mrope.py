@@ -15,6 +15,7 @@ per line of each grid.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -102,21 +103,25 @@ def mrope_positions(
     in number or size.
     """
     token_types = _small_int(token_types)
-    spans = _Spans.of(attention_mask, token_types.shape)
-    try:
-        runs = _scan(token_types, spans)
-        run_grid, scaled = _grids_of_runs(runs, kinds, grids, spatial_merge_size)
-    except PlaceholderMismatchError:
-        # The runs were read assuming one span of valid tokens per sample; with padding inside a
-        # sample, a placeholder run the padding interrupts is still one run to the reference.
-        if _has_holes(attention_mask):
-            return _compacted(token_types, attention_mask, kinds, grids, spatial_merge_size, out_dtype)
-        raise
-    placed = _place(token_types.shape, spans, attention_mask, runs, run_grid, scaled, spatial_merge_size)
+    # Inference mode skips autograd's bookkeeping, a fifth of the cost of the many small
+    # operations here; the results are allocated outside it, so callers get ordinary tensors.
+    with torch.inference_mode():
+        spans = _Spans.of(attention_mask, token_types.shape)
+        try:
+            runs = _scan(token_types, spans)
+            run_grid, scaled = _grids_of_runs(runs, kinds, grids, spatial_merge_size)
+        except PlaceholderMismatchError:
+            # The runs were read assuming one span of valid tokens per sample; with padding
+            # inside a sample, a placeholder run the padding interrupts is still one run.
+            if not _has_holes(attention_mask):
+                raise
+            placed = None
+        else:
+            placed = _place(token_types.shape, spans, attention_mask, runs, run_grid, scaled, spatial_merge_size)
     if placed is None:
         return _compacted(token_types, attention_mask, kinds, grids, spatial_merge_size, out_dtype)
     positions, deltas = placed
-    return positions.to(out_dtype), deltas
+    return positions.to(out_dtype), deltas.clone()
 
 
 def check_placeholders(
@@ -215,10 +220,12 @@ def _scan(token_types: torch.Tensor, spans: _Spans) -> _Runs:
     batch, length = token_types.shape
     flat = token_types.view(-1)
     change = _nonzero(flat[1:] - flat[:-1])  # p such that flat[p] != flat[p + 1]
-    change = change[(change + 1) % length != 0]  # row boundaries are handled below
-    row_start = torch.arange(0, batch * length, length, device=flat.device)
-    starts = torch.cat((change[flat[change + 1] != 0] + 1, row_start[token_types[:, 0] != 0])).sort().values
-    ends = torch.cat((change[flat[change] != 0], row_start[token_types[:, -1] != 0] + (length - 1))).sort().values
+    starts = change[flat.index_select(0, change + 1) != 0] + 1
+    ends = change[flat.index_select(0, change) != 0]
+    if bool(token_types[:, :: max(length - 1, 1)].any()):
+        # Media at a row's edge: a run must end with its row, even where the next row begins
+        # with the same placeholder, and the batch's first and last tokens have no neighbour.
+        starts, ends = _split_at_rows(flat, starts, ends, batch, length)
     row = starts // length
     if spans.leading is not None:  # keep the part of each run inside its sample's valid span
         starts = torch.maximum(starts, spans.first.index_select(0, row))
@@ -229,23 +236,76 @@ def _scan(token_types: torch.Tensor, spans: _Spans) -> _Runs:
     return _Runs(start=starts, length=ends - starts + 1, type=flat.index_select(0, starts).long(), row=row)
 
 
+def _split_at_rows(flat, starts, ends, batch, length):
+    row_start = torch.arange(0, batch * length, length, device=flat.device)
+    row_end = row_start + (length - 1)
+    inner_starts = starts[starts % length != 0]
+    inner_ends = ends[(ends + 1) % length != 0]
+    starts = torch.cat((inner_starts, row_start[flat.index_select(0, row_start) != 0])).sort().values
+    ends = torch.cat((inner_ends, row_end[flat.index_select(0, row_end) != 0])).sort().values
+    return starts, ends
+
+
 def _nonzero(flags: torch.Tensor) -> torch.Tensor:
     """Indices of the nonzero entries of a 1-D int8 tensor in which they are sparse: the scan runs
     over 8-byte words (several times faster), then looks inside the words that hold any."""
     words = flags.numel() // 8
     if words < 1024 or flags.storage_offset() % 8:
         return flags.nonzero().squeeze(1)
-    head = flags[: words * 8]
-    hit = head.view(torch.int64).nonzero().squeeze(1)
-    inside = head.view(words, 8).index_select(0, hit).view(-1).nonzero().squeeze(1)
-    found = (hit.index_select(0, inside >> 3) << 3) | (inside & 7)
+    hit = flags[: words * 8].view(torch.int64).nonzero()
+    candidates = ((hit << 3) | _BYTES.to(hit.device)).view(-1)
+    found = candidates[flags.index_select(0, candidates) != 0]
     if flags.numel() > words * 8:
         found = torch.cat((found, flags[words * 8 :].nonzero().squeeze(1) + words * 8))
     return found
 
 
+_BYTES = torch.arange(8)
+
+
 def _grids_of_runs(runs: _Runs, kinds, grids, merge) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-    """Each run's ``(t, h, w)`` grid, and the runs whose temporal ids are scaled, with their scales."""
+    """Each run's ``(t, h, w)`` grid, and the runs whose temporal ids are scaled, with their scales.
+
+    The runs of each kind take that kind's grids in order. The common case is checked in a few
+    whole-batch operations; anything off is diagnosed run by run by :func:`_match`.
+    """
+    kinds = sorted(kinds, key=lambda kind: kind.type_id)
+    given = [(kind, grids.get(kind.type_id)) for kind in kinds]
+    given = [(kind, media) for kind, media in given if media is not None and media.grid_thw.shape[0]]
+    try:
+        counts = torch.bincount(runs.type, minlength=kinds[-1].type_id + 1).tolist()
+    except RuntimeError:  # a negative type, which _match names
+        return _grids_of_runs_checked(runs, kinds, grids, merge)
+    expected = [0] * (kinds[-1].type_id + 1)
+    for kind, media in given:
+        expected[kind.type_id] = media.grid_thw.shape[0]
+    if counts != expected[: len(counts)] or sum(expected) != runs.count or not all(
+        media.grid_thw.dim() == 2 and media.grid_thw.shape[1] == 3 for _, media in given
+    ):
+        return _grids_of_runs_checked(runs, kinds, grids, merge)
+    if not given:
+        return torch.zeros(0, 3, dtype=torch.int64, device=runs.start.device), []
+    grid = torch.cat([media.grid_thw for _, media in given]).to(device=runs.start.device, dtype=torch.int64)
+    order = torch.argsort(runs.type, stable=True) if len(given) > 1 else None
+    found = runs.length if order is None else runs.length.index_select(0, order)
+    fits = (grid > 0).all() & (grid[:, 1:] % merge == 0).all() & torch.equal(found * (merge * merge), grid.prod(dim=1))
+    if not bool(fits):
+        return _grids_of_runs_checked(runs, kinds, grids, merge)
+    if order is None:
+        run_grid, kind_runs = grid, [slice(None)]
+    else:
+        run_grid = torch.empty_like(grid).index_copy_(0, order, grid)
+        ends = itertools.accumulate(media.grid_thw.shape[0] for _, media in given)
+        kind_runs = [order[end - media.grid_thw.shape[0] : end] for end, (_, media) in zip(ends, given)]
+    scaled = [
+        (runs_of_kind, media.temporal_scale.to(runs.start.device))
+        for runs_of_kind, (_, media) in zip(kind_runs, given)
+        if media.temporal_scale is not None
+    ]
+    return run_grid, scaled
+
+
+def _grids_of_runs_checked(runs: _Runs, kinds, grids, merge):
     run_grid = torch.zeros(runs.count, 3, dtype=torch.int64, device=runs.start.device)
     scaled: list[tuple[torch.Tensor, torch.Tensor]] = []
     for kind, kind_runs, grid in _match(runs, kinds, grids, merge):
@@ -265,30 +325,33 @@ def _place(shape, spans: _Spans, mask, runs: _Runs, run_grid, scaled, merge) -> 
     last one, minus everything counted so far (so that right padding stays 0).
     """
     batch, length = shape
-    grid_h = run_grid[:, 1] // merge
-    grid_w = run_grid[:, 2] // merge
+    size = batch * length
+    hw = run_grid[:, 1:] // merge
+    grid_h, grid_w = hw.unbind(1)
     after = runs.start + runs.length
-    in_row = after - runs.row * length < length  # a run ending its row has no text after it
-    jump = torch.where(in_row, torch.maximum(grid_h, grid_w) - runs.length, 0)
+    # the jump after a run, placed on the token after it (none when the run ends its row)
+    jump = (hw.amax(dim=1) - runs.length) * (after % length != 0)
     jumps = torch.zeros_like(spans.count).index_add_(0, runs.row, jump)
-    valid = spans.count > 0
-    tail = valid & ((spans.last + 1) % length != 0)
+    # a sample without valid tokens gets no fix-ups; one ending its row needs no tail fix-up
+    has_tail = (spans.last + 1) % length != 0
+    tail = (1 - spans.count - jumps) * (has_tail & (spans.count > 0))
 
-    out = torch.empty(3, batch, length, dtype=torch.int64, device=spans.count.device)
+    with torch.inference_mode(False):
+        out = torch.empty(3, batch, length, dtype=torch.int64, device=spans.count.device)
     counter = out[1]
     if mask is None:
         counter.fill_(1)
     else:
         counter.copy_(mask)
     counter.view(-1).index_put_(
-        (torch.cat((spans.first[valid], after[in_row], spans.last[tail] + 1)),),
-        torch.cat((torch.full_like(spans.first[valid], -1), jump[in_row], 1 - spans.count[tail] - jumps[tail])),
+        (torch.cat((spans.first, after, spans.last + 1)).clamp_(max=size - 1),),
+        torch.cat((-(spans.count > 0).long(), jump, tail)),
         accumulate=True,
     )
     text = torch.cumsum(counter, dim=1, out=out[0]).view(-1)
     run_pos = text.index_select(0, runs.start)
     row_max = text.index_select(0, spans.last)
-    if mask is not None and not _spans_hold(text, spans, runs, after, jump, in_row):
+    if mask is not None and not _spans_hold(text, spans, runs, after, jump):
         return None
     out[1].copy_(out[0])  # two plain copies are faster than one from an expanded view
     out[2].copy_(out[0])
@@ -297,20 +360,18 @@ def _place(shape, spans: _Spans, mask, runs: _Runs, run_grid, scaled, merge) -> 
         out.view(3, -1).index_copy_(1, tokens, positions)
         # The largest position of a sample, as the reference takes it over its valid tokens and
         # three axes: its last text token, or a media run's largest id.
-        ends_sample = after - 1 == spans.last.index_select(0, runs.row)
-        row_max.index_fill_(0, runs.row[ends_sample], 0)
+        row_max.index_fill_(0, runs.row[after - 1 == spans.last.index_select(0, runs.row)], 0)
         row_max = row_max.scatter_reduce(0, runs.row, run_max, reduce="amax")
     return out, (row_max + 1 - spans.count).unsqueeze(1)
 
 
-def _spans_hold(text, spans: _Spans, runs: _Runs, after, jump, in_row) -> bool:
+def _spans_hold(text, spans: _Spans, runs: _Runs, after, jump) -> bool:
     """Whether every sample's valid tokens lie in ``first..last``, read off the counter's cumsum:
     the valid tokens counted up to ``last`` (right padding) or before ``first`` (left padding)."""
     probe = torch.where(spans.leading, spans.last, spans.first - 1)
-    counted = in_row & (after <= probe.index_select(0, runs.row))
-    jumps_before = torch.zeros_like(spans.count).index_add_(0, runs.row, torch.where(counted, jump, 0))
-    valid_before = text.index_select(0, probe) + spans.leading.long() - jumps_before
-    return torch.equal(valid_before, torch.where(spans.leading, spans.count, 0))
+    counted = (after <= probe.index_select(0, runs.row)) * jump
+    valid_before = text.index_select(0, probe) + spans.leading - torch.zeros_like(spans.count).index_add_(0, runs.row, counted)
+    return torch.equal(valid_before, spans.count * spans.leading)
 
 
 def _media_positions(runs: _Runs, run_pos, frames, grid_h, grid_w, scaled):
@@ -324,8 +385,10 @@ def _media_positions(runs: _Runs, run_pos, frames, grid_h, grid_w, scaled):
     device = run_pos.device
     lines_of_run = frames * grid_h
     line_run = torch.repeat_interleave(lines_of_run)
-    line = torch.arange(line_run.numel(), device=device) - (lines_of_run.cumsum(0) - lines_of_run).index_select(0, line_run)
-    height = grid_h.index_select(0, line_run)
+    first_token = runs.length.cumsum(0) - runs.length
+    per_run = torch.stack((lines_of_run.cumsum(0) - lines_of_run, grid_h, grid_w, run_pos, first_token))
+    first_line, height, width, pos, line_first_token = per_run.gather(1, line_run.expand(5, -1))
+    line = torch.arange(line_run.numel(), device=device) - first_line
     frame = line // height
     temporal = frame
     last_frame = frames - 1
@@ -333,15 +396,12 @@ def _media_positions(runs: _Runs, run_pos, frames, grid_h, grid_w, scaled):
         # the reference multiplies int64 frame numbers in the scale's dtype, then truncates
         last_frame[kind_runs] = (last_frame[kind_runs] * scale).long()
         scale_of_run = torch.full((runs.count,), -1, dtype=torch.int64, device=device)
-        scale_of_run[kind_runs] = torch.arange(kind_runs.numel(), device=device)
+        scale_of_run[kind_runs] = torch.arange(scale.numel(), device=device)
         line_scale = scale_of_run.index_select(0, line_run)
         selected = (line_scale >= 0).nonzero().squeeze(1)
         temporal = temporal.clone() if temporal is frame else temporal
         temporal[selected] = (frame[selected] * scale[line_scale[selected]]).long()
-    width = grid_w.index_select(0, line_run)
-    first_token = runs.length.cumsum(0) - runs.length
-    line_first_token = first_token.index_select(0, line_run) + line * width
-    pos = run_pos.index_select(0, line_run)
+    line_first_token += line * width
     table = torch.stack((
         pos + temporal,
         pos + line - frame * height,

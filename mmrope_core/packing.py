@@ -5,6 +5,7 @@ positions restart at 0 and media grids are consumed in order across segments."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import torch
@@ -18,23 +19,33 @@ class PackedLayout:
 
     Attributes:
         shape: ``(B, L)`` of the packed batch.
-        tokens: flat index (``row * L + column``) of every token that belongs to a segment.
-        slots: for each of those tokens, its flat index in the unpacked ``(K, longest)`` batch.
         lengths: ``(K,)`` tokens per segment, in order (row by row).
+        starts: ``(K,)`` flat index (``row * L + column``) of each segment's first token.
+        tokens: flat index of every token that belongs to a segment, or None when the segments
+            cover the batch back to back (``cu_seqlens``, or segment ids without padding).
     """
 
     shape: tuple[int, int]
-    tokens: torch.Tensor
-    slots: torch.Tensor
     lengths: torch.Tensor
+    starts: torch.Tensor
+    tokens: torch.Tensor | None = None
 
     @property
     def segments(self) -> int:
         return self.lengths.numel()
 
+    @functools.cached_property
+    def _lengths(self) -> list[int]:
+        return self.lengths.tolist()
+
     @property
     def longest(self) -> int:
-        return int(self.lengths.max())
+        return max(self._lengths)
+
+    @property
+    def _uniform(self) -> bool:
+        """All segments have the same length: unpacking is a reshape."""
+        return min(self._lengths) == self.longest
 
     @classmethod
     def from_cu_seqlens(cls, cu_seqlens: Any, shape: tuple[int, int]) -> PackedLayout:
@@ -53,10 +64,7 @@ class PackedLayout:
             k = int(bad[0, 0])
             raise InvalidInputError(f"cu_seqlens is not increasing at segment {k}: {int(bounds[k])} then "
                                     f"{int(bounds[k + 1])}; every segment needs at least one token")
-        tokens = torch.arange(shape[1])
-        segment = torch.repeat_interleave(torch.arange(steps.numel()), steps)
-        offset = tokens - bounds[segment]
-        return cls(tuple(shape), tokens, segment * int(steps.max()) + offset, steps)
+        return cls(tuple(shape), steps, bounds[:-1])
 
     @classmethod
     def from_segment_ids(cls, segment_ids: Any, shape: tuple[int, int]) -> PackedLayout:
@@ -89,45 +97,34 @@ class PackedLayout:
         lengths = torch.bincount(segment, minlength=int(counts.sum()))
         if lengths.numel() == 0:
             raise InvalidInputError("segment_ids marks no token as part of a segment")
-        starts_at = torch.zeros_like(lengths).scatter_reduce(0, segment, tokens, reduce="amin", include_self=False)
-        offset = tokens - starts_at[segment]
-        return cls(tuple(shape), tokens, segment * int(lengths.max()) + offset, lengths)
+        first_token = starts.view(-1).nonzero().squeeze(1)
+        return cls(tuple(shape), lengths, first_token, None if tokens.numel() == rows * length else tokens)
 
-    @property
-    def covers_everything(self) -> bool:
-        """Every token belongs to a segment (always so with ``cu_seqlens``)."""
-        return self.tokens.numel() == self.shape[0] * self.shape[1]
-
-    @property
-    def one_row_of_segments(self) -> bool:
-        """One row cut into consecutive segments (``cu_seqlens``): segments are plain slices."""
-        return self.shape[0] == 1 and self.covers_everything
+    def unpacked_mask(self) -> torch.Tensor:
+        """``(K, longest)`` bool: the slots of the unpacked batch that hold a token."""
+        return torch.arange(self.longest, device=self.lengths.device) < self.lengths[:, None]
 
     def unpack(self, values: torch.Tensor, fill: int = 0) -> torch.Tensor:
         """``(B, L)`` values of the packed batch as a ``(K, longest)`` batch of segments."""
-        if self.one_row_of_segments:
-            pieces = torch.split(values.reshape(-1), self.lengths.tolist())
-            return torch.nn.utils.rnn.pad_sequence(pieces, batch_first=True, padding_value=fill)
         source = values.reshape(-1)
-        if not self.covers_everything:
+        if self.tokens is not None:
             source = source.index_select(0, self.tokens)
-        out = torch.full((self.segments * self.longest,), fill, dtype=values.dtype, device=values.device)
-        return out.index_copy_(0, self.slots, source).view(self.segments, self.longest)
-
-    def unpacked_mask(self) -> torch.Tensor:
-        return torch.arange(self.longest) < self.lengths[:, None]
+        if self._uniform:
+            return source.view(self.segments, self.longest)
+        out = torch.full((self.segments, self.longest), fill, dtype=values.dtype, device=values.device)
+        return out.masked_scatter_(self.unpacked_mask(), source)
 
     def pack(self, values: torch.Tensor, fill: float = 0) -> torch.Tensor:
         """``(..., K, longest)`` per-segment values back into the packed ``(..., B, L)`` layout."""
         lead = values.shape[:-2]
-        if self.one_row_of_segments:
-            pieces = [values[..., k, :n] for k, n in enumerate(self.lengths.tolist())]
-            return torch.cat(pieces, dim=-1).view(*lead, *self.shape)
-        flat = values.reshape(-1, self.segments * self.longest).index_select(1, self.slots)
-        if self.covers_everything:
+        if self._uniform:
+            flat = values.reshape(*lead, -1)
+        else:
+            flat = values[..., self.unpacked_mask()]
+        if self.tokens is None:
             return flat.view(*lead, *self.shape)
-        out = torch.full((flat.shape[0], self.shape[0] * self.shape[1]), fill, dtype=values.dtype, device=values.device)
-        return out.index_copy_(1, self.tokens, flat).view(*lead, *self.shape)
+        out = torch.full((*lead, self.shape[0] * self.shape[1]), fill, dtype=values.dtype, device=values.device)
+        return out.index_copy_(-1, self.tokens, flat).view(*lead, *self.shape)
 
     def valid(self) -> torch.Tensor:
         """``(B, L)`` bool: the tokens that belong to a segment."""

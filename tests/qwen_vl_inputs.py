@@ -12,11 +12,13 @@ SECONDS = (0.5, 1.0, 2.0, 1 / 3, 0.77, 1.25, 0.1)
 
 
 def random_batch(processor, rng: random.Random, *, max_batch: int = 16, max_images: int = 8,
-                 max_videos: int = 2, max_frames: int = 16) -> dict:
+                 max_videos: int = 2, max_frames: int = 16, bare_edges: bool = False, min_length: int = 0) -> dict:
     """``input_ids``, ``attention_mask`` and the grids of a random batch for ``processor``.
 
     Samples hold 0..max_images images of random grids and 0..max_videos videos of 1..max_frames
-    frames, text runs between them, and are padded on one random side.
+    frames, text runs between them, and are padded on one random side. With ``bare_edges``, a
+    sample may begin or end with a placeholder run (no marker or text around it); rows are
+    padded to at least ``min_length`` tokens.
     """
     family = family_of(processor)
     tokenizer = processor.tokenizer
@@ -26,21 +28,24 @@ def random_batch(processor, rng: random.Random, *, max_batch: int = 16, max_imag
     for _ in range(rng.randint(1, max_batch)):
         media = ["image"] * rng.randint(0, max_images) + ["video"] * rng.randint(0, max_videos)
         rng.shuffle(media)
-        row = _text(rng, words, 1, 12)
-        for item in media:
+        row = [] if bare_edges and rng.random() < 0.5 else _text(rng, words, 1, 12)
+        for position, item in enumerate(media):
+            bare = bare_edges and position in (0, len(media) - 1)
             a, b = rng.randint(1, 6), rng.randint(1, 6)
             if item == "image":
                 image_grids.append((1, 2 * a, 2 * b))
-                row += [ids["start"]] + [ids["image"]] * (a * b) + [ids["end"]]
+                run = [ids["image"]] * (a * b)
+                row += run if bare else [ids["start"]] + run + [ids["end"]]
             else:
                 frames = rng.randint(1, max_frames)
                 a, b = min(a, 4), min(b, 4)
                 video_grids.append((frames, 2 * a, 2 * b))
                 seconds.append(rng.choice(SECONDS) if rng.random() < 0.8 else rng.uniform(0.05, 3.0))
                 row += _video(family, ids, words, rng, frames, a * b)
-            row += _text(rng, words, 1, 12)
-        rows.append(row)
-    length = max(map(len, rows))
+            if not (bare and position == len(media) - 1 and rng.random() < 0.5):
+                row += _text(rng, words, 1, 12)
+        rows.append(row or _text(rng, words, 1, 12))
+    length = max(min_length, *map(len, rows))
     left = rng.random() < 0.5
     input_ids = torch.full((len(rows), length), tokenizer.pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros(len(rows), length, dtype=torch.long)

@@ -114,6 +114,68 @@ def test_fast_equals_reference_on_generated_batches(manager, name, model_type):
         assert torch.equal(fast.compute_position_ids(ids, mask, inputs), reference.compute_position_ids(ids, mask, inputs))
 
 
+@pytest.mark.differential
+@pytest.mark.parametrize("name, model_type", MODELS)
+def test_fast_equals_reference_when_media_touch_the_row_edges(manager, name, model_type):
+    """Samples that begin or end with a placeholder run, rows of odd lengths above 1000 tokens."""
+    processor, _ = built(name, model_type)
+    fast, reference = engines(manager, name, model_type)
+    rng = random.Random(f"edges/{name}/{model_type}")
+    for index in range(30):
+        batch = random_batch(processor, rng, bare_edges=True, min_length=2 * rng.randint(500, 1500) + 1)
+        ids, mask, inputs = split(batch)
+        want = reference.get_rope_index(ids, mask, **inputs)
+        got = fast.get_rope_index(ids, mask, **inputs)
+        context = f"batch {index}: {ids.shape}, grids {inputs}"
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), context
+        whole = torch.ones_like(mask)  # no padding: a run ending one row touches the next row's
+        for row in range(ids.shape[0]):
+            ids[row] = ids[row].roll(-int(mask[row].argmax()) if mask[row, 0] == 0 else 0)
+        assert torch.equal(fast.get_rope_index(ids, whole, **inputs)[0], reference.get_rope_index(ids, whole, **inputs)[0])
+
+
+@pytest.mark.differential
+@pytest.mark.parametrize("name, model_type", MODELS[:3] + MODELS[6:7])
+def test_fast_equals_reference_with_padding_inside_samples(manager, name, model_type):
+    """Masked tokens inserted anywhere in a sample, inside placeholder runs too: the reference
+    drops them, so a run they interrupt is still one run."""
+    processor, _ = built(name, model_type)
+    fast, reference = engines(manager, name, model_type)
+    rng = random.Random(f"holes/{name}/{model_type}")
+    for index in range(40):
+        batch = random_batch(processor, rng, max_batch=6)
+        ids, mask, inputs = split(batch)
+        holes = torch.rand(ids.shape, generator=torch.Generator().manual_seed(index)) < 0.1
+        ids = torch.stack([_with_masked_tokens(row, at, processor) for row, at in zip(ids, holes)])
+        mask = torch.stack([_with_masked_tokens(row, at, None) for row, at in zip(mask, holes)])
+        want = reference.get_rope_index(ids, mask, **inputs)
+        got = fast.get_rope_index(ids, mask, **inputs)
+        context = f"batch {index}: {ids.shape}, grids {inputs}"
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), context
+
+
+def _with_masked_tokens(row, at, processor):
+    """``row`` with a token inserted before each position in ``at``: a masked image token for
+    ids (``processor`` given), 0 for the mask."""
+    out = []
+    for value, insert in zip(row.tolist(), at.tolist()):
+        if insert:
+            out.append(processor.image_token_id if processor is not None else 0)
+        out.append(value)
+    out += [processor.tokenizer.pad_token_id if processor is not None else 0] * (2 * len(row) - len(out))
+    return torch.tensor(out)
+
+
+def test_positions_are_ordinary_tensors_the_caller_may_change(manager):
+    processor, _ = built("Qwen2-VL", "qwen2_vl")
+    fast, _ = engines(manager, "Qwen2-VL", "qwen2_vl")
+    ids, mask, inputs = split(random_batch(processor, random.Random(3)))
+    positions, deltas = fast.get_rope_index(ids, mask, **inputs)
+    positions += 1
+    deltas -= 1
+    fast.compute_position_ids(ids, mask, inputs).add_(1)
+
+
 def test_generated_batches_cover_what_the_tests_claim(manager):
     processor, _ = built("Qwen2.5-VL", "qwen2_5_vl")
     rng = random.Random("coverage")
