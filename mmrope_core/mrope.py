@@ -64,7 +64,7 @@ class TokenTypeMap:
     def __init__(self, types: Mapping[int, int]) -> None:
         if any(not 0 < media_type < 128 for media_type in types.values()):
             raise ValueError(f"media types must be between 1 and 127, got {dict(types)}")
-        if any(not 0 <= token < 2**31 for token in types):
+        if any(not isinstance(token, int) or not 0 <= token < 2**31 for token in types):
             raise ValueError(f"token ids must be between 0 and 2**31 - 1, got {list(types)}")
         self.types = dict(types)
 
