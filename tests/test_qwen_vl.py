@@ -105,12 +105,7 @@ def test_fast_equals_reference_on_generated_batches(manager, name, model_type):
     for index in range(BATCHES_PER_MODEL):
         batch = random_batch(processor, rng)
         ids, mask, inputs = split(batch)
-        want = reference.get_rope_index(ids, mask, **inputs)
-        got = fast.get_rope_index(ids, mask, **inputs)
-        context = f"batch {index}: {ids.shape}, grids {inputs}"
-        assert got[0].dtype == want[0].dtype and got[1].dtype == want[1].dtype, context
-        assert torch.equal(got[0], want[0]), context
-        assert torch.equal(got[1], want[1]), context
+        assert_same_positions(fast, reference, ids, mask, inputs, f"batch {index}")
         assert torch.equal(fast.compute_position_ids(ids, mask, inputs), reference.compute_position_ids(ids, mask, inputs))
 
 
@@ -124,14 +119,11 @@ def test_fast_equals_reference_when_media_touch_the_row_edges(manager, name, mod
     for index in range(30):
         batch = random_batch(processor, rng, bare_edges=True, min_length=2 * rng.randint(500, 1500) + 1)
         ids, mask, inputs = split(batch)
-        want = reference.get_rope_index(ids, mask, **inputs)
-        got = fast.get_rope_index(ids, mask, **inputs)
-        context = f"batch {index}: {ids.shape}, grids {inputs}"
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), context
+        assert_same_positions(fast, reference, ids, mask, inputs, f"batch {index}")
         whole = torch.ones_like(mask)  # no padding: a run ending one row touches the next row's
         for row in range(ids.shape[0]):
             ids[row] = ids[row].roll(-int(mask[row].argmax()) if mask[row, 0] == 0 else 0)
-        assert torch.equal(fast.get_rope_index(ids, whole, **inputs)[0], reference.get_rope_index(ids, whole, **inputs)[0])
+        assert_same_positions(fast, reference, ids, whole, inputs, f"batch {index} without padding")
 
 
 @pytest.mark.differential
@@ -148,10 +140,16 @@ def test_fast_equals_reference_with_padding_inside_samples(manager, name, model_
         holes = torch.rand(ids.shape, generator=torch.Generator().manual_seed(index)) < 0.1
         ids = torch.stack([_with_masked_tokens(row, at, processor) for row, at in zip(ids, holes)])
         mask = torch.stack([_with_masked_tokens(row, at, None) for row, at in zip(mask, holes)])
-        want = reference.get_rope_index(ids, mask, **inputs)
-        got = fast.get_rope_index(ids, mask, **inputs)
-        context = f"batch {index}: {ids.shape}, grids {inputs}"
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), context
+        assert_same_positions(fast, reference, ids, mask, inputs, f"batch {index}")
+
+
+def assert_same_positions(fast, reference, ids, mask, inputs, what):
+    want = reference.get_rope_index(ids, mask, **inputs)
+    got = fast.get_rope_index(ids, mask, **inputs)
+    context = f"{what}: {tuple(ids.shape)}, grids {inputs}"
+    assert got[0].dtype == want[0].dtype and got[1].dtype == want[1].dtype, context
+    assert torch.equal(got[0], want[0]), context
+    assert torch.equal(got[1], want[1]), context
 
 
 def _with_masked_tokens(row, at, processor):
