@@ -106,9 +106,8 @@ def mrope_positions(
     # Inference mode skips autograd's bookkeeping, a fifth of the cost of the many small
     # operations here; the results are allocated outside it, so callers get ordinary tensors.
     with torch.inference_mode():
-        spans = _Spans.of(attention_mask, token_types.shape)
         try:
-            runs = _scan(token_types, spans)
+            runs = _scan(token_types, attention_mask)
             run_grid, scaled = _grids_of_runs(runs, kinds, grids, spatial_merge_size)
         except PlaceholderMismatchError:
             # The runs were read assuming one span of valid tokens per sample; with padding
@@ -117,7 +116,7 @@ def mrope_positions(
                 raise
             placed = None
         else:
-            placed = _place(token_types.shape, spans, attention_mask, runs, run_grid, scaled, spatial_merge_size)
+            placed = _place(token_types.shape, attention_mask, runs, run_grid, scaled, spatial_merge_size)
     if placed is None:
         return _compacted(token_types, attention_mask, kinds, grids, spatial_merge_size, out_dtype)
     positions, deltas = placed
@@ -137,8 +136,7 @@ def check_placeholders(
     token_types = _small_int(token_types)
     if _has_holes(attention_mask):
         token_types, attention_mask, _ = _compact(token_types, attention_mask)
-    runs = _scan(token_types, _Spans.of(attention_mask, token_types.shape))
-    for _ in _match(runs, kinds, grids, spatial_merge_size):
+    for _ in _match(_scan(token_types, attention_mask), kinds, grids, spatial_merge_size):
         pass
 
 
@@ -215,9 +213,11 @@ class _Runs:
         return self.start.numel()
 
 
-def _scan(token_types: torch.Tensor, spans: _Spans) -> _Runs:
+def _scan(token_types: torch.Tensor, attention_mask: torch.Tensor | None) -> _Runs:
     """The runs of valid media tokens, read off the places where the token type changes."""
     batch, length = token_types.shape
+    if attention_mask is not None:  # masked tokens are never media
+        token_types = token_types * attention_mask.view(torch.int8)
     flat = token_types.view(-1)
     change = _nonzero(flat[1:] - flat[:-1])  # p such that flat[p] != flat[p + 1]
     starts = change[flat.index_select(0, change + 1) != 0] + 1
@@ -226,14 +226,7 @@ def _scan(token_types: torch.Tensor, spans: _Spans) -> _Runs:
         # Media at a row's edge: a run must end with its row, even where the next row begins
         # with the same placeholder, and the batch's first and last tokens have no neighbour.
         starts, ends = _split_at_rows(flat, starts, ends, batch, length)
-    row = starts // length
-    if spans.leading is not None:  # keep the part of each run inside its sample's valid span
-        starts = torch.maximum(starts, spans.first.index_select(0, row))
-        ends = torch.minimum(ends, spans.last.index_select(0, row))
-        inside = (ends >= starts).nonzero().squeeze(1)
-        if inside.numel() < starts.numel():
-            starts, ends, row = starts[inside], ends[inside], row[inside]
-    return _Runs(start=starts, length=ends - starts + 1, type=flat.index_select(0, starts).long(), row=row)
+    return _Runs(start=starts, length=ends - starts + 1, type=flat.index_select(0, starts).long(), row=starts // length)
 
 
 def _split_at_rows(flat, starts, ends, batch, length):
@@ -285,7 +278,8 @@ def _grids_of_runs(runs: _Runs, kinds, grids, merge) -> tuple[torch.Tensor, list
         return _grids_of_runs_checked(runs, kinds, grids, merge)
     if not given:
         return torch.zeros(0, 3, dtype=torch.int64, device=runs.start.device), []
-    grid = torch.cat([media.grid_thw for _, media in given]).to(device=runs.start.device, dtype=torch.int64)
+    grid = given[0][1].grid_thw if len(given) == 1 else torch.cat([media.grid_thw for _, media in given])
+    grid = grid.to(device=runs.start.device, dtype=torch.int64)
     order = torch.argsort(runs.type, stable=True) if len(given) > 1 else None
     found = runs.length if order is None else runs.length.index_select(0, order)
     fits = (grid > 0).all() & (grid[:, 1:] % merge == 0).all() & torch.equal(found * (merge * merge), grid.prod(dim=1))
@@ -317,7 +311,7 @@ def _grids_of_runs_checked(runs: _Runs, kinds, grids, merge):
     return run_grid, scaled
 
 
-def _place(shape, spans: _Spans, mask, runs: _Runs, run_grid, scaled, merge) -> tuple[torch.Tensor, torch.Tensor] | None:
+def _place(shape, mask, runs: _Runs, run_grid, scaled, merge) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Positions and deltas, or None when the mask turns out to have padding inside a sample.
 
     One cumsum places every text token: a counter row holds 1 per valid token, the jump after
@@ -326,15 +320,15 @@ def _place(shape, spans: _Spans, mask, runs: _Runs, run_grid, scaled, merge) -> 
     """
     batch, length = shape
     size = batch * length
+    spans = _Spans.of(mask, shape)
     hw = run_grid[:, 1:] // merge
     grid_h, grid_w = hw.unbind(1)
     after = runs.start + runs.length
     # the jump after a run, placed on the token after it (none when the run ends its row)
     jump = (hw.amax(dim=1) - runs.length) * (after % length != 0)
     jumps = torch.zeros_like(spans.count).index_add_(0, runs.row, jump)
-    # a sample without valid tokens gets no fix-ups; one ending its row needs no tail fix-up
-    has_tail = (spans.last + 1) % length != 0
-    tail = (1 - spans.count - jumps) * (has_tail & (spans.count > 0))
+    # no tail fix-up for a sample ending its row (or without valid tokens)
+    tail = (1 - spans.count - jumps) * ((spans.last + 1) % length != 0)
 
     with torch.inference_mode(False):
         out = torch.empty(3, batch, length, dtype=torch.int64, device=spans.count.device)
@@ -386,9 +380,11 @@ def _media_positions(runs: _Runs, run_pos, frames, grid_h, grid_w, scaled):
     lines_of_run = frames * grid_h
     line_run = torch.repeat_interleave(lines_of_run)
     first_token = runs.length.cumsum(0) - runs.length
-    per_run = torch.stack((lines_of_run.cumsum(0) - lines_of_run, grid_h, grid_w, run_pos, first_token))
-    first_line, height, width, pos, line_first_token = per_run.gather(1, line_run.expand(5, -1))
-    line = torch.arange(line_run.numel(), device=device) - first_line
+    per_run = torch.stack(
+        (lines_of_run.cumsum(0) - lines_of_run, grid_h, grid_w, run_pos, run_pos - first_token, runs.start - first_token)
+    )
+    first_line, height, width, pos, w_base, token_base = per_run.gather(1, line_run.expand(6, -1))
+    line = torch.arange(line_run.numel(), device=device).sub_(first_line)
     frame = line // height
     temporal = frame
     last_frame = frames - 1
@@ -401,13 +397,7 @@ def _media_positions(runs: _Runs, run_pos, frames, grid_h, grid_w, scaled):
         selected = (line_scale >= 0).nonzero().squeeze(1)
         temporal = temporal.clone() if temporal is frame else temporal
         temporal[selected] = (frame[selected] * scale[line_scale[selected]]).long()
-    line_first_token += line * width
-    table = torch.stack((
-        pos + temporal,
-        pos + line - frame * height,
-        pos - line_first_token,
-        (runs.start - first_token).index_select(0, line_run),
-    ))
+    table = torch.stack((pos + temporal, pos + line - frame * height, w_base - line * width, token_base))
     token_line = torch.repeat_interleave(width)
     per_token = table.gather(1, token_line.expand(4, -1))  # gather: index_select on dim 1 is much slower
     per_token[2:].add_(torch.arange(token_line.numel(), device=device))
