@@ -23,6 +23,7 @@ test-oldest: .venv-oldest/.installed
 bench: .venv/.installed
 	.venv/bin/python benchmarks/qwen_vl.py
 	.venv/bin/python benchmarks/qwen_omni.py
+	.venv/bin/python benchmarks/packing.py
 
 .venv/.installed: requirements/newest.txt $(SOURCES)
 	$(PYTHON) -m venv .venv
