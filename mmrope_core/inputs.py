@@ -101,6 +101,13 @@ class ReadOnlyInputs(Mapping[str, Any]):
             self._copies[key] = value.clone() if isinstance(value, torch.Tensor) else _frozen(value)
         return self._copies[key]
 
+    def get(self, key: str, default: Any = None) -> Any:
+        # Mapping.get would raise and catch a KeyError for every missing key
+        return self[key] if key in self._source else default
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._source
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._source)
 
