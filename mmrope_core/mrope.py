@@ -159,9 +159,8 @@ class _Spans:
     last: torch.Tensor
 
     @classmethod
-    def of(cls, mask: torch.Tensor | None, shape: tuple[int, int]) -> _Spans:
+    def of(cls, mask: torch.Tensor | None, shape: tuple[int, int], device: torch.device) -> _Spans:
         batch, length = shape
-        device = mask.device if mask is not None else None
         row_start = torch.arange(0, batch * length, length, device=device)
         if mask is None:
             count = torch.full((batch,), length, dtype=torch.int64, device=device)
@@ -320,7 +319,7 @@ def _place(shape, mask, runs: _Runs, run_grid, scaled, merge) -> tuple[torch.Ten
     """
     batch, length = shape
     size = batch * length
-    spans = _Spans.of(mask, shape)
+    spans = _Spans.of(mask, shape, runs.start.device)
     hw = run_grid[:, 1:] // merge
     grid_h, grid_w = hw.unbind(1)
     after = runs.start + runs.length
