@@ -11,9 +11,8 @@ import random
 
 import torch
 
-from mmrope_core import PluginManager, RopeEngine
 from mmrope_qwen_vl.examples import build
-from timing import environment, timed
+from timing import engine, environment, timed
 
 
 def sample(processor, rng, length):
@@ -39,9 +38,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     processor, config = build("Qwen2.5-VL")
-    manager = PluginManager(env={"MMROPE_LOAD_PLUGINS": "qwen_vl"})
-    fast = RopeEngine.from_processor(processor, config, plugin_manager=manager)
-    reference = RopeEngine.from_processor(processor, config, plugin_manager=manager, impl="reference")
+    fast = engine(processor, config, "qwen_vl")
+    reference = engine(processor, config, "qwen_vl", impl="reference")
     rng = random.Random(0)
     samples = [sample(processor, rng, 4096) for _ in range(16)]
     ids = torch.cat([s[0] for s in samples]).unsqueeze(0)

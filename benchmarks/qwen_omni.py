@@ -11,10 +11,9 @@ import argparse
 
 import torch
 
-from mmrope_core import PluginManager, RopeEngine
 from mmrope_qwen3_omni.examples import build
 from mmrope_qwen3_omni.rope import qwen3_audio_tokens, token_ids
-from timing import environment, timed
+from timing import engine, environment, timed
 
 
 def audio_in_video_sample(processor, thinker, total=32768):
@@ -40,9 +39,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     processor, config = build("Qwen3-Omni")
-    manager = PluginManager(env={"MMROPE_LOAD_PLUGINS": "qwen3_omni"})
-    fast = RopeEngine.from_processor(processor, config, plugin_manager=manager)
-    reference = RopeEngine.from_processor(processor, config, plugin_manager=manager, impl="reference")
+    fast = engine(processor, config, "qwen3_omni")
+    reference = engine(processor, config, "qwen3_omni", impl="reference")
     ids, kwargs = audio_in_video_sample(processor, config.thinker_config)
     got, want = fast.get_rope_index(ids, **kwargs), reference.get_rope_index(ids, **kwargs)
     assert all(torch.equal(a, b) for a, b in zip(got, want))

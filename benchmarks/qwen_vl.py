@@ -12,9 +12,8 @@ import dataclasses
 
 import torch
 
-from mmrope_core import PluginManager, RopeEngine
 from mmrope_qwen_vl.examples import build
-from timing import environment, timed
+from timing import engine, environment, timed
 
 
 def batch_with_media(processor, rows, length, media, grid, right_pad):
@@ -43,9 +42,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(torch.get_num_threads())
     processor, config = build("Qwen2-VL")
-    manager = PluginManager(env={"MMROPE_LOAD_PLUGINS": "qwen_vl"})
-    fast = RopeEngine.from_processor(processor, config, plugin_manager=manager)
-    reference = RopeEngine.from_processor(processor, config, plugin_manager=manager, impl="reference")
+    fast = engine(processor, config, "qwen_vl")
+    reference = engine(processor, config, "qwen_vl", impl="reference")
     print(f"{environment()}, best of {args.repeat} rounds of 5 calls\n")
     header = f"{'case':<44}{'reference':>12}{'fast':>12}{'fill only':>12}{'ref/fast':>10}{'fast/fill':>11}"
     print(header)
@@ -74,7 +72,7 @@ def main() -> None:
     bool_mask, types_ = mask.bool(), types_of(ids)
     # The engine with a plugin that costs nothing: what the engine itself adds to every call.
     result = kernel(ids, attention_mask=bool_mask, mm_token_type_ids=types_, **grids)
-    bare = RopeEngine.from_processor(processor, config, plugin_manager=manager)
+    bare = engine(processor, config, "qwen_vl")
     bare.binding = dataclasses.replace(bare.binding, rope_index=lambda *a, **k: result, token_types=lambda ids: types_)
     repeat = args.repeat * 8
     t = timed({

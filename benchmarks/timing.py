@@ -1,4 +1,4 @@
-"""Timing shared by the benchmarks."""
+"""What the benchmarks share: engines of one plugin, and timing."""
 
 from __future__ import annotations
 
@@ -7,6 +7,14 @@ from collections.abc import Callable, Mapping
 
 import torch
 import transformers
+
+from mmrope_core import PluginManager, RopeEngine
+
+
+def engine(processor, config, plugin: str, **options) -> RopeEngine:
+    """An engine that loads only ``plugin``, so that other installed plugins do not take part."""
+    manager = PluginManager(env={"MMROPE_LOAD_PLUGINS": plugin})
+    return RopeEngine.from_processor(processor, config, plugin_manager=manager, **options)
 
 
 def timed(fns: Mapping[str, Callable[[], object]], repeat: int, block: int = 5) -> dict[str, float]:
