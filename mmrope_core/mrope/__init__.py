@@ -1,0 +1,122 @@
+"""A batched M-RoPE kernel for Qwen-style layouts, for plugins to build on.
+
+The sequence of a sample is cut into runs of equal token type (0 text, >0 a media kind).
+Media runs take the media's grids in order across the batch. Text tokens count up from where the
+previous run left off; a media run places its tokens on a ``(t, h, w)`` grid starting at the
+current position, and the text after it continues ``max(h, w) // merge`` past that start, the
+rule of transformers' Qwen2-VL family.
+
+No Python loop runs over tokens, samples or media. Per token there are a few whole-batch
+passes in torch: the runs are read off the places where the token type changes, and each row
+of positions is one cumsum of a counter row. What is per run or per grid line (where runs
+start, the steps the counters take there) is a few hundred numbers, worked out in numpy, whose
+small operations cost a fraction of torch's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from ..errors import InvalidInputError
+from ._media import MediaGrids, MediaKind, TokenTypeMap
+from ._mismatch import explain, match
+from ._place import place
+from ._runs import grids_of_runs, scan
+
+__all__ = ["MediaGrids", "MediaKind", "TokenTypeMap", "check_placeholders", "mrope_positions"]
+
+
+def mrope_positions(
+    token_types: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    kinds: Sequence[MediaKind],
+    grids: Mapping[int, MediaGrids | None],
+    *,
+    spatial_merge_size: int,
+    out_dtype: torch.dtype = torch.int64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions ``(3, B, L)`` (0 at padding) and deltas ``(B, 1)`` (``max + 1 - valid length``).
+
+    ``attention_mask`` is a bool ``(B, L)`` tensor or None. Raises
+    :class:`~mmrope_core.PlaceholderMismatchError` naming the sample when placeholder runs and
+    grids disagree in number or size.
+    """
+    token_types = _small_int(token_types)
+    # Inference mode skips autograd's bookkeeping on the few torch operations; the results are
+    # allocated outside it, so callers get ordinary tensors.
+    with torch.inference_mode():
+        code = _coded(token_types, attention_mask)
+        runs, spans = scan(code)
+        if spans is None:  # padding inside a sample
+            placed = None
+        else:
+            matched = grids_of_runs(runs, kinds, grids, spatial_merge_size)
+            if matched is None:
+                explain(runs, kinds, grids, spatial_merge_size)
+            placed = place(code, attention_mask, runs, spans, matched.grid, matched.scaled, spatial_merge_size)
+    if placed is None:
+        return _compacted(token_types, attention_mask, kinds, grids, spatial_merge_size, out_dtype)
+    positions, deltas = placed
+    return positions.to(out_dtype), deltas.clone()
+
+
+def check_placeholders(
+    token_types: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    kinds: Sequence[MediaKind],
+    grids: Mapping[int, MediaGrids | None],
+    *,
+    spatial_merge_size: int,
+) -> None:
+    """Raise the errors :func:`mrope_positions` raises, without computing positions (for plugins
+    that hand valid inputs to a reference implementation)."""
+    token_types = _small_int(token_types)
+    runs, spans = scan(_coded(token_types, attention_mask))
+    if spans is None:
+        token_types, attention_mask, _ = _compact(token_types, attention_mask)
+        runs, _ = scan(_coded(token_types, attention_mask))
+    for _ in match(runs, kinds, grids, spatial_merge_size):
+        pass
+
+
+def _small_int(token_types: torch.Tensor) -> torch.Tensor:
+    """The token types as int8 (whose arithmetic moves an eighth of the memory int64 does),
+    after checking they are 0 (text) to 127."""
+    if token_types.dtype == torch.int8:
+        low, high = token_types.min(), 0
+    else:
+        low, high = torch.aminmax(token_types)
+    if int(low) < 0 or int(high) > 127:
+        raise InvalidInputError(
+            f"mm_token_type_ids must hold 0 for text and 1 to 127 for media types, found "
+            f"{int(low) if int(low) < 0 else int(high)}; build them with the plugin's token types"
+        )
+    return token_types.to(torch.int8).contiguous()
+
+
+def _coded(token_types: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The token types with -1 at masked tokens."""
+    if mask is None:
+        return token_types
+    valid = mask.view(torch.int8)
+    return torch.addcmul(valid - 1, token_types, valid)  # type * valid + valid - 1
+
+
+def _compact(token_types: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Move each sample's valid tokens to the front, in order; ``order`` maps them back."""
+    order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)
+    lengths = mask.view(torch.int8).sum(dim=1, keepdim=True, dtype=torch.int64)
+    compact_mask = torch.arange(mask.shape[1], device=mask.device) < lengths
+    return token_types.gather(1, order), compact_mask, order
+
+
+def _compacted(token_types, mask, kinds, grids, merge, out_dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions for masks with padding inside a sample: computed with each sample's valid tokens
+    moved to the front, then put back."""
+    compact_types, compact_mask, order = _compact(token_types, mask)
+    compact, deltas = mrope_positions(compact_types, compact_mask, kinds, grids, spatial_merge_size=merge,
+                                      out_dtype=out_dtype)
+    out = torch.zeros_like(compact)
+    return out.scatter_(2, order.unsqueeze(0).expand_as(compact), compact), deltas

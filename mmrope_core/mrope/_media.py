@@ -1,0 +1,72 @@
+"""What a family tells the kernel about its media: kinds, grids, and token types from ids."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class MediaKind:
+    """One kind of media placeholder.
+
+    Attributes:
+        type_id: its value in the token-type tensor (1 image, 2 video, ...).
+        name: what errors call one item (``"image"``, ``"video frame"``).
+        token: the placeholder token's text, for error messages.
+        grid_key: the input key holding its grids, for error messages.
+    """
+
+    type_id: int
+    name: str
+    token: str
+    grid_key: str
+
+
+@dataclasses.dataclass(frozen=True)
+class MediaGrids:
+    """The grids of one media kind for a batch, in order of appearance.
+
+    Attributes:
+        grid_thw: ``(N, 3)`` integer tensor of ``(t, h, w)`` patch counts before merging.
+        temporal_scale: optional ``(N,)`` tensor; temporal ids become ``trunc(frame * scale)``,
+            computed in the tensor's dtype exactly as the reference does. None means ``frame``.
+    """
+
+    grid_thw: torch.Tensor
+    temporal_scale: torch.Tensor | None = None
+
+
+class TokenTypeMap:
+    """Builds ``mm_token_type_ids`` from ``input_ids``: each listed token id becomes its media
+    type, every other token 0 (text). Returns int8, the dtype :func:`mrope_positions` works in.
+
+    Example: ``TokenTypeMap({processor.image_token_id: 1, processor.video_token_id: 2})``.
+    """
+
+    def __init__(self, types: Mapping[int, int]) -> None:
+        if any(not 0 < media_type < 128 for media_type in types.values()):
+            raise ValueError(f"media types must be between 1 and 127, got {dict(types)}")
+        if any(not isinstance(token, int) or not 0 <= token < 2**31 for token in types):
+            raise ValueError(f"token ids must be between 0 and 2**31 - 1, got {list(types)}")
+        self.types = dict(types)
+
+    def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
+        # In-place comparisons on an int32 copy are several times faster than comparisons that
+        # produce bool. Ids that do not fit int32 are no token of any vocabulary; they are read
+        # modulo 2**32.
+        types = None
+        for token, media_type in self.types.items():
+            match = input_ids.to(torch.int32, copy=True).eq_(token)
+            if types is None:
+                types = match.mul_(media_type) if media_type != 1 else match
+            else:
+                types.add_(match, alpha=media_type)
+        if types is None:
+            return torch.zeros(input_ids.shape, dtype=torch.int8, device=input_ids.device)
+        return types.to(torch.int8)
+
+    def __repr__(self) -> str:
+        return f"TokenTypeMap({self.types})"

@@ -1,0 +1,151 @@
+"""Positions from matched runs: three counter rows, the steps they take where positions do not
+simply count on, and one cumsum.
+
+Whole-batch work is done in torch on the device of the batch; the steps (a few per run and one
+per grid line) are worked out in numpy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from ._runs import Runs, Spans
+
+
+@dataclasses.dataclass(frozen=True)
+class RunLayout:
+    """The media runs in position space, assuming each sample's valid tokens form one span."""
+
+    pos: np.ndarray  # position of the run's first token
+    end: np.ndarray  # (3, R): position of its last token
+    text_after: np.ndarray  # position of a text token right after it
+    largest: np.ndarray  # its largest position on any axis
+    height: np.ndarray  # grid lines per frame, after merging
+    width: np.ndarray  # tokens per grid line
+    frames: np.ndarray
+    first: np.ndarray  # flat index of the first valid token of the run's sample
+    last: np.ndarray  # and of its last
+    gained: np.ndarray  # (B,): how far the runs of a sample moved positions beyond their lengths
+    scaled: list[tuple[np.ndarray | slice, torch.Tensor]]
+
+    @classmethod
+    def of(cls, runs: Runs, grid: np.ndarray, scaled, spans: Spans, merge: int) -> RunLayout:
+        frames = grid[:, 0]
+        height, width = grid[:, 1] // merge, grid[:, 2] // merge
+        extent = np.maximum(height, width)  # the text after a run continues max(h, w) after its start
+        first, last = spans.first[runs.row], spans.last[runs.row]
+        gain = extent - runs.length
+        gained = np.bincount(runs.row, weights=gain, minlength=spans.count.size).astype(np.int64)
+        earlier = np.cumsum(gain) - gain - (np.cumsum(gained) - gained)[runs.row]
+        pos = runs.start - first + earlier
+        last_frame = frames - 1
+        for kind_runs, scale in scaled:
+            last_frame[kind_runs] = _temporal(last_frame[kind_runs], scale)
+        end = np.stack((last_frame, height - 1, width - 1)) + pos
+        largest = pos + np.maximum(last_frame, extent - 1)
+        return cls(pos, end, pos + extent, largest, height, width, frames, first, last, gained, scaled)
+
+
+def place(code: torch.Tensor, mask: torch.Tensor | None, runs: Runs, spans: Spans, grid: np.ndarray, scaled,
+          merge: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions ``(3, B, L)`` and deltas ``(B, 1)``.
+
+    Each row of the positions is the cumsum of a counter: 1 at every valid text token (in the
+    width row, at every valid media token too), 0 at padding, overwritten by the step to take at
+    the few tokens where positions do not simply count on (see :func:`_steps`).
+    """
+    batch, length = code.shape
+    size = batch * length
+    device = code.device
+    layout = RunLayout.of(runs, grid, scaled, spans, merge)
+    index, steps = _steps(runs, layout, spans, length)
+    with torch.inference_mode(False):
+        out = torch.empty(3, batch, length, dtype=torch.int64, device=device)
+    media = code.clamp(0, 1)
+    if mask is None:
+        out[2].fill_(1)
+        text = media.neg_().add_(1)
+    else:
+        valid = mask.view(torch.int8)
+        out[2].copy_(valid)
+        text = torch.sub(valid, media, out=media)
+    out[0].copy_(text)
+    out[1].copy_(text)
+    flat_index = index + np.arange(0, 3 * size, size)[:, None]
+    out.view(-1).index_put_((_tensor(flat_index.ravel(), device),), _tensor(steps.ravel(), device))
+    out.cumsum_(2)
+    row_max = spans.count + layout.gained - 1
+    np.maximum.at(row_max, runs.row, layout.largest)
+    return out, _tensor(row_max + 1 - spans.count, device).unsqueeze(1)
+
+
+def _steps(runs: Runs, layout: RunLayout, spans: Spans, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Where the counter rows do not count on: flat indices ``(E,)`` and the ``(3, E)`` step to
+    take there, the difference between a token's position and the token's before it.
+
+    - a sample's first valid token: 0 (positions start at 0);
+    - a run's first token: 1 after text, 0 at the sample's start, from the end of a run it touches;
+    - every further line of a grid: back to the line's first column, on to the next line (or back
+      to the first line and on to the frame's temporal id);
+    - the token after a run, when text: on to ``max(h, w)`` past the run's start;
+    - the token after a sample's last valid token, when the row goes on: back to 0.
+    """
+    after = runs.start + runs.length
+    touches = after[:-1] == runs.start[1:]  # run r + 1 begins right where run r ends
+    after_step = layout.text_after - layout.end
+    start_step = np.ones_like(layout.end)
+    start_step[:, 1:] = np.where(touches, after_step[:, :-1], 1)
+    start_step *= runs.start != layout.first
+    after_applies = after <= layout.last
+    after_applies[:-1] &= ~touches
+    # back to 0 after the sample's last token: from the end of the run it ends with, or its text
+    ending = np.empty((3, spans.count.size), dtype=np.int64)
+    ending[:] = spans.count + layout.gained - 1
+    ended = after - 1 == layout.last
+    ending[:, runs.row[ended]] = layout.end[:, ended]
+    tail = spans.last + 1
+    tail_applies = (tail % length != 0) & (spans.count > 0)
+    line_index, line_step = _line_steps(runs, layout)
+    started = spans.count > 0
+    index = np.concatenate((spans.first[started], runs.start, line_index, after[after_applies], tail[tail_applies]))
+    steps = np.concatenate((
+        np.zeros((3, int(started.sum())), dtype=np.int64),
+        start_step,
+        line_step,
+        after_step[:, after_applies],
+        -ending[:, tail_applies],
+    ), axis=1)
+    return index, steps
+
+
+def _line_steps(runs: Runs, layout: RunLayout) -> tuple[np.ndarray, np.ndarray]:
+    """The first token of every grid line but a run's first, and the ``(3, N)`` step into it."""
+    further = layout.frames * layout.height - 1
+    per_run = np.stack((np.cumsum(further) - further, layout.height, layout.width, runs.start))
+    first_line, height, width, start = np.repeat(per_run, further, axis=1)
+    line = np.arange(1, first_line.size + 1) - first_line
+    frame = line // height
+    new_frame = line == frame * height
+    temporal = new_frame.astype(np.int64)
+    for kind_runs, scale in layout.scaled:
+        scale_of_run = np.full(runs.count, -1)
+        scale_of_run[kind_runs] = np.arange(scale.numel())
+        line_scale = np.repeat(scale_of_run, further)
+        selected = np.flatnonzero((line_scale >= 0) & new_frame)
+        frame_of, scale_of = frame[selected], scale[torch.from_numpy(line_scale[selected])]
+        temporal[selected] = _temporal(frame_of, scale_of) - _temporal(frame_of - 1, scale_of)
+    steps = np.stack((temporal, np.where(new_frame, 1 - height, 1), 1 - width))
+    return start + line * width, steps
+
+
+def _temporal(frames: np.ndarray, scale: torch.Tensor) -> np.ndarray:
+    """Temporal ids of frame numbers: computed in torch as the reference does (int64 frame numbers
+    times the scale, in the scale's dtype, then truncated), so that they round alike."""
+    return (torch.from_numpy(np.ascontiguousarray(frames)) * scale).long().numpy()
+
+
+def _tensor(values: np.ndarray, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(values).to(device)
