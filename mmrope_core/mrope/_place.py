@@ -39,12 +39,12 @@ class RunLayout:
         first, last = spans.first[runs.row], spans.last[runs.row]
         gain = extent - runs.length
         gained = np.bincount(runs.row, weights=gain, minlength=spans.count.size).astype(np.int64)
-        earlier = np.cumsum(gain) - gain - (np.cumsum(gained) - gained)[runs.row]
+        earlier = np.add.accumulate(gain) - gain - (np.add.accumulate(gained) - gained)[runs.row]
         pos = runs.start - first + earlier
         last_frame = frames - 1
         for kind_runs, scale in scaled:
             last_frame[kind_runs] = _temporal(last_frame[kind_runs], scale)
-        end = np.stack((last_frame, height - 1, width - 1)) + pos
+        end = np.array((last_frame, height - 1, width - 1)) + pos
         largest = pos + np.maximum(last_frame, extent - 1)
         return cls(pos, end, pos + extent, largest, height, width, frames, first, last, gained, scaled)
 
@@ -124,7 +124,7 @@ def _steps(runs: Runs, layout: RunLayout, spans: Spans, length: int) -> tuple[np
 def _line_steps(runs: Runs, layout: RunLayout) -> tuple[np.ndarray, np.ndarray]:
     """The first token of every grid line but a run's first, and the ``(3, N)`` step into it."""
     further = layout.frames * layout.height - 1
-    per_run = np.stack((np.cumsum(further) - further, layout.height, layout.width, runs.start))
+    per_run = np.array((np.add.accumulate(further) - further, layout.height, layout.width, runs.start))
     first_line, height, width, start = np.repeat(per_run, further, axis=1)
     line = np.arange(1, first_line.size + 1) - first_line
     frame = line // height
@@ -132,18 +132,22 @@ def _line_steps(runs: Runs, layout: RunLayout) -> tuple[np.ndarray, np.ndarray]:
     temporal = new_frame.astype(np.int64)
     for kind_runs, scale in layout.scaled:
         scale_of_run = np.full(runs.count, -1)
-        scale_of_run[kind_runs] = np.arange(scale.numel())
+        scale_of_run[kind_runs] = np.arange(len(scale))
         line_scale = np.repeat(scale_of_run, further)
         selected = np.flatnonzero((line_scale >= 0) & new_frame)
-        frame_of, scale_of = frame[selected], scale[torch.from_numpy(line_scale[selected])]
+        frame_of, scale_of = frame[selected], scale[line_scale[selected]]
         temporal[selected] = _temporal(frame_of, scale_of) - _temporal(frame_of - 1, scale_of)
-    steps = np.stack((temporal, np.where(new_frame, 1 - height, 1), 1 - width))
+    steps = np.array((temporal, 1 - new_frame * height, 1 - width))
     return start + line * width, steps
 
 
-def _temporal(frames: np.ndarray, scale: torch.Tensor) -> np.ndarray:
-    """Temporal ids of frame numbers: computed in torch as the reference does (int64 frame numbers
-    times the scale, in the scale's dtype, then truncated), so that they round alike."""
+def _temporal(frames: np.ndarray, scale: np.ndarray | torch.Tensor) -> np.ndarray:
+    """Temporal ids of frame numbers as the reference computes them: int64 frame numbers times
+    the scale in the dtype torch promotes them to, truncated. Scales numpy holds (float32,
+    float64, integers) are multiplied there, in the same dtype, so they round alike; others
+    (half precision) in torch."""
+    if isinstance(scale, np.ndarray):
+        return (frames.astype(np.result_type(np.int64, scale.dtype)) * scale).astype(np.int64)
     return (torch.from_numpy(np.ascontiguousarray(frames)) * scale).long().numpy()
 
 

@@ -7,6 +7,7 @@ numpy arrays, on the CPU whatever the device of the batch.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -35,7 +36,7 @@ class Matched:
     temporal ids are scaled (an index array, or a slice for all runs) with their ``(n,)`` scales."""
 
     grid: np.ndarray
-    scaled: list[tuple[np.ndarray | slice, torch.Tensor]]
+    scaled: list[tuple[np.ndarray | slice, np.ndarray | torch.Tensor]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,26 +59,43 @@ def scan(code: torch.Tensor) -> tuple[Runs, Spans | None]:
     not form one span (padding inside a sample)."""
     batch, length = code.shape
     flat = code.view(-1)
-    change = _nonzero(flat[1:] - flat[:-1])  # p such that flat[p] != flat[p + 1]
-    sides = numpy(flat.index_select(0, torch.cat((change, change + 1)))).astype(np.int64)
-    change = numpy(change)
-    before, after = sides[: change.size], sides[change.size :]
-    edges = numpy(torch.stack((code[:, 0], code[:, -1]))).astype(np.int64)
+    change = _changes(flat)
+    sides = numpy(flat.index_select(0, torch.from_numpy(np.concatenate((change, change + 1))).to(flat.device)))
+    before, after = sides[: change.size].astype(np.int64), sides[change.size :].astype(np.int64)
+    edges = numpy(code[:, :: max(length - 1, 1)]).astype(np.int64)  # first and last column
+    first_column, last_column = edges[:, 0], edges[:, -1]
     opens = after > 0
     starts, types, ends = change[opens] + 1, after[opens], change[before > 0]
-    if (edges > 0).any():
+    if (first_column > 0).any() or (last_column > 0).any():
         # Media at a row's edge: a run must end with its row, even where the next row begins
         # with the same placeholder, and the batch's first and last tokens have no neighbour.
-        starts, types, ends = _split_at_rows(starts, types, ends, edges, batch, length)
+        starts, types, ends = _split_at_rows(starts, types, ends, first_column, last_column, length)
     runs = Runs(start=starts, length=ends - starts + 1, type=types, row=starts // length)
-    return runs, _spans(change, before, after, edges, batch, length)
+    return runs, _spans(change, before, after, first_column, last_column, length)
 
 
-def _spans(change, before, after, edges, batch, length) -> Spans | None:
+def _changes(flat: torch.Tensor) -> np.ndarray:
+    """The indices p where ``flat[p] != flat[p + 1]``, which are few.
+
+    The differences are scanned as 8-byte words (several times faster than bytes), and only the
+    words that hold a change are looked into.
+    """
+    size = flat.numel()
+    diff = torch.empty(-(-size // 8) * 8, dtype=torch.int8, device=flat.device)
+    torch.sub(flat[1:], flat[:-1], out=diff[: size - 1])
+    diff[size - 1 :] = 0
+    words = diff.view(torch.int64)
+    hit = words.nonzero().squeeze(1)
+    found = numpy(words.index_select(0, hit)).view(np.int8).reshape(-1, 8)
+    word, byte = found.nonzero()
+    return numpy(hit)[word] * 8 + byte
+
+
+def _spans(change, before, after, first_column, last_column, length) -> Spans | None:
     inside = change % length != length - 1  # changes between rows are read from the edges
-    row_start = np.arange(0, batch * length, length)
-    firsts = np.concatenate((change[inside & (before == -1)] + 1, row_start[edges[0] != -1]))
-    lasts = np.concatenate((change[inside & (after == -1)], row_start[edges[1] != -1] + (length - 1)))
+    row_start = np.arange(0, first_column.size * length, length)
+    firsts = np.concatenate((change[inside & (before == -1)] + 1, row_start[first_column != -1]))
+    lasts = np.concatenate((change[inside & (after == -1)], row_start[last_column != -1] + (length - 1)))
     if firsts.size and np.bincount(firsts // length).max() > 1:
         return None
     first = row_start.copy()
@@ -87,31 +105,14 @@ def _spans(change, before, after, edges, batch, length) -> Spans | None:
     return Spans(last - first + 1, first, last)
 
 
-def _split_at_rows(starts, types, ends, edges, batch, length):
-    row_start = np.arange(0, batch * length, length)
-    inner, opening = starts % length != 0, edges[0] > 0
+def _split_at_rows(starts, types, ends, first_column, last_column, length):
+    row_start = np.arange(0, first_column.size * length, length)
+    inner, opening = starts % length != 0, first_column > 0
     starts = np.concatenate((starts[inner], row_start[opening]))
-    types = np.concatenate((types[inner], edges[0][opening]))
+    types = np.concatenate((types[inner], first_column[opening]))
     order = np.argsort(starts, kind="stable")
-    ends = np.concatenate((ends[(ends + 1) % length != 0], row_start[edges[1] > 0] + (length - 1)))
+    ends = np.concatenate((ends[(ends + 1) % length != 0], row_start[last_column > 0] + (length - 1)))
     return starts[order], types[order], np.sort(ends)
-
-
-def _nonzero(flags: torch.Tensor) -> torch.Tensor:
-    """Indices of the nonzero entries of a 1-D int8 tensor in which they are sparse: the scan runs
-    over 8-byte words (several times faster), then looks inside the words that hold any."""
-    words = flags.numel() // 8
-    if words < 1024 or flags.storage_offset() % 8:
-        return flags.nonzero().squeeze(1)
-    hit = flags[: words * 8].view(torch.int64).nonzero()
-    candidates = ((hit << 3) | _BYTES.to(hit.device)).view(-1)
-    found = candidates[flags.index_select(0, candidates) != 0]
-    if flags.numel() > words * 8:
-        found = torch.cat((found, flags[words * 8 :].nonzero().squeeze(1) + words * 8))
-    return found
-
-
-_BYTES = torch.arange(8)
 
 
 def grids_of_runs(runs: Runs, kinds: Sequence[MediaKind], grids: Mapping[int, MediaGrids | None], merge: int) -> Matched | None:
@@ -140,11 +141,20 @@ def grids_of_runs(runs: Runs, kinds: Sequence[MediaKind], grids: Mapping[int, Me
     else:
         run_grid = np.empty_like(grid)
         run_grid[order] = grid
-        bounds = np.cumsum([0] + [media.grid_thw.shape[0] for _, media in given])
+        bounds = list(itertools.accumulate((media.grid_thw.shape[0] for _, media in given), initial=0))
         kind_runs = [order[begin:end] for begin, end in zip(bounds[:-1], bounds[1:])]
     scaled = [
-        (runs_of_kind, media.temporal_scale.cpu())
+        (runs_of_kind, _host_scale(media.temporal_scale))
         for runs_of_kind, (_, media) in zip(kind_runs, given)
         if media.temporal_scale is not None
     ]
     return Matched(run_grid, scaled)
+
+
+def _host_scale(scale: torch.Tensor) -> np.ndarray | torch.Tensor:
+    """Temporal scales on the CPU: as numpy when numpy multiplies int64 frame numbers by them in
+    the dtype torch would (float32, float64, integers), else as a tensor."""
+    scale = scale.cpu()
+    if scale.dtype in (torch.float32, torch.float64) or not (scale.dtype.is_floating_point or scale.dtype.is_complex):
+        return scale.numpy()
+    return scale
