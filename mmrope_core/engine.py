@@ -9,6 +9,7 @@ import types
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from .collate import batch_processor_outputs
@@ -160,12 +161,16 @@ class RopeEngine:
         kwargs = self.rope_index_kwargs(multi_modal_inputs, mm_processor_kwargs)
         if layout is None:
             positions, _ = self._rope_index(ids, mask, kwargs)
-            text = text_positions(ids, mask)
         else:
             positions, _ = self._packed_rope_index(ids, layout, kwargs)
-            text = layout.offsets().masked_fill_(layout.valid().logical_not(), 1)
-        dtype = self.binding.position_dtype
-        return torch.cat((text.unsqueeze(1), positions.transpose(0, 1)), dim=1).to(dtype)
+            mask = layout.valid()
+        out = torch.empty(ids.shape[0], 4, ids.shape[1], dtype=self.binding.position_dtype, device=ids.device)
+        if layout is not None:
+            out[:, 0] = layout.offsets().masked_fill_(mask.logical_not(), 1)
+        else:
+            text_positions(mask, out=out[:, 0])
+        out[:, 1:] = positions.transpose(0, 1)
+        return out
 
     def get_rope_index(
         self,
@@ -205,7 +210,9 @@ class RopeEngine:
             token_types = self.binding.token_types(segments)
             _check_segment_boundaries(layout, token_types)
         try:
-            positions, deltas = self._rope_index(segments, layout.unpacked_mask(), kwargs, token_types)
+            # segments of one length fill every slot: no padding to mask
+            mask = None if layout.uniform else layout.unpacked_mask()
+            positions, deltas = self._rope_index(segments, mask, kwargs, token_types)
         except MmropeError as exc:
             raise type(exc)(f"in the packed input, sample k below is segment k (counted row by row): {exc}") from exc
         return layout.pack(positions), deltas
@@ -303,7 +310,7 @@ def _packed_layout(ids: torch.Tensor, mask: torch.Tensor | None, cu_seqlens: Any
         if mask is not None and not bool(mask.all()):
             raise InvalidInputError("with cu_seqlens every token belongs to a segment: attention_mask must be all 1 "
                                     "or None; mark padding with segment_ids instead")
-        return PackedLayout.from_cu_seqlens(cu_seqlens, tuple(ids.shape))
+        return PackedLayout.from_cu_seqlens(cu_seqlens, tuple(ids.shape), ids.device)
     layout = PackedLayout.from_segment_ids(segment_ids, tuple(ids.shape))
     if mask is not None and not torch.equal(mask, layout.valid()):
         raise InvalidInputError("attention_mask disagrees with segment_ids: a token is valid exactly when its "
@@ -313,13 +320,15 @@ def _packed_layout(ids: torch.Tensor, mask: torch.Tensor | None, cu_seqlens: Any
 
 def _check_segment_boundaries(layout: PackedLayout, segment_types: torch.Tensor) -> None:
     """A segment must not start inside a placeholder run the previous segment began."""
-    last = segment_types[torch.arange(layout.segments), layout.lengths - 1]
-    first = segment_types[:, 0]
+    rows = np.arange(layout.segments) * segment_types.shape[1]
+    edges = np.concatenate((rows, rows + layout.lengths - 1))
+    types = segment_types.reshape(-1).index_select(0, torch.from_numpy(edges).to(segment_types.device)).cpu().numpy()
+    first, last = types[: layout.segments], types[layout.segments :]
     starts = layout.starts
     adjacent = starts[1:] == starts[:-1] + layout.lengths[:-1]  # same row, nothing between them
-    cut = adjacent & (last[:-1] != 0) & (last[:-1] == first[1:])
-    if bool(cut.any()):
-        k = int(cut.nonzero()[0, 0])
+    cut = np.flatnonzero(adjacent & (last[:-1] != 0) & (last[:-1] == first[1:]))
+    if cut.size:
+        k = int(cut[0])
         row, column = divmod(int(starts[k + 1]), layout.shape[1])
         raise PlaceholderMismatchError(
             f"segment {k + 1} starts inside a placeholder run that segment {k} began (row {row}, token {column}): "

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from .errors import InvalidInputError
@@ -47,8 +48,7 @@ def as_batch(input_ids: Any, attention_mask: Any) -> tuple[torch.Tensor, torch.T
         return ids, mask
     if mask.dtype not in _INTEGER_DTYPES:
         raise InvalidInputError(f"attention_mask must be bool or integer 0/1, got dtype {mask.dtype}")
-    low, high = torch.aminmax(mask)
-    if int(low) < 0 or int(high) > 1:
+    if not _zeros_and_ones(mask):
         bad = ((mask != 0) & (mask != 1)).nonzero()[0].tolist()
         raise InvalidInputError(
             f"attention_mask must hold only 0 and 1; sample {bad[0]}, position {bad[1]} holds "
@@ -57,15 +57,24 @@ def as_batch(input_ids: Any, attention_mask: Any) -> tuple[torch.Tensor, torch.T
     return ids, mask.bool()
 
 
+def _zeros_and_ones(mask: torch.Tensor) -> bool:
+    if mask.device.type == "cpu":
+        # read as unsigned, negative values are huge: one reduction checks both ends
+        values = mask.numpy()
+        return bool(values.view(f"u{values.itemsize}").max() <= 1)
+    low, high = torch.aminmax(mask)
+    return int(low) >= 0 and int(high) <= 1
+
+
 def require_valid_tokens(mask: torch.Tensor | None) -> None:
     """Raise when a row has no valid token: multimodal RoPE has nothing to place there."""
-    # int8 reductions are several times faster than bool ones
-    if mask is None or bool(mask.view(torch.int8).amax(dim=1).min() > 0):
+    if mask is None:
         return
-    empty = (~mask.any(dim=1)).nonzero()
-    if empty.numel():
+    # one int8 reduction (several times faster than a bool one), then numpy on B numbers
+    filled = mask.view(torch.int8).amax(dim=1).cpu().numpy()
+    if not filled.all():
         raise InvalidInputError(
-            f"sample {int(empty[0, 0])} has no valid token (its attention_mask is all 0); "
+            f"sample {int(np.flatnonzero(filled == 0)[0])} has no valid token (its attention_mask is all 0); "
             f"drop empty samples before computing positions"
         )
 

@@ -8,6 +8,7 @@ import dataclasses
 import functools
 from typing import Any
 
+import numpy as np
 import torch
 
 from .errors import InvalidInputError
@@ -21,50 +22,49 @@ class PackedLayout:
         shape: ``(B, L)`` of the packed batch.
         lengths: ``(K,)`` tokens per segment, in order (row by row).
         starts: ``(K,)`` flat index (``row * L + column``) of each segment's first token.
+        device: where the batch's tensors are.
         tokens: flat index of every token that belongs to a segment, or None when the segments
             cover the batch back to back (``cu_seqlens``, or segment ids without padding).
     """
 
     shape: tuple[int, int]
-    lengths: torch.Tensor
-    starts: torch.Tensor
+    lengths: np.ndarray
+    starts: np.ndarray
+    device: torch.device
     tokens: torch.Tensor | None = None
 
     @property
     def segments(self) -> int:
-        return self.lengths.numel()
+        return self.lengths.size
 
     @functools.cached_property
-    def _lengths(self) -> list[int]:
-        return self.lengths.tolist()
-
-    @property
     def longest(self) -> int:
-        return max(self._lengths)
+        return int(self.lengths.max())
 
-    @property
-    def _uniform(self) -> bool:
-        """All segments have the same length: unpacking is a reshape."""
-        return min(self._lengths) == self.longest
+    @functools.cached_property
+    def uniform(self) -> bool:
+        """All segments have the same length: unpacking is a reshape, and every slot of the
+        unpacked batch holds a token."""
+        return int(self.lengths.min()) == self.longest
 
     @classmethod
-    def from_cu_seqlens(cls, cu_seqlens: Any, shape: tuple[int, int]) -> PackedLayout:
+    def from_cu_seqlens(cls, cu_seqlens: Any, shape: tuple[int, int], device: torch.device) -> PackedLayout:
         if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.dtype.is_floating_point:
             raise InvalidInputError("cu_seqlens must be a 1-D integer tensor (K + 1,) of segment boundaries")
         if shape[0] != 1:
             raise InvalidInputError(f"cu_seqlens describes one packed (1, T) row, got input_ids of shape {shape}; "
                                     f"use segment_ids for packed batches of several rows")
-        bounds = cu_seqlens.long()
-        if bounds.numel() < 2 or int(bounds[0]) != 0 or int(bounds[-1]) != shape[1]:
+        bounds = cu_seqlens.cpu().numpy().astype(np.int64)
+        if bounds.size < 2 or bounds[0] != 0 or bounds[-1] != shape[1]:
             raise InvalidInputError(f"cu_seqlens must start at 0 and end at the row length {shape[1]}, got "
                                     f"{bounds.tolist()[:3]}...{bounds.tolist()[-2:]}; cover the whole row")
         steps = bounds[1:] - bounds[:-1]
-        bad = (steps <= 0).nonzero()
-        if bad.numel():
-            k = int(bad[0, 0])
+        bad = np.flatnonzero(steps <= 0)
+        if bad.size:
+            k = int(bad[0])
             raise InvalidInputError(f"cu_seqlens is not increasing at segment {k}: {int(bounds[k])} then "
                                     f"{int(bounds[k + 1])}; every segment needs at least one token")
-        return cls(tuple(shape), steps, bounds[:-1])
+        return cls(tuple(shape), steps, bounds[:-1], device)
 
     @classmethod
     def from_segment_ids(cls, segment_ids: Any, shape: tuple[int, int]) -> PackedLayout:
@@ -98,18 +98,20 @@ class PackedLayout:
         if lengths.numel() == 0:
             raise InvalidInputError("segment_ids marks no token as part of a segment")
         first_token = starts.view(-1).nonzero().squeeze(1)
-        return cls(tuple(shape), lengths, first_token, None if tokens.numel() == rows * length else tokens)
+        return cls(tuple(shape), lengths.cpu().numpy(), first_token.cpu().numpy(), ids.device,
+                   None if tokens.numel() == rows * length else tokens)
 
     def unpacked_mask(self) -> torch.Tensor:
         """``(K, longest)`` bool: the slots of the unpacked batch that hold a token."""
-        return torch.arange(self.longest, device=self.lengths.device) < self.lengths[:, None]
+        lengths = torch.from_numpy(self.lengths).to(self.device)
+        return torch.arange(self.longest, device=self.device) < lengths[:, None]
 
     def unpack(self, values: torch.Tensor, fill: int = 0) -> torch.Tensor:
         """``(B, L)`` values of the packed batch as a ``(K, longest)`` batch of segments."""
         source = values.reshape(-1)
         if self.tokens is not None:
             source = source.index_select(0, self.tokens)
-        if self._uniform:
+        if self.uniform:
             return source.view(self.segments, self.longest)
         out = torch.full((self.segments, self.longest), fill, dtype=values.dtype, device=values.device)
         return out.masked_scatter_(self.unpacked_mask(), source)
@@ -117,7 +119,7 @@ class PackedLayout:
     def pack(self, values: torch.Tensor, fill: float = 0) -> torch.Tensor:
         """``(..., K, longest)`` per-segment values back into the packed ``(..., B, L)`` layout."""
         lead = values.shape[:-2]
-        if self._uniform:
+        if self.uniform:
             flat = values.reshape(*lead, -1)
         else:
             flat = values[..., self.unpacked_mask()]
@@ -132,4 +134,4 @@ class PackedLayout:
 
     def offsets(self) -> torch.Tensor:
         """Each token's position within its segment, ``(B, L)`` (0 outside segments)."""
-        return self.pack((torch.arange(self.longest) * self.unpacked_mask()).long())
+        return self.pack((torch.arange(self.longest, device=self.device) * self.unpacked_mask()).long())

@@ -13,8 +13,10 @@ def one_d_positions(input_ids: torch.Tensor, attention_mask: torch.Tensor | None
     return (attention_mask.cumsum(dim=1) - 1).clamp_(min=0)
 
 
-def text_positions(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-    """Row 0 of the ``(B, 4, L)`` layout: 0..n-1 over valid tokens, 1 at padding (``(B, L)`` int64)."""
+def text_positions(attention_mask: torch.Tensor | None, *, out: torch.Tensor) -> torch.Tensor:
+    """Row 0 of the ``(B, 4, L)`` layout, written into ``out`` ``(B, L)``: 0..n-1 over valid
+    tokens, 1 at padding."""
     if attention_mask is None:
-        return one_d_positions(input_ids, None)
-    return torch.where(attention_mask, attention_mask.cumsum(dim=1) - 1, 1)
+        return out.copy_(torch.arange(out.shape[1], device=out.device))
+    torch.cumsum(attention_mask, dim=1, out=out).sub_(1)
+    return out.masked_fill_(attention_mask.logical_not(), 1)

@@ -177,3 +177,18 @@ def test_1d_packing_equals_each_sample_alone(lengths, rows, seed):
         for (sample_ids, _), (row, k) in zip(order, pairs):
             alone = engine.compute_position_ids(sample_ids, None)
             assert torch.equal(positions[row, segment_ids[row] == k], alone[0])
+
+
+@pytest.mark.differential
+@pytest.mark.parametrize("name", MROPE_FAMILIES)
+def test_segments_of_one_length_equal_each_sample_alone(name):
+    """Segments of one length fill every slot of the unpacked batch: no mask is passed on."""
+    fast, reference = engines(name)
+    rng = random.Random(f"uniform/{name}")
+    for _ in range(5):
+        sample = one_sample(name, rng, use_audio_in_video=True)
+        ids, packing, kwargs, order = packed([sample] * 3, "cu_seqlens", fast.processor.tokenizer.pad_token_id)
+        positions, deltas = fast.get_rope_index(ids, **packing, **kwargs)
+        assert torch.equal(positions, reference.get_rope_index(ids, **packing, **kwargs)[0])
+        alone, alone_delta = fast.get_rope_index(sample[0], **sample[1])
+        assert torch.equal(positions, alone.repeat(1, 1, 3)) and torch.equal(deltas, alone_delta.repeat(3, 1))

@@ -143,6 +143,26 @@ def test_fast_equals_reference_with_padding_inside_samples(manager, name, model_
         assert_same_positions(fast, reference, ids, mask, inputs, f"batch {index}")
 
 
+@pytest.mark.differential
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16, torch.int64])
+def test_fast_equals_reference_whatever_the_dtype_of_second_per_grid_ts(manager, dtype):
+    """Temporal ids are ``trunc(frame * tokens_per_second * seconds)`` in the dtype torch promotes
+    to; the kernel computes some dtypes in numpy and must round as torch does."""
+    processor, _ = built("Qwen2.5-VL", "qwen2_5_vl")
+    fast, reference = engines(manager, "Qwen2.5-VL", "qwen2_5_vl")
+    rng = random.Random(f"seconds/{dtype}")
+    checked = 0
+    while checked < 25:
+        batch = random_batch(processor, rng, max_videos=3)
+        if "second_per_grid_ts" not in batch:
+            continue
+        seconds = batch["second_per_grid_ts"].double() * rng.choice([1, 3.7, 11.3])
+        batch["second_per_grid_ts"] = (seconds.round() if dtype == torch.int64 else seconds).to(dtype)
+        ids, mask, inputs = split(batch)
+        assert_same_positions(fast, reference, ids, mask, inputs, f"{dtype} batch {checked}")
+        checked += 1
+
+
 def assert_same_positions(fast, reference, ids, mask, inputs, what):
     want = reference.get_rope_index(ids, mask, **inputs)
     got = fast.get_rope_index(ids, mask, **inputs)

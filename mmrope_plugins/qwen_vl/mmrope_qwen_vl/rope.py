@@ -8,6 +8,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from mmrope_core import InvalidInputError, RopeBinding
@@ -185,9 +186,10 @@ def _seconds(value: Any, videos: int) -> torch.Tensor:
             f"second_per_grid_ts has {seconds.numel()} values for {videos} videos in video_grid_thw; "
             f"pass one value per video"
         )
-    if seconds.dtype.is_floating_point and not bool(torch.isfinite(seconds).all()):
+    values = seconds.detach().to("cpu", torch.float64).numpy()  # a handful: checked in numpy
+    if not np.isfinite(values).all():
         raise InvalidInputError(f"second_per_grid_ts holds a non-finite value: {seconds.tolist()}")
-    if bool((seconds < 0).any()):
+    if (values < 0).any():
         raise InvalidInputError(f"second_per_grid_ts holds a negative value: {seconds.tolist()}")
     return seconds
 
