@@ -24,7 +24,7 @@ from .errors import (
     RopeIndexUnavailableError,
     UnsupportedProcessorError,
 )
-from .inputs import ReadOnlyInputs, as_batch, require_valid_tokens
+from .inputs import ReadOnlyInputs, as_batch
 from .manager import PluginManager, get_plugin_manager
 from .packing import PackedLayout
 from .positions import one_d_positions, text_positions
@@ -154,7 +154,8 @@ class RopeEngine:
             ``binding.position_dtype`` (int64 unless the family documents otherwise). Packed rows
             restart at 0 in every segment and hold 0 (row 0: 1) outside segments.
         """
-        ids, mask = as_batch(input_ids, attention_mask)
+        packed = cu_seqlens is not None or segment_ids is not None
+        ids, mask = as_batch(input_ids, attention_mask, tokens_in_every_row=self.binding.kind == "mrope" and not packed)
         layout = _packed_layout(ids, mask, cu_seqlens, segment_ids)
         if self.binding.kind == "1d":
             return one_d_positions(ids, mask) if layout is None else layout.offsets()
@@ -193,7 +194,8 @@ class RopeEngine:
                 f"uses 1-D RoPE (plugin {self.plugin_name}): there is no get_rope_index. "
                 f"Use engine.compute_position_ids, which returns (B, L) positions"
             )
-        ids, mask = as_batch(input_ids, attention_mask)
+        packed = cu_seqlens is not None or segment_ids is not None
+        ids, mask = as_batch(input_ids, attention_mask, tokens_in_every_row=not packed)
         kwargs.pop("mm_token_type_ids", None)
         layout = _packed_layout(ids, mask, cu_seqlens, segment_ids)
         if layout is not None:
@@ -245,8 +247,8 @@ class RopeEngine:
     def _rope_index(
         self, ids: torch.Tensor, mask: torch.Tensor | None, kwargs: dict[str, Any], token_types: Any = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``token_types``: ``binding.token_types(ids)`` when the caller has already built them."""
-        require_valid_tokens(mask)
+        """``token_types``: ``binding.token_types(ids)`` when the caller has already built them.
+        Every row of ``mask`` holds a token (checked by :func:`as_batch`, or a packed layout's)."""
         if self.binding.token_types is not None:
             kwargs["mm_token_type_ids"] = token_types if token_types is not None else self.binding.token_types(ids)
         try:

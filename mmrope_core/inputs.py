@@ -11,10 +11,13 @@ import torch
 from .errors import InvalidInputError
 
 
-def as_batch(input_ids: Any, attention_mask: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+def as_batch(
+    input_ids: Any, attention_mask: Any, *, tokens_in_every_row: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Return ``(input_ids, attention_mask)`` as ``(B, L)`` tensors, raising :class:`InvalidInputError`
     for anything the engine cannot use. ``(L,)`` inputs become ``B = 1``. A missing mask stays None
-    (every token is valid). The caller's tensors are never modified."""
+    (every token is valid). With ``tokens_in_every_row``, a sample whose mask is all 0 is refused
+    too (multimodal RoPE has nothing to place there). The caller's tensors are never modified."""
     ids = _require_tensor("input_ids", input_ids)
     if ids.dtype not in _INTEGER_DTYPES:
         raise InvalidInputError(
@@ -44,39 +47,35 @@ def as_batch(input_ids: Any, attention_mask: Any) -> tuple[torch.Tensor, torch.T
         raise InvalidInputError(
             f"attention_mask is on {mask.device} but input_ids on {ids.device}; move both to one device"
         )
-    if mask.dtype == torch.bool:
-        return ids, mask
-    if mask.dtype not in _INTEGER_DTYPES:
+    if mask.dtype != torch.bool and mask.dtype not in _INTEGER_DTYPES:
         raise InvalidInputError(f"attention_mask must be bool or integer 0/1, got dtype {mask.dtype}")
-    if not _zeros_and_ones(mask):
+    if mask.dtype == torch.bool and not tokens_in_every_row:
+        return ids, mask
+    largest = _largest_per_row(mask)
+    if largest.max() > 1:
         bad = ((mask != 0) & (mask != 1)).nonzero()[0].tolist()
         raise InvalidInputError(
             f"attention_mask must hold only 0 and 1; sample {bad[0]}, position {bad[1]} holds "
             f"{int(mask[bad[0], bad[1]])}. For packed rows use segment ids or cu_seqlens, not mask values"
         )
-    return ids, mask.bool()
+    if tokens_in_every_row and not largest.all():
+        raise InvalidInputError(
+            f"sample {int(np.flatnonzero(largest == 0)[0])} has no valid token (its attention_mask is all 0); "
+            f"drop empty samples before computing positions"
+        )
+    return ids, mask if mask.dtype == torch.bool else mask.bool()
 
 
-def _zeros_and_ones(mask: torch.Tensor) -> bool:
+def _largest_per_row(mask: torch.Tensor) -> np.ndarray:
+    """Each row's largest value, negative values counting as larger than any other."""
     if mask.device.type == "cpu":
         # read as unsigned, negative values are huge: one reduction checks both ends
         values = mask.numpy()
-        return bool(values.view(f"u{values.itemsize}").max() <= 1)
-    low, high = torch.aminmax(mask)
-    return int(low) >= 0 and int(high) <= 1
-
-
-def require_valid_tokens(mask: torch.Tensor | None) -> None:
-    """Raise when a row has no valid token: multimodal RoPE has nothing to place there."""
-    if mask is None:
-        return
-    # one int8 reduction (several times faster than a bool one), then numpy on B numbers
-    filled = mask.view(torch.int8).amax(dim=1).cpu().numpy()
-    if not filled.all():
-        raise InvalidInputError(
-            f"sample {int(np.flatnonzero(filled == 0)[0])} has no valid token (its attention_mask is all 0); "
-            f"drop empty samples before computing positions"
-        )
+        return values.view(f"u{values.itemsize}").max(axis=1)
+    if mask.dtype == torch.bool:
+        return mask.view(torch.uint8).amax(dim=1).cpu().numpy()
+    low, high = torch.aminmax(mask, dim=1)
+    return np.where(low.cpu().numpy() < 0, 2, high.cpu().numpy())
 
 
 def _require_tensor(name: str, value: Any) -> torch.Tensor:

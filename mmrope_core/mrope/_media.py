@@ -55,17 +55,19 @@ class TokenTypeMap:
 
     def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
         # In-place comparisons on an int32 copy are several times faster than comparisons that
-        # produce bool. Ids that do not fit int32 are no token of any vocabulary; they are read
-        # modulo 2**32.
+        # produce bool, and the ids are read once. Ids that do not fit int32 are no token of any
+        # vocabulary; they are read modulo 2**32.
+        if not self.types:
+            return torch.zeros(input_ids.shape, dtype=torch.int8, device=input_ids.device)
+        ids = input_ids.to(torch.int32, copy=True)
         types = None
-        for token, media_type in self.types.items():
-            match = input_ids.to(torch.int32, copy=True).eq_(token)
+        *first, last = self.types.items()
+        for token, media_type in (*first, last):
+            match = ids.eq_(token) if (token, media_type) == last else ids.clone().eq_(token)
             if types is None:
                 types = match.mul_(media_type) if media_type != 1 else match
             else:
                 types.add_(match, alpha=media_type)
-        if types is None:
-            return torch.zeros(input_ids.shape, dtype=torch.int8, device=input_ids.device)
         return types.to(torch.int8)
 
     def __repr__(self) -> str:
