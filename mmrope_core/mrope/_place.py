@@ -146,8 +146,8 @@ def _temporal(frames: np.ndarray, scale: np.ndarray | torch.Tensor) -> np.ndarra
     the scale in the dtype torch promotes them to, truncated. Scales numpy holds (float32,
     float64, integers) are multiplied there, in the same dtype, so they round alike; others
     (half precision) in torch."""
-    if isinstance(scale, np.ndarray):
-        return (frames.astype(np.result_type(np.int64, scale.dtype)) * scale).astype(np.int64)
+    if isinstance(scale, np.ndarray):  # already in that dtype
+        return (frames.astype(scale.dtype) * scale).astype(np.int64)
     return (torch.from_numpy(np.ascontiguousarray(frames)) * scale).long().numpy()
 
 

@@ -60,10 +60,11 @@ def scan(code: torch.Tensor) -> tuple[Runs, Spans | None]:
     batch, length = code.shape
     flat = code.view(-1)
     change = _changes(flat)
-    sides = numpy(flat.index_select(0, torch.from_numpy(np.concatenate((change, change + 1))).to(flat.device)))
-    before, after = sides[: change.size].astype(np.int64), sides[change.size :].astype(np.int64)
-    edges = numpy(code[:, :: max(length - 1, 1)]).astype(np.int64)  # first and last column
-    first_column, last_column = edges[:, 0], edges[:, -1]
+    row_start = np.arange(0, batch * length, length)
+    # the values on both sides of each change, and in the first and last column of each row
+    read = np.concatenate((change, change + 1, row_start, row_start + (length - 1)))
+    values = numpy(flat.index_select(0, torch.from_numpy(read).to(flat.device))).astype(np.int64)
+    before, after, first_column, last_column = np.split(values, np.add.accumulate((change.size, change.size, batch)))
     opens = after > 0
     starts, types, ends = change[opens] + 1, after[opens], change[before > 0]
     if (first_column > 0).any() or (last_column > 0).any():
@@ -134,7 +135,7 @@ def grids_of_runs(runs: Runs, kinds: Sequence[MediaKind], grids: Mapping[int, Me
     grid = np.concatenate([numpy(media.grid_thw) for _, media in given]).astype(np.int64)
     order = np.argsort(runs.type, kind="stable") if len(given) > 1 else None
     found = runs.length if order is None else runs.length[order]
-    if not ((grid > 0).all() and (grid[:, 1:] % merge == 0).all() and np.array_equal(found * (merge * merge), grid.prod(axis=1))):
+    if grid.min() <= 0 or (grid[:, 1:] % merge).any() or not np.array_equal(found * (merge * merge), grid.prod(axis=1)):
         return None
     if order is None:
         run_grid, kind_runs = grid, [slice(None)]
@@ -152,9 +153,11 @@ def grids_of_runs(runs: Runs, kinds: Sequence[MediaKind], grids: Mapping[int, Me
 
 
 def _host_scale(scale: torch.Tensor) -> np.ndarray | torch.Tensor:
-    """Temporal scales on the CPU: as numpy when numpy multiplies int64 frame numbers by them in
-    the dtype torch would (float32, float64, integers), else as a tensor."""
+    """Temporal scales on the CPU, in the dtype torch multiplies int64 frame numbers in: as numpy
+    when numpy holds that dtype and multiplies in it alike (float32, float64, int64), else as a
+    tensor."""
     scale = scale.cpu()
-    if scale.dtype in (torch.float32, torch.float64) or not (scale.dtype.is_floating_point or scale.dtype.is_complex):
-        return scale.numpy()
+    dtype = torch.promote_types(torch.int64, scale.dtype)
+    if dtype in (torch.float32, torch.float64, torch.int64):
+        return scale.to(dtype).numpy()
     return scale
