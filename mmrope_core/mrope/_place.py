@@ -29,7 +29,7 @@ class RunLayout:
     first: np.ndarray  # flat index of the first valid token of the run's sample
     last: np.ndarray  # and of its last
     gained: np.ndarray  # (B,): how far the runs of a sample moved positions beyond their lengths
-    scaled: list[tuple[np.ndarray | slice, torch.Tensor]]
+    scaled: list[tuple[np.ndarray | slice, np.ndarray | torch.Tensor]]
 
     @classmethod
     def of(cls, runs: Runs, grid: np.ndarray, scaled, spans: Spans, merge: int) -> RunLayout:

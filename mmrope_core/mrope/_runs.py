@@ -122,8 +122,6 @@ def grids_of_runs(runs: Runs, kinds: Sequence[MediaKind], grids: Mapping[int, Me
     kinds = sorted(kinds, key=lambda kind: kind.type_id)
     given = [(kind, grids.get(kind.type_id)) for kind in kinds]
     given = [(kind, media) for kind, media in given if media is not None and media.grid_thw.shape[0]]
-    if runs.count and runs.type.min() < 0:
-        return None
     counts = np.bincount(runs.type, minlength=kinds[-1].type_id + 1).tolist()
     expected = [0] * (kinds[-1].type_id + 1)
     for kind, media in given:
