@@ -48,7 +48,7 @@ def mrope_positions(
     # allocated outside it, so callers get ordinary tensors.
     with torch.inference_mode():
         code = _coded(token_types, attention_mask)
-        runs, spans = scan(code)
+        runs, spans = scan(code, padded=attention_mask is not None)
         if spans is None:  # padding inside a sample
             placed = None
         else:

@@ -53,10 +53,11 @@ def numpy(tensor: torch.Tensor) -> np.ndarray:
     return tensor.cpu().numpy()
 
 
-def scan(code: torch.Tensor) -> tuple[Runs, Spans | None]:
+def scan(code: torch.Tensor, padded: bool = True) -> tuple[Runs, Spans | None]:
     """The media runs and each sample's span of valid tokens, read off the places where ``code``
     (-1 at padding, else the token type) changes. Spans are None when a sample's valid tokens do
-    not form one span (padding inside a sample)."""
+    not form one span (padding inside a sample). Without padding (``padded`` False) every
+    sample's span is its row."""
     batch, length = code.shape
     flat = code.view(-1)
     change = _changes(flat)
@@ -72,6 +73,8 @@ def scan(code: torch.Tensor) -> tuple[Runs, Spans | None]:
         # with the same placeholder, and the batch's first and last tokens have no neighbour.
         starts, types, ends = _split_at_rows(starts, types, ends, first_column, last_column, length)
     runs = Runs(start=starts, length=ends - starts + 1, type=types, row=starts // length)
+    if not padded:
+        return runs, Spans(np.full(batch, length), row_start, row_start + (length - 1))
     return runs, _spans(change, before, after, first_column, last_column, length)
 
 
@@ -87,9 +90,8 @@ def _changes(flat: torch.Tensor) -> np.ndarray:
     diff[size - 1 :] = 0
     words = diff.view(torch.int64)
     hit = words.nonzero().squeeze(1)
-    found = numpy(words.index_select(0, hit)).view(np.int8).reshape(-1, 8)
-    word, byte = found.nonzero()
-    return numpy(hit)[word] * 8 + byte
+    within = np.flatnonzero(numpy(words.index_select(0, hit)).view(np.int8))  # 8 per word
+    return numpy(hit)[within >> 3] * 8 + (within & 7)
 
 
 def _spans(change, before, after, first_column, last_column, length) -> Spans | None:
