@@ -36,6 +36,14 @@ def batch_with_media(processor, rows, length, media, grid, right_pad):
     return ids, mask, {key: torch.tensor([grid] * (rows * media))}
 
 
+def as_trainers_call(reference, ids, mask, grids):
+    """The transformers reference as trainers call it: the model class's ``get_rope_index`` on the
+    batch with its own attention mask (after the binding's input checks), whatever the engine
+    would make of the mask."""
+    binding = reference.binding
+    return lambda: binding.rope_index(ids, attention_mask=mask, mm_token_type_ids=binding.token_types(ids), **grids)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=5)
@@ -58,7 +66,7 @@ def main() -> None:
                                                       reference.get_rope_index(ids, mask, **kwargs)))
         row = torch.arange(ids.shape[1]).expand(ids.shape)
         t = timed({
-            "reference": lambda: reference.get_rope_index(ids, mask, **kwargs),
+            "reference": as_trainers_call(reference, ids, mask, kwargs),
             "fast": lambda: fast.get_rope_index(ids, mask, **kwargs),
             "fill": lambda: torch.empty(3, *ids.shape, dtype=ids.dtype).copy_(row.expand(3, *ids.shape)),
         }, args.repeat)

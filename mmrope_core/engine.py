@@ -24,7 +24,7 @@ from .errors import (
     RopeIndexUnavailableError,
     UnsupportedProcessorError,
 )
-from .inputs import ReadOnlyInputs, as_batch
+from .inputs import ReadOnlyInputs, as_batch, none_if_full
 from .manager import PluginManager, get_plugin_manager
 from .packing import PackedLayout
 from .positions import one_d_positions, text_positions
@@ -157,6 +157,8 @@ class RopeEngine:
         packed = cu_seqlens is not None or segment_ids is not None
         ids, mask = as_batch(input_ids, attention_mask, tokens_in_every_row=self.binding.kind == "mrope" and not packed)
         layout = _packed_layout(ids, mask, cu_seqlens, segment_ids)
+        if layout is None:
+            mask = none_if_full(mask)
         if self.binding.kind == "1d":
             return one_d_positions(ids, mask) if layout is None else layout.offsets()
         kwargs = self.rope_index_kwargs(multi_modal_inputs, mm_processor_kwargs)
@@ -200,7 +202,7 @@ class RopeEngine:
         layout = _packed_layout(ids, mask, cu_seqlens, segment_ids)
         if layout is not None:
             return self._packed_rope_index(ids, layout, kwargs)
-        return self._rope_index(ids, mask, kwargs)
+        return self._rope_index(ids, none_if_full(mask), kwargs)
 
     def _packed_rope_index(
         self, ids: torch.Tensor, layout: PackedLayout, kwargs: dict[str, Any]

@@ -66,6 +66,14 @@ def as_batch(
     return ids, mask if mask.dtype == torch.bool else mask.bool()
 
 
+def none_if_full(mask: torch.Tensor | None) -> torch.Tensor | None:
+    """None for a bool mask in which every token is valid: it means what no mask means, and
+    sparing the masked work is worth one pass over a byte per token."""
+    if mask is not None and bool(mask.view(torch.int8).amin()):
+        return None
+    return mask
+
+
 def _largest_per_row(mask: torch.Tensor) -> np.ndarray:
     """Each row's largest value, negative values counting as larger than any other."""
     if mask.device.type == "cpu":
