@@ -75,7 +75,8 @@ def place(code: torch.Tensor, mask: torch.Tensor | None, runs: Runs, spans: Span
     out[0].copy_(text)
     out[1].copy_(text)
     flat_index = index + np.arange(0, 3 * size, size)[:, None]
-    out.view(-1).index_put_((_tensor(flat_index.ravel(), device),), _tensor(steps.ravel(), device))
+    # a run starting a sample repeats that sample's first step, with the same value
+    out.view(-1).scatter_(0, _tensor(flat_index.ravel(), device), _tensor(steps.ravel(), device))
     out.cumsum_(2)
     row_max = spans.count + layout.gained - 1
     np.maximum.at(row_max, runs.row, layout.largest)
