@@ -82,7 +82,8 @@ def _changes(flat: torch.Tensor) -> np.ndarray:
     """The indices p where ``flat[p] != flat[p + 1]``, which are few.
 
     The differences are scanned as 8-byte words (several times faster than bytes), and only the
-    words that hold a change are looked into.
+    words that hold a change are looked into. Values lie in -1..127, so no int8 difference of
+    two unequal ones wraps to 0.
     """
     size = flat.numel()
     diff = torch.empty(-(-size // 8) * 8, dtype=torch.int8, device=flat.device)
