@@ -166,12 +166,11 @@ class RopeEngine:
             positions, _ = self._rope_index(ids, mask, kwargs)
         else:
             positions, _ = self._packed_rope_index(ids, layout, kwargs)
-            mask = layout.valid()
         out = torch.empty(ids.shape[0], 4, ids.shape[1], dtype=self.binding.position_dtype, device=ids.device)
-        if layout is not None:
-            out[:, 0] = layout.offsets().masked_fill_(mask.logical_not(), 1)
-        else:
+        if layout is None:
             text_positions(mask, out=out[:, 0])
+        else:
+            out[:, 0] = layout.offsets().masked_fill_(layout.valid().logical_not(), 1)
         out[:, 1:] = positions.transpose(0, 1)
         return out
 

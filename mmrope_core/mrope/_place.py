@@ -28,7 +28,7 @@ class RunLayout:
     frames: np.ndarray
     first: np.ndarray  # flat index of the first valid token of the run's sample
     last: np.ndarray  # and of its last
-    gained: np.ndarray  # (B,): how far the runs of a sample moved positions beyond their lengths
+    sample_end: np.ndarray  # (B,): a sample's last position, were its last token text
     scaled: list[tuple[np.ndarray | slice, np.ndarray | torch.Tensor]]
 
     @classmethod
@@ -46,7 +46,8 @@ class RunLayout:
             last_frame[kind_runs] = _temporal(last_frame[kind_runs], scale)
         end = np.array((last_frame, height - 1, width - 1)) + pos
         largest = pos + np.maximum(last_frame, extent - 1)
-        return cls(pos, end, pos + extent, largest, height, width, frames, first, last, gained, scaled)
+        sample_end = spans.count + gained - 1
+        return cls(pos, end, pos + extent, largest, height, width, frames, first, last, sample_end, scaled)
 
 
 def place(code: torch.Tensor, mask: torch.Tensor | None, runs: Runs, spans: Spans, grid: np.ndarray, scaled,
@@ -78,7 +79,7 @@ def place(code: torch.Tensor, mask: torch.Tensor | None, runs: Runs, spans: Span
     # a run starting a sample repeats that sample's first step, with the same value
     out.view(-1).scatter_(0, _tensor(flat_index.ravel(), device), _tensor(steps.ravel(), device))
     out.cumsum_(2)
-    row_max = spans.count + layout.gained - 1
+    row_max = layout.sample_end.copy()
     np.maximum.at(row_max, runs.row, layout.largest)
     return out, _tensor(row_max + 1 - spans.count, device).unsqueeze(1)
 
@@ -104,7 +105,7 @@ def _steps(runs: Runs, layout: RunLayout, spans: Spans, length: int) -> tuple[np
     after_applies[:-1] &= ~touches
     # back to 0 after the sample's last token: from the end of the run it ends with, or its text
     ending = np.empty((3, spans.count.size), dtype=np.int64)
-    ending[:] = spans.count + layout.gained - 1
+    ending[:] = layout.sample_end
     ended = after - 1 == layout.last
     ending[:, runs.row[ended]] = layout.end[:, ended]
     tail = spans.last + 1

@@ -71,11 +71,11 @@ def scan(code: torch.Tensor, padded: bool = True) -> tuple[Runs, Spans | None]:
     if (first_column > 0).any() or (last_column > 0).any():
         # Media at a row's edge: a run must end with its row, even where the next row begins
         # with the same placeholder, and the batch's first and last tokens have no neighbour.
-        starts, types, ends = _split_at_rows(starts, types, ends, first_column, last_column, length)
+        starts, types, ends = _split_at_rows(starts, types, ends, first_column, last_column, row_start, length)
     runs = Runs(start=starts, length=ends - starts + 1, type=types, row=starts // length)
     if not padded:
         return runs, Spans(np.full(batch, length), row_start, row_start + (length - 1))
-    return runs, _spans(change, before, after, first_column, last_column, length)
+    return runs, _spans(change, before, after, first_column, last_column, row_start, length)
 
 
 def _changes(flat: torch.Tensor) -> np.ndarray:
@@ -95,9 +95,8 @@ def _changes(flat: torch.Tensor) -> np.ndarray:
     return numpy(hit)[within >> 3] * 8 + (within & 7)
 
 
-def _spans(change, before, after, first_column, last_column, length) -> Spans | None:
+def _spans(change, before, after, first_column, last_column, row_start, length) -> Spans | None:
     inside = change % length != length - 1  # changes between rows are read from the edges
-    row_start = np.arange(0, first_column.size * length, length)
     firsts = np.concatenate((change[inside & (before == -1)] + 1, row_start[first_column != -1]))
     lasts = np.concatenate((change[inside & (after == -1)], row_start[last_column != -1] + (length - 1)))
     if firsts.size and np.bincount(firsts // length).max() > 1:
@@ -109,8 +108,7 @@ def _spans(change, before, after, first_column, last_column, length) -> Spans | 
     return Spans(last - first + 1, first, last)
 
 
-def _split_at_rows(starts, types, ends, first_column, last_column, length):
-    row_start = np.arange(0, first_column.size * length, length)
+def _split_at_rows(starts, types, ends, first_column, last_column, row_start, length):
     inner, opening = starts % length != 0, first_column > 0
     starts = np.concatenate((starts[inner], row_start[opening]))
     types = np.concatenate((types[inner], first_column[opening]))
