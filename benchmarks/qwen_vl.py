@@ -74,35 +74,43 @@ def main() -> None:
         print(f"{name:<44}{t_ref * 1e3:>10.2f}ms{t_fast * 1e3:>10.2f}ms{t_fill * 1e3:>10.2f}ms"
               f"{t_ref / t_fast:>9.1f}x{t_fast / t_fill:>10.1f}x")
 
+    single_sample(processor, config, fast, reference, args.repeat * 8)
+
+
+def single_sample(processor, config, fast, reference, repeat) -> None:
+    """The per-call trainer case: what the engine adds to the plugin's own work (its token types
+    and kernel), measured around the kernel and with a plugin that costs nothing."""
     ids, mask, grids = batch_with_media(processor, 1, 4096, 2, (1, 28, 28), 100)
-    types_of = fast.binding.token_types
-    kernel = fast.binding.rope_index
-    bool_mask, types_ = mask.bool(), types_of(ids)
-    # The engine with a plugin that costs nothing: what the engine itself adds to every call.
-    result = kernel(ids, attention_mask=bool_mask, mm_token_type_ids=types_, **grids)
+    binding = fast.binding
+    bool_mask, types_ = mask.bool(), binding.token_types(ids)
+    kernels = {"get_rope_index": binding.rope_index, "compute_position_ids": binding.position_ids}
+    results = {name: kernel(ids, attention_mask=bool_mask, mm_token_type_ids=types_, **grids)
+               for name, kernel in kernels.items()}
     bare = engine(processor, config, "qwen_vl")
-    bare.binding = dataclasses.replace(bare.binding, rope_index=lambda *a, **k: result, token_types=lambda ids: types_)
-    repeat = args.repeat * 8
-    t = timed({
-        "rope index": lambda: kernel(ids, attention_mask=bool_mask, mm_token_type_ids=types_, **grids),
-        "plugin": lambda: kernel(ids, attention_mask=bool_mask, mm_token_type_ids=types_of(ids), **grids),
-        "get_rope_index": lambda: fast.get_rope_index(ids, mask, **grids),
-        "compute_position_ids": lambda: fast.compute_position_ids(ids, mask, grids),
-        "bare get_rope_index": lambda: bare.get_rope_index(ids, mask, **grids),
-        "bare compute_position_ids": lambda: bare.compute_position_ids(ids, mask, grids),
-        "reference": lambda: reference.compute_position_ids(ids, mask, grids),
-    }, repeat)
-    us = {name: seconds * 1e6 for name, seconds in t.items()}
-    print(f"\nsingle sample 1 x 4096, 2 images, best of {repeat} x 5:")
-    print(f"  rope index alone (bool mask, token types given)  {us['rope index']:8.1f} us")
-    print(f"  plugin alone (its token types + rope index)      {us['plugin']:8.1f} us")
-    for name in ("get_rope_index", "compute_position_ids"):
-        print(f"  engine.{name:<41}{us[name]:8.1f} us  (+{us[name] - us['plugin']:.1f} us over the plugin, "
-              f"+{us[name] - us['rope index']:.1f} us over the rope index)")
-    for name in ("get_rope_index", "compute_position_ids"):
-        print(f"  engine.{name + ' with a plugin costing 0':<41}{us['bare ' + name]:8.1f} us  (the engine's own work)")
-    print(f"  reference compute_position_ids                   {us['reference']:8.1f} us  "
-          f"({us['reference'] / us['compute_position_ids']:.1f}x the fast engine)")
+    bare.binding = dataclasses.replace(
+        bare.binding, token_types=lambda ids: types_, rope_index=lambda *a, **k: results["get_rope_index"],
+        position_ids=lambda *a, **k: results["compute_position_ids"],
+    )
+    fns = {}
+    for name, kernel in kernels.items():
+        fns[f"plugin {name}"] = lambda kernel=kernel: kernel(
+            ids, attention_mask=bool_mask, mm_token_type_ids=binding.token_types(ids), **grids)
+    fns["engine get_rope_index"] = lambda: fast.get_rope_index(ids, mask, **grids)
+    fns["engine compute_position_ids"] = lambda: fast.compute_position_ids(ids, mask, grids)
+    fns["bare get_rope_index"] = lambda: bare.get_rope_index(ids, mask, **grids)
+    fns["bare compute_position_ids"] = lambda: bare.compute_position_ids(ids, mask, grids)
+    fns["reference compute_position_ids"] = lambda: reference.compute_position_ids(ids, mask, grids)
+    us = {name: seconds * 1e6 for name, seconds in timed(fns, repeat).items()}
+    print(f"\nsingle sample 1 x 4096, 2 images, best of {repeat} x 5 (microseconds):")
+    header = f"{'':<24}{'plugin':>10}{'engine':>10}{'engine - plugin':>17}{'engine, plugin costing 0':>26}"
+    print(header)
+    print("-" * len(header))
+    for name in kernels:
+        plugin, whole = us[f"plugin {name}"], us[f"engine {name}"]
+        print(f"{name:<24}{plugin:>10.1f}{whole:>10.1f}{whole - plugin:>17.1f}{us['bare ' + name]:>26.1f}")
+    ratio = us["reference compute_position_ids"] / us["engine compute_position_ids"]
+    print(f"reference compute_position_ids {us['reference compute_position_ids']:.1f} us ({ratio:.1f}x the fast engine)")
+
 
 if __name__ == "__main__":
     main()

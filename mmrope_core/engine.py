@@ -24,7 +24,7 @@ from .errors import (
     RopeIndexUnavailableError,
     UnsupportedProcessorError,
 )
-from .inputs import ReadOnlyInputs, as_batch, none_if_full
+from .inputs import ReadOnlyInputs, as_batch
 from .manager import PluginManager, get_plugin_manager
 from .packing import PackedLayout
 from .positions import one_d_positions, text_positions
@@ -157,11 +157,11 @@ class RopeEngine:
         packed = cu_seqlens is not None or segment_ids is not None
         ids, mask = as_batch(input_ids, attention_mask, tokens_in_every_row=self.binding.kind == "mrope" and not packed)
         layout = _packed_layout(ids, mask, cu_seqlens, segment_ids)
-        if layout is None:
-            mask = none_if_full(mask)
         if self.binding.kind == "1d":
             return one_d_positions(ids, mask) if layout is None else layout.offsets()
         kwargs = self.rope_index_kwargs(multi_modal_inputs, mm_processor_kwargs)
+        if layout is None and self.binding.position_ids is not None:
+            return self._position_ids(ids, mask, kwargs)
         if layout is None:
             positions, _ = self._rope_index(ids, mask, kwargs)
         else:
@@ -201,7 +201,7 @@ class RopeEngine:
         layout = _packed_layout(ids, mask, cu_seqlens, segment_ids)
         if layout is not None:
             return self._packed_rope_index(ids, layout, kwargs)
-        return self._rope_index(ids, none_if_full(mask), kwargs)
+        return self._rope_index(ids, mask, kwargs)
 
     def _packed_rope_index(
         self, ids: torch.Tensor, layout: PackedLayout, kwargs: dict[str, Any]
@@ -250,17 +250,33 @@ class RopeEngine:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``token_types``: ``binding.token_types(ids)`` when the caller has already built them.
         Every row of ``mask`` holds a token (checked by :func:`as_batch`, or a packed layout's)."""
+        return self._call_plugin(self.binding.rope_index, "rope index", ids, mask, kwargs, token_types)
+
+    def _position_ids(self, ids: torch.Tensor, mask: torch.Tensor | None, kwargs: dict[str, Any]) -> torch.Tensor:
+        positions = self._call_plugin(self.binding.position_ids, "position_ids", ids, mask, kwargs)
+        expected = (ids.shape[0], 4, ids.shape[1])
+        if not isinstance(positions, torch.Tensor) or positions.shape != expected or positions.dtype != self.binding.position_dtype:
+            found = f"{positions.dtype} {tuple(positions.shape)}" if isinstance(positions, torch.Tensor) else type(positions).__name__
+            raise PluginContractError(
+                f"the position_ids of plugin {self._plugin_label()} returned {found}; expected a "
+                f"{self.binding.position_dtype} tensor of shape {expected}"
+            )
+        return positions
+
+    def _call_plugin(
+        self, function: Any, name: str, ids: torch.Tensor, mask: torch.Tensor | None, kwargs: dict[str, Any],
+        token_types: Any = None,
+    ) -> Any:
         if self.binding.token_types is not None:
             kwargs["mm_token_type_ids"] = token_types if token_types is not None else self.binding.token_types(ids)
         try:
-            return self.binding.rope_index(ids, attention_mask=mask, **kwargs)
+            return function(ids, attention_mask=mask, **kwargs)
         except MmropeError:
             raise
         except Exception as exc:
-            info = self._plugin_label()
             raise PluginHookError(
-                f"the rope index of plugin {info} ({self.implementation}) raised {type(exc).__name__}: {exc}. "
-                f"Check the inputs against the processor's output, or try impl='reference'"
+                f"the {name} of plugin {self._plugin_label()} ({self.implementation}) raised {type(exc).__name__}: "
+                f"{exc}. Check the inputs against the processor's output, or try impl='reference'"
             ) from exc
 
     def _plugin_label(self) -> str:

@@ -15,9 +15,11 @@ def as_batch(
     input_ids: Any, attention_mask: Any, *, tokens_in_every_row: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Return ``(input_ids, attention_mask)`` as ``(B, L)`` tensors, raising :class:`InvalidInputError`
-    for anything the engine cannot use. ``(L,)`` inputs become ``B = 1``. A missing mask stays None
-    (every token is valid). With ``tokens_in_every_row``, a sample whose mask is all 0 is refused
-    too (multimodal RoPE has nothing to place there). The caller's tensors are never modified."""
+    for anything the engine cannot use. ``(L,)`` inputs become ``B = 1``; the mask becomes bool, and
+    a missing one stays None (every token is valid). ``tokens_in_every_row`` is for an unpacked
+    multimodal batch: a sample whose mask is all 0 is refused (multimodal RoPE has nothing to
+    place there), and a mask in which every token is valid becomes None. The caller's tensors are
+    never modified."""
     ids = _require_tensor("input_ids", input_ids)
     if ids.dtype not in _INTEGER_DTYPES:
         raise InvalidInputError(
@@ -51,7 +53,7 @@ def as_batch(
         raise InvalidInputError(f"attention_mask must be bool or integer 0/1, got dtype {mask.dtype}")
     if mask.dtype == torch.bool and not tokens_in_every_row:
         return ids, mask
-    largest = _largest_per_row(mask)
+    largest, valid = _summary(mask)
     if largest.max() > 1:
         bad = ((mask != 0) & (mask != 1)).nonzero()[0].tolist()
         raise InvalidInputError(
@@ -63,27 +65,23 @@ def as_batch(
             f"sample {int(np.flatnonzero(largest == 0)[0])} has no valid token (its attention_mask is all 0); "
             f"drop empty samples before computing positions"
         )
+    if tokens_in_every_row and valid == mask.numel():
+        return ids, None  # means what no mask means, and spares the plugin its masked work
     return ids, mask if mask.dtype == torch.bool else mask.bool()
 
 
-def none_if_full(mask: torch.Tensor | None) -> torch.Tensor | None:
-    """None for a bool mask in which every token is valid: it means what no mask means, and
-    sparing the masked work is worth one pass over a byte per token."""
-    if mask is not None and bool(mask.view(torch.int8).amin()):
-        return None
-    return mask
-
-
-def _largest_per_row(mask: torch.Tensor) -> np.ndarray:
-    """Each row's largest value, negative values counting as larger than any other."""
+def _summary(mask: torch.Tensor) -> tuple[np.ndarray, int]:
+    """Each row's largest value (negative values counting as larger than any other) and the
+    number of valid tokens."""
     if mask.device.type == "cpu":
-        # read as unsigned, negative values are huge: one reduction checks both ends
         values = mask.numpy()
-        return values.view(f"u{values.itemsize}").max(axis=1)
+        # read as unsigned, negative values are huge: one reduction checks both ends
+        return values.view(f"u{values.itemsize}").max(axis=1), int(np.count_nonzero(values))
+    valid = int(mask.count_nonzero())
     if mask.dtype == torch.bool:
-        return mask.view(torch.uint8).amax(dim=1).cpu().numpy()
+        return mask.view(torch.uint8).amax(dim=1).cpu().numpy(), valid
     low, high = torch.aminmax(mask, dim=1)
-    return np.where(low.cpu().numpy() < 0, 2, high.cpu().numpy())
+    return np.where(low.cpu().numpy() < 0, 2, high.cpu().numpy()), valid
 
 
 def _require_tensor(name: str, value: Any) -> torch.Tensor:

@@ -12,6 +12,10 @@ RopeKind = Literal["mrope", "1d"]
 #: ``rope_index(input_ids, attention_mask=None, **kwargs) -> (positions (3, B, L), deltas (B, 1))``
 RopeIndexFn = Callable[..., tuple[Any, Any]]
 
+#: ``position_ids(input_ids, attention_mask=None, **kwargs) -> (B, 4, L)`` (the layout of
+#: ``RopeEngine.compute_position_ids``), called like ``rope_index``.
+PositionIdsFn = Callable[..., Any]
+
 #: ``token_types(input_ids) -> (B, L)`` integer tensor: 0 text, 1 image, 2 video, 3 audio.
 TokenTypesFn = Callable[[Any], Any]
 
@@ -33,6 +37,12 @@ class RopeBinding:
         position_dtype: dtype of the positions ``compute_position_ids`` returns. ``int64`` unless the
             family's reference produces non-integer positions.
         description: one line shown by ``mmrope plugins`` and in logs.
+        position_ids: optional, for ``"mrope"``: the ``(B, 4, L)`` result of
+            ``compute_position_ids`` in one call, taking what ``rope_index`` takes. For kernels
+            that place the text row together with the others, sparing the engine its own pass
+            over the result. It must return, in ``position_dtype``, exactly what the engine builds
+            from ``rope_index``: row 0 ``0..n-1`` over valid tokens and 1 at padding, rows 1..3
+            ``rope_index``'s positions. The engine uses it for unpacked batches.
     """
 
     kind: RopeKind
@@ -42,6 +52,7 @@ class RopeBinding:
     position_dtype: Any = None
     description: str = ""
     plugin: str = ""
+    position_ids: PositionIdsFn | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ("mrope", "1d"):
@@ -50,6 +61,8 @@ class RopeBinding:
             raise TypeError("RopeBinding(kind='mrope') needs a callable rope_index")
         if self.kind == "1d" and self.rope_index is not None:
             raise TypeError("RopeBinding(kind='1d') must not carry a rope_index: 1-D positions come from the mask")
+        if self.position_ids is not None and (self.kind != "mrope" or not callable(self.position_ids)):
+            raise TypeError("RopeBinding.position_ids must be a callable, and only for kind='mrope'")
         if self.token_types is not None and not callable(self.token_types):
             raise TypeError("RopeBinding.token_types must be callable or None")
         if not isinstance(self.implementation, str) or not self.implementation:

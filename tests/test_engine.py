@@ -1,5 +1,6 @@
 """The engine with real entry-point plugins: binding, hooks, errors, layouts, pickling."""
 
+import dataclasses
 import pickle
 
 import pytest
@@ -67,6 +68,29 @@ def test_mrope_layout_is_text_row_then_the_plugins_three_rows(toy_manager, toy):
     assert positions[1, 0].tolist() == [0, 1, 2, 3, 1]
     expected, _ = toy.toy_rope_index(ids, mask, offset=5)
     assert torch.equal(positions[:, 1:], expected.transpose(0, 1))
+
+
+def test_a_bindings_position_ids_give_the_layout_in_one_call(toy_manager, toy):
+    composed = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager)
+    direct = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager, position_ids="direct")
+    calls = []
+    direct.binding = dataclasses.replace(
+        direct.binding, position_ids=lambda *args, **kwargs: calls.append(1) or toy.toy_position_ids(*args, **kwargs))
+    ids = torch.tensor([[0, 0, 7, 7, 7], [7, 7, 7, 7, 0]])
+    for mask in (ids != 0, (ids != 0).long(), None):
+        got = direct.compute_position_ids(ids, mask, {"offset": torch.tensor(5)})
+        assert torch.equal(got, composed.compute_position_ids(ids, mask, {"offset": torch.tensor(5)}))
+    assert len(calls) == 3
+    # packed rows are laid out by the engine from the rope index
+    packed = direct.compute_position_ids(torch.full((1, 5), 7), None, {}, cu_seqlens=torch.tensor([0, 2, 5]))
+    assert len(calls) == 3 and packed[0, 0].tolist() == [0, 1, 0, 1, 2]
+
+
+def test_position_ids_of_the_wrong_shape_break_the_contract(toy_manager, toy):
+    engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager, position_ids="misshapen")
+    with pytest.raises(PluginContractError, match=r"position_ids of plugin toy \(mmrope-test-plugins 1.0\) returned "
+                                                  r"torch.int64 \(3, 1, 2\); expected a torch.int64 tensor of shape \(1, 4, 2\)"):
+        engine.compute_position_ids(torch.tensor([[7, 7]]), None, {})
 
 
 def test_get_rope_index_is_a_drop_in(toy_manager, toy):

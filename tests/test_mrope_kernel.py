@@ -1,10 +1,13 @@
-"""The public kernel API for plugin authors: the token types it accepts."""
+"""The public kernel API for plugin authors: the token types it accepts, and the (B, 4, L) layout
+it places in one pass."""
+
+import random
 
 import pytest
 import torch
 
 from mmrope_core import InvalidInputError
-from mmrope_core.mrope import MediaGrids, MediaKind, check_placeholders, mrope_positions
+from mmrope_core.mrope import MediaGrids, MediaKind, check_placeholders, mrope_position_ids, mrope_positions
 
 GRIDS = {1: MediaGrids(torch.tensor([[1, 4, 4]]))}
 
@@ -31,3 +34,60 @@ def test_media_type_127_is_placed_like_any_other(mask):
     as_one = mrope_positions(types, mask, kinds(1), GRIDS, spatial_merge_size=2)
     as_127 = mrope_positions(types * 127, mask, kinds(127), {127: GRIDS[1]}, spatial_merge_size=2)
     assert torch.equal(as_one[0], as_127[0]) and torch.equal(as_one[1], as_127[1])
+
+
+KINDS = (MediaKind(1, "image", "<image>", "image_grid_thw"), MediaKind(2, "video", "<video>", "video_grid_thw"))
+
+
+def generated(rng, mask_style):
+    """Samples of text, images and videos (scaled temporal ids) padded on one side, media at the
+    row edges or not. ``none``: no mask (the padding is text); ``holes``: padding inside samples
+    too, and a row of padding alone."""
+    rows, grids = [], {1: [], 2: []}
+    for _ in range(rng.randint(1, 6)):
+        row = [0] * rng.randint(0, 3)
+        kinds = [rng.choice((1, 2)) for _ in range(rng.randint(0, 4))]
+        for kind, following in zip(kinds, kinds[1:] + [None]):
+            grid = (rng.randint(1, 4) if kind == 2 else 1, 2 * rng.randint(1, 4), 2 * rng.randint(1, 4))
+            grids[kind].append(grid)
+            # runs of one kind need text between them; runs of two kinds may touch
+            row += [kind] * (grid[0] * grid[1] * grid[2] // 4) + [0] * rng.randint(kind == following, 3)
+        rows.append(row or [0])
+    length = max(map(len, rows)) + rng.randint(0, 3)
+    types = torch.zeros(len(rows), length, dtype=torch.int64)
+    mask = torch.zeros(len(rows), length, dtype=torch.bool)
+    left = rng.random() < 0.5
+    for index, row in enumerate(rows):
+        span = slice(length - len(row), length) if left else slice(0, len(row))
+        types[index, span] = torch.tensor(row)
+        mask[index, span] = True
+    if mask_style == "none":
+        mask = None  # the padding becomes text
+    elif mask_style == "holes":
+        # each text run keeps its first token, so that runs of one kind stay apart
+        text = (types == 0) & mask
+        after_text = torch.zeros_like(text)
+        after_text[:, 1:] = text[:, 1:] & text[:, :-1]
+        coin = torch.rand(types.shape, generator=torch.Generator().manual_seed(rng.randrange(2**31))) < 0.3
+        mask = torch.cat([mask & ~(after_text & coin), torch.zeros(1, length, dtype=torch.bool)])
+        types = torch.cat([types, torch.zeros(1, length, dtype=types.dtype)])
+    media = {kind: MediaGrids(torch.tensor(found)) for kind, found in grids.items() if found}
+    if 2 in media:
+        media[2] = MediaGrids(media[2].grid_thw, torch.tensor([rng.choice((0.5, 1.0, 1.3, 2.0)) for _ in grids[2]]))
+    return types, mask, media
+
+
+@pytest.mark.parametrize("mask_style", ["padded", "none", "holes"])
+def test_position_ids_are_the_text_row_over_the_positions(mask_style):
+    """Row 0 counts each sample's valid tokens from 0 and holds 1 at padding; rows 1 to 3 are
+    what mrope_positions returns, for every layout of padding."""
+    rng = random.Random(mask_style)
+    for _ in range(150):
+        types, mask, media = generated(rng, mask_style)
+        positions, _ = mrope_positions(types, mask, KINDS, media, spatial_merge_size=2)
+        layout = mrope_position_ids(types, mask, KINDS, media, spatial_merge_size=2)
+        valid = mask if mask is not None else torch.ones(types.shape, dtype=torch.bool)
+        text_row = (valid.long().cumsum(1) - 1).masked_fill(~valid, 1)
+        assert layout.shape == (types.shape[0], 4, types.shape[1]) and layout.dtype == torch.int64
+        assert torch.equal(layout[:, 0], text_row)
+        assert torch.equal(layout[:, 1:], positions.transpose(0, 1))

@@ -25,7 +25,7 @@ from ._mismatch import explain, match
 from ._place import place
 from ._runs import grids_of_runs, scan
 
-__all__ = ["MediaGrids", "MediaKind", "TokenTypeMap", "check_placeholders", "mrope_positions"]
+__all__ = ["MediaGrids", "MediaKind", "TokenTypeMap", "check_placeholders", "mrope_position_ids", "mrope_positions"]
 
 
 def mrope_positions(
@@ -37,12 +37,33 @@ def mrope_positions(
     spatial_merge_size: int,
     out_dtype: torch.dtype = torch.int64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Positions ``(3, B, L)`` (0 at padding) and deltas ``(B, 1)`` (``max + 1 - valid length``).
+    """Positions ``(3, B, L)`` (0 at padding) and deltas ``(B, 1)`` (``max + 1 - valid length``),
+    as a family's ``get_rope_index`` returns them.
 
     ``attention_mask`` is a bool ``(B, L)`` tensor or None. Raises
     :class:`~mmrope_core.PlaceholderMismatchError` naming the sample when placeholder runs and
     grids disagree in number or size.
     """
+    positions, deltas = _placed(token_types, attention_mask, kinds, grids, spatial_merge_size, text_row=False)
+    return positions.to(out_dtype), deltas
+
+
+def mrope_position_ids(
+    token_types: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    kinds: Sequence[MediaKind],
+    grids: Mapping[int, MediaGrids | None],
+    *,
+    spatial_merge_size: int,
+) -> torch.Tensor:
+    """The ``(B, 4, L)`` int64 layout of ``RopeEngine.compute_position_ids`` in one pass: row 0
+    counts each sample's valid tokens from 0 (1 at padding), rows 1 to 3 are the positions
+    :func:`mrope_positions` returns. For a binding's ``position_ids``."""
+    positions, _ = _placed(token_types, attention_mask, kinds, grids, spatial_merge_size, text_row=True)
+    return positions
+
+
+def _placed(token_types, attention_mask, kinds, grids, merge, *, text_row):
     token_types = _small_int(token_types)
     # Inference mode skips autograd's bookkeeping on the few torch operations; the results are
     # allocated outside it, so callers get ordinary tensors.
@@ -52,14 +73,14 @@ def mrope_positions(
         if spans is None:  # padding inside a sample
             placed = None
         else:
-            matched = grids_of_runs(runs, kinds, grids, spatial_merge_size)
+            matched = grids_of_runs(runs, kinds, grids, merge)
             if matched is None:
-                explain(runs, kinds, grids, spatial_merge_size)
-            placed = place(code, attention_mask, runs, spans, matched.grid, matched.scaled, spatial_merge_size)
+                explain(runs, kinds, grids, merge)
+            placed = place(code, attention_mask, runs, spans, matched.grid, matched.scaled, merge, text_row=text_row)
     if placed is None:
-        return _compacted(token_types, attention_mask, kinds, grids, spatial_merge_size, out_dtype)
+        return _compacted(token_types, attention_mask, kinds, grids, merge, text_row)
     positions, deltas = placed
-    return positions.to(out_dtype), deltas.clone()
+    return positions, deltas.clone() if deltas is not None else None
 
 
 def check_placeholders(
@@ -112,11 +133,10 @@ def _compact(token_types: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tenso
     return token_types.gather(1, order), compact_mask, order
 
 
-def _compacted(token_types, mask, kinds, grids, merge, out_dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def _compacted(token_types, mask, kinds, grids, merge, text_row) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Positions for masks with padding inside a sample: computed with each sample's valid tokens
     moved to the front, then put back."""
     compact_types, compact_mask, order = _compact(token_types, mask)
-    compact, deltas = mrope_positions(compact_types, compact_mask, kinds, grids, spatial_merge_size=merge,
-                                      out_dtype=out_dtype)
-    out = torch.zeros_like(compact)
-    return out.scatter_(2, order.unsqueeze(0).expand_as(compact), compact), deltas
+    compact, deltas = _placed(compact_types, compact_mask, kinds, grids, merge, text_row=text_row)
+    order = order.unsqueeze(1 if text_row else 0).expand_as(compact)
+    return torch.zeros_like(compact).scatter_(2, order, compact), deltas

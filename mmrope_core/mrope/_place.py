@@ -51,42 +51,45 @@ class RunLayout:
 
 
 def place(code: torch.Tensor, mask: torch.Tensor | None, runs: Runs, spans: Spans, grid: np.ndarray, scaled,
-          merge: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Positions ``(3, B, L)`` and deltas ``(B, 1)``.
+          merge: int, *, text_row: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Positions ``(3, B, L)`` and deltas ``(B, 1)``; with ``text_row``, positions ``(B, 4, L)``
+    whose row 0 counts each sample's valid tokens from 0 (1 at padding), and no deltas.
 
     Each row of the positions is the cumsum of a counter: 1 at every valid text token (in the
-    width row, at every valid media token too), 0 at padding, overwritten by the step to take at
-    the few tokens where positions do not simply count on (see :func:`_steps`).
+    width row and the text row, at every valid media token too), 0 at padding, overwritten by the
+    step to take at the few tokens where positions do not simply count on (see :func:`_steps`).
     """
     batch, length = code.shape
-    size = batch * length
     device = code.device
     layout = RunLayout.of(runs, grid, scaled, spans, merge)
-    index, steps = _steps(runs, layout, spans, length)
+    index, steps = _steps(runs, layout, spans, length, text_row)
     with torch.inference_mode(False):
-        out = torch.empty(3, batch, length, dtype=torch.int64, device=device)
+        out = torch.empty((batch, 4, length) if text_row else (3, batch, length), dtype=torch.int64, device=device)
+    counters = out.transpose(0, 1) if text_row else out  # (rows, B, L)
     media = code.clamp(0, 1)
-    if mask is None:
-        out[2].fill_(1)
-        text = media.neg_().add_(1)
-    else:
-        valid = mask.view(torch.int8)
-        out[2].copy_(valid)
-        text = torch.sub(valid, media, out=media)
-    out[0].copy_(text)
-    out[1].copy_(text)
-    flat_index = index + np.arange(0, 3 * size, size)[:, None]
+    valid = mask.view(torch.int8) if mask is not None else torch.ones((), dtype=torch.int8, device=device)
+    text = torch.sub(valid, media, out=media)
+    # the rows counting valid tokens (width, and the text row) and those counting text tokens
+    counting_valid, counting_text = (counters[::3], counters[1:3]) if text_row else (counters[2:], counters[:2])
+    counting_valid.copy_(valid)
+    counting_text.copy_(text)
+    row_stride, sample_stride = counters.stride(0), counters.stride(1)
+    flat_index = (index // length) * sample_stride + index % length + np.arange(steps.shape[0])[:, None] * row_stride
     # a run starting a sample repeats that sample's first step, with the same value
     out.view(-1).scatter_(0, _tensor(flat_index.ravel(), device), _tensor(steps.ravel(), device))
-    out.cumsum_(2)
+    out.cumsum_(-1)
+    if text_row:
+        return out, None
     row_max = layout.sample_end.copy()
     np.maximum.at(row_max, runs.row, layout.largest)
     return out, _tensor(row_max + 1 - spans.count, device).unsqueeze(1)
 
 
-def _steps(runs: Runs, layout: RunLayout, spans: Spans, length: int) -> tuple[np.ndarray, np.ndarray]:
-    """Where the counter rows do not count on: flat indices ``(E,)`` and the ``(3, E)`` step to
-    take there, the difference between a token's position and the token's before it.
+def _steps(runs: Runs, layout: RunLayout, spans: Spans, length: int,
+           text_row: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Where the counter rows do not count on: flat indices ``(E,)`` (``row * L + column``) and
+    the ``(3, E)`` step to take there, the difference between a token's position and the token's
+    before it; with ``text_row``, ``(4, E)`` steps, the text row's first (see :func:`_text_row`).
 
     - a sample's first valid token: 0 (positions start at 0);
     - a run's first token: 1 after text, 0 at the sample's start, from the end of a run it touches;
@@ -120,7 +123,31 @@ def _steps(runs: Runs, layout: RunLayout, spans: Spans, length: int) -> tuple[np
         after_step[:, after_applies],
         -ending[:, tail_applies],
     ), axis=1)
+    if text_row:
+        return _text_row(index, steps, runs, layout, spans, length, started, tail_applies)
     return index, steps
+
+
+def _text_row(index, steps, runs, layout, spans, length, started, tail_applies) -> tuple[np.ndarray, np.ndarray]:
+    """The steps with the text row's added on top: 0, 1, ... over a sample's valid tokens and 1
+    at padding. Its counter is 1 at every valid token; it steps otherwise into a sample's first
+    token (to 0: by 0 at a row's start, by -1 from padding), after the sample's last (back to 1)
+    and at the start of a row that begins with padding (to 1, where the other rows step by 0)."""
+    into_first = -(spans.first % length != 0).astype(np.int64)
+    leading = int(started.sum())
+    text = np.ones(index.size, dtype=np.int64)
+    text[:leading] = into_first[started]
+    starting = np.flatnonzero(runs.start == layout.first)  # a run that starts a sample
+    text[leading + starting] = into_first[runs.row[starting]]
+    tails = int(tail_applies.sum())
+    text[index.size - tails :] = 2 - spans.count[tail_applies]
+    padded = (into_first != 0) | ~started
+    row_start = spans.first[padded] // length * length
+    index = np.concatenate((index, row_start))
+    steps = np.concatenate((text[None], steps), axis=0)
+    padded_steps = np.zeros((4, row_start.size), dtype=np.int64)
+    padded_steps[0] = 1
+    return index, np.concatenate((steps, padded_steps), axis=1)
 
 
 def _line_steps(runs: Runs, layout: RunLayout) -> tuple[np.ndarray, np.ndarray]:

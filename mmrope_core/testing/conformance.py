@@ -206,6 +206,8 @@ class _Checker:
             if not torch.equal(_valid(batched, right[1], index), _valid(left_positions, left[1], index)):
                 self.fail(hook, "left and right padding give the same valid positions", f"sample {index} differs")
         self.check_packing(engine, outputs, right[2], alone)
+        if binding.position_ids is not None:
+            self.check_position_ids(engine, (right, left))
         if binding.kind == "mrope":
             positions, deltas = engine.get_rope_index(right[0], right[1], **engine.rope_index_kwargs(right[2]))
             if positions.shape != (3, *right[0].shape) or deltas.shape != (right[0].shape[0], 1):
@@ -220,6 +222,19 @@ class _Checker:
         except Exception as exc:
             self.fail(hook, "the engine pickles", f"{type(exc).__name__}: {exc}")
 
+
+    def check_position_ids(self, engine: RopeEngine, batches) -> None:
+        rule = "position_ids equal the text row over rope_index's positions"
+        composed = RopeEngine(engine.processor, engine.config, dataclasses.replace(engine.binding, position_ids=None),
+                              engine.validation_policy, engine.varlen_keys, engine._plugins, engine._options)
+        for side, batch in zip(("right", "left"), batches):
+            try:
+                same = torch.equal(engine.compute_position_ids(*batch), composed.compute_position_ids(*batch))
+            except MmropeError as exc:
+                self.fail("bind_rope_index", rule, f"{type(exc).__name__}: {exc}")
+                return
+            if not same:
+                self.fail("bind_rope_index", rule, f"they differ on the batch padded on the {side}")
 
     def check_packing(self, engine: RopeEngine, outputs, multi_modal_inputs, alone) -> None:
         rows = [output["input_ids"][0][_mask_of(output)] for output in outputs]

@@ -1,5 +1,5 @@
 """A plugin that breaks conformance rules: it claims every processor, changes the tensors it is
-given, and its positions depend on the padding side."""
+given, its positions depend on the padding side, and its position_ids disagree with its rope index."""
 
 import torch
 
@@ -19,9 +19,15 @@ def padding_dependent(input_ids, attention_mask=None, **kwargs):
     return columns.unsqueeze(0).repeat(3, 1, 1), torch.zeros(input_ids.shape[0], 1, dtype=torch.long)
 
 
+def position_ids_counting_padding(input_ids, attention_mask=None, **kwargs):
+    positions, _ = padding_dependent(input_ids)
+    columns = torch.arange(input_ids.shape[1]).expand(input_ids.shape)  # the text row should hold 1 at padding
+    return torch.cat([columns.unsqueeze(1), positions.transpose(0, 1)], dim=1)
+
+
 @hookimpl
 def bind_rope_index(processor):
-    return RopeBinding(kind="mrope", rope_index=padding_dependent)
+    return RopeBinding(kind="mrope", rope_index=padding_dependent, position_ids=position_ids_counting_padding)
 
 
 @hookimpl

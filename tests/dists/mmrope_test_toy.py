@@ -39,6 +39,21 @@ def toy_rope_index(input_ids, attention_mask=None, offset=0, **kwargs):
     return positions.unsqueeze(0).repeat(3, 1, 1), deltas
 
 
+def toy_position_ids(input_ids, attention_mask=None, offset=0, **kwargs):
+    """The (B, 4, L) layout in one call: the text row over ``toy_rope_index``'s rows."""
+    mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
+    positions, _ = toy_rope_index(input_ids, mask, offset)
+    text = (mask.long().cumsum(1) - 1).masked_fill(~mask, 1)
+    return torch.cat([text.unsqueeze(1), positions.transpose(0, 1)], dim=1)
+
+
+def misshapen_position_ids(input_ids, attention_mask=None, **kwargs):
+    return toy_rope_index(input_ids, attention_mask)[0]
+
+
+POSITION_IDS = {"direct": toy_position_ids, "misshapen": misshapen_position_ids}
+
+
 def _relaxed(processor, text=None, **kwargs):
     if not text:
         raise ValueError("ToyProcessor needs text")
@@ -49,7 +64,8 @@ def bind_rope_index(processor, options):
     if isinstance(processor, Toy1dProcessor):
         return RopeBinding(kind="1d")
     if isinstance(processor, ToyProcessor):
-        return RopeBinding(kind="mrope", rope_index=toy_rope_index, implementation=options.get("impl", "fast"))
+        return RopeBinding(kind="mrope", rope_index=toy_rope_index, implementation=options.get("impl", "fast"),
+                           position_ids=POSITION_IDS.get(options.get("position_ids")))
     return None
 
 

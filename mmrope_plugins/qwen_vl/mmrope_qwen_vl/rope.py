@@ -12,7 +12,14 @@ import numpy as np
 import torch
 
 from mmrope_core import InvalidInputError, RopeBinding
-from mmrope_core.mrope import MediaGrids, MediaKind, TokenTypeMap, check_placeholders, mrope_positions
+from mmrope_core.mrope import (
+    MediaGrids,
+    MediaKind,
+    TokenTypeMap,
+    check_placeholders,
+    mrope_position_ids,
+    mrope_positions,
+)
 from mmrope_core.reference import config_only_model
 
 from .families import Family
@@ -44,8 +51,9 @@ def bind(family: Family, processor: Any, config: Any, options: Mapping[str, Any]
             "mrope", reference, token_types, "reference",
             description=f"{family.name}, transformers reference (the fast kernel disagrees with this transformers)",
         )
-    return RopeBinding("mrope", FastRopeIndex(family, config, rule, tokens), token_types, "fast",
-                       description=f"{family.name}, batched kernel ({rule} temporal rule)")
+    fast = FastRopeIndex(family, config, rule, tokens)
+    return RopeBinding("mrope", fast, token_types, "fast", description=f"{family.name}, batched kernel ({rule} temporal rule)",
+                       position_ids=fast.position_ids)
 
 
 def _resolve_config(family: Family, processor: Any, config: Any) -> Any:
@@ -121,19 +129,28 @@ class _Implementation:
 
 
 class FastRopeIndex(_Implementation):
-    """The batched kernel. Same signature and results as the reference ``get_rope_index``."""
+    """The batched kernel. Same signature and results as the reference ``get_rope_index``;
+    :meth:`position_ids` gives the engine's ``(B, 4, L)`` layout directly."""
 
     def __init__(self, family: Family, config: Any, rule: str, tokens: tuple[str, str] = _TOKENS) -> None:
         super().__init__(family, config, tokens)
         self.rule = rule
 
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
-                 mm_token_type_ids: torch.Tensor, image_grid_thw: Any = None, video_grid_thw: Any = None,
-                 second_per_grid_ts: Any = None, **ignored: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                 **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return mrope_positions(*self._kernel_arguments(attention_mask, **kwargs), spatial_merge_size=self.merge,
+                               out_dtype=input_ids.dtype)
+
+    def position_ids(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                     **kwargs: Any) -> torch.Tensor:
+        return mrope_position_ids(*self._kernel_arguments(attention_mask, **kwargs), spatial_merge_size=self.merge)
+
+    def _kernel_arguments(self, attention_mask: torch.Tensor | None, *, mm_token_type_ids: torch.Tensor,
+                          image_grid_thw: Any = None, video_grid_thw: Any = None, second_per_grid_ts: Any = None,
+                          **ignored: Any) -> tuple[Any, ...]:
         media = self.media(image_grid_thw, video_grid_thw, second_per_grid_ts, self.rule)
         mask = attention_mask.bool() if attention_mask is not None else None
-        return mrope_positions(mm_token_type_ids, mask, self.kinds, media,
-                               spatial_merge_size=self.merge, out_dtype=input_ids.dtype)
+        return mm_token_type_ids, mask, self.kinds, media
 
 
 class ReferenceRopeIndex(_Implementation):
