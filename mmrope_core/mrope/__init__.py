@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import torch
 
 from ..errors import InvalidInputError
@@ -105,7 +106,10 @@ def check_placeholders(
 def _small_int(token_types: torch.Tensor) -> torch.Tensor:
     """The token types as int8 (whose arithmetic moves an eighth of the memory int64 does),
     after checking they are 0 (text) to 127."""
-    if token_types.dtype == torch.int8:
+    if token_types.device.type == "cpu":  # numpy's reductions over bytes are several times faster
+        values = token_types.numpy()
+        low, high = values.min(), values.max() if values.dtype != np.int8 else 0
+    elif token_types.dtype == torch.int8:
         low, high = token_types.min(), 0
     else:
         low, high = torch.aminmax(token_types)
@@ -118,11 +122,17 @@ def _small_int(token_types: torch.Tensor) -> torch.Tensor:
 
 
 def _coded(token_types: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """The token types with -1 at masked tokens."""
+    """The token types with -1 at masked tokens: ``type * valid + valid - 1``."""
     if mask is None:
         return token_types
+    if mask.device.type == "cpu":  # numpy's byte arithmetic costs a fraction of torch's here
+        types, valid = token_types.numpy(), mask.numpy().view(np.int8)
+        code = types * valid
+        code += valid
+        code -= 1
+        return torch.from_numpy(code)
     valid = mask.view(torch.int8)
-    return torch.addcmul(valid - 1, token_types, valid)  # type * valid + valid - 1
+    return torch.addcmul(valid - 1, token_types, valid)
 
 
 def _compact(token_types: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+import numpy as np
 import torch
 
 
@@ -54,11 +55,21 @@ class TokenTypeMap:
         self.types = dict(types)
 
     def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if not self.types:
+            return torch.zeros(input_ids.shape, dtype=torch.int8, device=input_ids.device)
+        if input_ids.device.type == "cpu":
+            # numpy compares several times faster than torch here, each id read once per token id
+            ids = input_ids.numpy()
+            types = None
+            for token, media_type in self.types.items():
+                match = (ids == token).view(np.int8)
+                if media_type != 1:
+                    match *= media_type
+                types = match if types is None else np.add(types, match, out=types)
+            return torch.from_numpy(types)
         # In-place comparisons on an int32 copy are several times faster than comparisons that
         # produce bool, and the ids are read once. Ids that do not fit int32 are no token of any
         # vocabulary; they are read modulo 2**32.
-        if not self.types:
-            return torch.zeros(input_ids.shape, dtype=torch.int8, device=input_ids.device)
         ids = input_ids.to(torch.int32, copy=True)
         types = None
         *first, last = self.types.items()

@@ -66,13 +66,14 @@ def place(code: torch.Tensor, mask: torch.Tensor | None, runs: Runs, spans: Span
     with torch.inference_mode(False):
         out = torch.empty((batch, 4, length) if text_row else (3, batch, length), dtype=torch.int64, device=device)
     counters = out.transpose(0, 1) if text_row else out  # (rows, B, L)
-    media = code.clamp(0, 1)
-    valid = mask.view(torch.int8) if mask is not None else torch.ones((), dtype=torch.int8, device=device)
-    text = torch.sub(valid, media, out=media)
-    # the rows counting valid tokens (width, and the text row) and those counting text tokens
+    # the rows counting valid tokens (width, and the text row) and those counting valid text tokens
     counting_valid, counting_text = (counters[::3], counters[1:3]) if text_row else (counters[2:], counters[:2])
-    counting_valid.copy_(valid)
-    counting_text.copy_(text)
+    if mask is None:
+        counting_valid.fill_(1)
+    else:
+        counting_valid.copy_(mask.view(torch.int8))
+    # 0 only at valid text (the code is -1 at padding); torch's logical_not is many times faster than == 0
+    counting_text.copy_(code.logical_not().view(torch.int8))
     row_stride, sample_stride = counters.stride(0), counters.stride(1)
     flat_index = (index // length) * sample_stride + index % length + np.arange(steps.shape[0])[:, None] * row_stride
     # a run starting a sample repeats that sample's first step, with the same value
