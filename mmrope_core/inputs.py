@@ -53,7 +53,7 @@ def as_batch(
         raise InvalidInputError(f"attention_mask must be bool or integer 0/1, got dtype {mask.dtype}")
     if mask.dtype == torch.bool and not tokens_in_every_row:
         return ids, mask
-    largest, valid = _summary(mask)
+    largest = _largest_per_row(mask)
     if largest.max() > 1:
         bad = ((mask != 0) & (mask != 1)).nonzero()[0].tolist()
         raise InvalidInputError(
@@ -65,23 +65,30 @@ def as_batch(
             f"sample {int(np.flatnonzero(largest == 0)[0])} has no valid token (its attention_mask is all 0); "
             f"drop empty samples before computing positions"
         )
-    if tokens_in_every_row and valid == mask.numel():
+    if tokens_in_every_row and _every_token_valid(mask):
         return ids, None  # means what no mask means, and spares the plugin its masked work
     return ids, mask if mask.dtype == torch.bool else mask.bool()
 
 
-def _summary(mask: torch.Tensor) -> tuple[np.ndarray, int]:
-    """Each row's largest value (negative values counting as larger than any other) and the
-    number of valid tokens."""
+def _largest_per_row(mask: torch.Tensor) -> np.ndarray:
+    """Each row's largest value, negative values counting as larger than any other."""
     if mask.device.type == "cpu":
         values = mask.numpy()
         # read as unsigned, negative values are huge: one reduction checks both ends
-        return values.view(f"u{values.itemsize}").max(axis=1), int(np.count_nonzero(values))
-    valid = int(mask.count_nonzero())
+        return values.view(f"u{values.itemsize}").max(axis=1)
     if mask.dtype == torch.bool:
-        return mask.view(torch.uint8).amax(dim=1).cpu().numpy(), valid
+        return mask.view(torch.uint8).amax(dim=1).cpu().numpy()
     low, high = torch.aminmax(mask, dim=1)
-    return np.where(low.cpu().numpy() < 0, 2, high.cpu().numpy()), valid
+    return np.where(low.cpu().numpy() < 0, 2, high.cpu().numpy())
+
+
+def _every_token_valid(mask: torch.Tensor) -> bool:
+    """Padding shows at a row's first or last token in most batches, so those are read first and
+    the whole mask only when they are all valid."""
+    values = mask.numpy() if mask.device.type == "cpu" else mask
+    if not values[:, [0, -1]].all():
+        return False
+    return bool(np.count_nonzero(values) == values.size) if isinstance(values, np.ndarray) else bool(values.all())
 
 
 def _require_tensor(name: str, value: Any) -> torch.Tensor:

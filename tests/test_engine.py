@@ -93,6 +93,21 @@ def test_position_ids_of_the_wrong_shape_break_the_contract(toy_manager, toy):
         engine.compute_position_ids(torch.tensor([[7, 7]]), None, {})
 
 
+def test_a_mask_reaches_the_plugin_unless_every_token_is_valid(toy_manager, toy):
+    engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager)
+    ids = torch.full((2, 5), 7)
+    seen = []
+    engine.binding = dataclasses.replace(
+        engine.binding, rope_index=lambda ids, attention_mask=None, **kw: seen.append(attention_mask)
+        or toy.toy_rope_index(ids, attention_mask, **kw))
+    hole = torch.tensor([[1, 1, 0, 1, 1], [1, 1, 1, 1, 1]])  # every row's first and last token valid
+    for mask in (hole, hole.bool(), torch.ones(2, 5, dtype=torch.long), torch.ones(2, 5, dtype=torch.bool), None):
+        positions, _ = engine.get_rope_index(ids, mask)
+        assert torch.equal(positions, toy.toy_rope_index(ids, mask.bool() if mask is not None else None)[0])
+    assert torch.equal(seen[0], hole.bool()) and torch.equal(seen[1], hole.bool())
+    assert seen[2:] == [None, None, None]
+
+
 def test_get_rope_index_is_a_drop_in(toy_manager, toy):
     engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager)
     positions, deltas = engine.get_rope_index(torch.tensor([[7, 7, 7]]), offset=2, mm_token_type_ids="ignored")
