@@ -341,7 +341,10 @@ def _check_segment_boundaries(layout: PackedLayout, segment_types: torch.Tensor)
     """A segment must not start inside a placeholder run the previous segment began."""
     rows = np.arange(layout.segments) * segment_types.shape[1]
     edges = np.concatenate((rows, rows + layout.lengths - 1))
-    types = segment_types.reshape(-1).index_select(0, torch.from_numpy(edges).to(segment_types.device)).cpu().numpy()
+    if segment_types.device.type == "cpu":
+        types = segment_types.numpy().reshape(-1)[edges]
+    else:
+        types = segment_types.reshape(-1).index_select(0, torch.from_numpy(edges).to(segment_types.device)).cpu().numpy()
     first, last = types[: layout.segments], types[layout.segments :]
     starts = layout.starts
     adjacent = starts[1:] == starts[:-1] + layout.lengths[:-1]  # same row, nothing between them

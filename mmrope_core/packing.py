@@ -59,9 +59,8 @@ class PackedLayout:
             raise InvalidInputError(f"cu_seqlens must start at 0 and end at the row length {shape[1]}, got "
                                     f"{bounds.tolist()[:3]}...{bounds.tolist()[-2:]}; cover the whole row")
         steps = bounds[1:] - bounds[:-1]
-        bad = np.flatnonzero(steps <= 0)
-        if bad.size:
-            k = int(bad[0])
+        if (steps <= 0).any():
+            k = int(np.flatnonzero(steps <= 0)[0])
             raise InvalidInputError(f"cu_seqlens is not increasing at segment {k}: {int(bounds[k])} then "
                                     f"{int(bounds[k + 1])}; every segment needs at least one token")
         return cls(tuple(shape), steps, bounds[:-1], device)
