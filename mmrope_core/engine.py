@@ -227,7 +227,7 @@ class RopeEngine:
         inputs = ReadOnlyInputs(multi_modal_inputs)
         processor_kwargs = ReadOnlyInputs(mm_processor_kwargs)
         merged: dict[str, Any] = {}
-        givers: dict[str, str] = {}
+        givers: dict[str, Any] = {}
         for info, result in self._plugins.call_each(
             "get_rope_index_kwargs",
             processor=self.processor,
@@ -238,11 +238,11 @@ class RopeEngine:
             for key, value in result.items():
                 if key in merged and not _same(merged[key], value):
                     raise PluginConflictError(
-                        f"plugins {givers[key]} and {info.label} give different values for rope "
+                        f"plugins {givers[key].label} and {info.label} give different values for rope "
                         f"argument {key!r}; disable one of them with MMROPE_DISABLE_PLUGINS"
                     )
                 merged[key] = value
-                givers.setdefault(key, info.label)
+                givers.setdefault(key, info)
         return merged
 
     def _rope_index(

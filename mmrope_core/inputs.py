@@ -86,7 +86,7 @@ def _every_token_valid(mask: torch.Tensor) -> bool:
     """Padding shows at a row's first or last token in most batches, so those are read first and
     the whole mask only when they are all valid."""
     values = mask.numpy() if mask.device.type == "cpu" else mask
-    if not values[:, [0, -1]].all():
+    if not (values[:, 0].all() and values[:, -1].all()):
         return False
     return bool(np.count_nonzero(values) == values.size) if isinstance(values, np.ndarray) else bool(values.all())
 
