@@ -66,22 +66,14 @@ def mrope_position_ids(
 
 def _placed(token_types, attention_mask, kinds, grids, merge, *, text_row):
     token_types = _small_int(token_types)
-    # Inference mode skips autograd's bookkeeping on the few torch operations; the results are
-    # allocated outside it, so callers get ordinary tensors.
-    with torch.inference_mode():
-        code = _coded(token_types, attention_mask)
-        runs, spans = scan(code, padded=attention_mask is not None)
-        if spans is None:  # padding inside a sample
-            placed = None
-        else:
-            matched = grids_of_runs(runs, kinds, grids, merge)
-            if matched is None:
-                explain(runs, kinds, grids, merge)
-            placed = place(code, attention_mask, runs, spans, matched.grid, matched.scaled, merge, text_row=text_row)
-    if placed is None:
+    code = _coded(token_types, attention_mask)
+    runs, spans = scan(code, padded=attention_mask is not None)
+    if spans is None:  # padding inside a sample
         return _compacted(token_types, attention_mask, kinds, grids, merge, text_row)
-    positions, deltas = placed
-    return positions, deltas.clone() if deltas is not None else None
+    matched = grids_of_runs(runs, kinds, grids, merge)
+    if matched is None:
+        explain(runs, kinds, grids, merge)
+    return place(code, attention_mask, runs, spans, matched.grid, matched.scaled, merge, text_row=text_row)
 
 
 def check_placeholders(

@@ -63,8 +63,7 @@ def place(code: torch.Tensor, mask: torch.Tensor | None, runs: Runs, spans: Span
     device = code.device
     layout = RunLayout.of(runs, grid, scaled, spans, merge)
     index, steps = _steps(runs, layout, spans, length, text_row)
-    with torch.inference_mode(False):
-        out = torch.empty((batch, 4, length) if text_row else (3, batch, length), dtype=torch.int64, device=device)
+    out = torch.empty((batch, 4, length) if text_row else (3, batch, length), dtype=torch.int64, device=device)
     counters = out.transpose(0, 1) if text_row else out  # (rows, B, L)
     # the rows counting valid tokens (width, and the text row) and those counting valid text tokens
     counting_valid, counting_text = (counters[::3], counters[1:3]) if text_row else (counters[2:], counters[:2])
@@ -77,13 +76,16 @@ def place(code: torch.Tensor, mask: torch.Tensor | None, runs: Runs, spans: Span
     row_stride, sample_stride = counters.stride(0), counters.stride(1)
     flat_index = (index // length) * sample_stride + index % length + np.arange(steps.shape[0])[:, None] * row_stride
     # a run starting a sample repeats that sample's first step, with the same value
-    out.view(-1).scatter_(0, _tensor(flat_index.ravel(), device), _tensor(steps.ravel(), device))
+    if device.type == "cpu":
+        out.numpy().reshape(-1)[flat_index.ravel()] = steps.ravel()
+    else:
+        out.view(-1).scatter_(0, _tensor(flat_index.ravel(), device), _tensor(steps.ravel(), device))
     out.cumsum_(-1)
     if text_row:
         return out, None
     row_max = layout.sample_end.copy()
     np.maximum.at(row_max, runs.row, layout.largest)
-    return out, _tensor(row_max + 1 - spans.count, device).unsqueeze(1)
+    return out, _tensor((row_max + 1 - spans.count)[:, None], device)
 
 
 def _steps(runs: Runs, layout: RunLayout, spans: Spans, length: int,
