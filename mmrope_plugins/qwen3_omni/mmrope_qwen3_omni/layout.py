@@ -4,6 +4,8 @@ against the grids and audio lengths before any position is computed."""
 from __future__ import annotations
 
 import dataclasses
+
+import numpy as np
 import torch
 
 from mmrope_core import PlaceholderMismatchError
@@ -56,7 +58,7 @@ class Counters:
 
 def read_items(
     sample: int,
-    tokens: torch.Tensor,
+    tokens: np.ndarray,
     ids: Tokens,
     counters: Counters,
     *,
@@ -66,14 +68,15 @@ def read_items(
     merge: int,
     use_audio_in_video: bool,
 ) -> list[Item]:
-    """The media items of one sample's valid tokens, in order; raises a typed error naming the
-    sample when markers, placeholders, grids and audio lengths disagree."""
-    vision_starts = (tokens == ids.vision_start).nonzero().squeeze(1).tolist()
-    audio_starts = (tokens == ids.audio_start).nonzero().squeeze(1).tolist()
+    """The media items of one sample's valid tokens (on the host: numpy compares several times
+    faster than torch here), in order; raises a typed error naming the sample when markers,
+    placeholders, grids and audio lengths disagree."""
+    vision_starts = np.flatnonzero(tokens == ids.vision_start).tolist()
+    audio_starts = np.flatnonzero(tokens == ids.audio_start).tolist()
     in_video = {start + 1 for start in vision_starts}
     starts = sorted([(p, "vision") for p in vision_starts] + [(p, "audio") for p in audio_starts if p not in in_video])
     items: list[Item] = []
-    length = tokens.numel()
+    length = tokens.size
     for position, marker in starts:
         following = int(tokens[position + 1]) if position + 1 < length else None
         if marker == "audio":
@@ -169,15 +172,15 @@ def _take(counters: Counters, field: str, given, sample: int, name: str, key: st
 def _expect_run(sample, tokens, begin, n, allowed, name, index, end_marker) -> None:
     run = tokens[begin : begin + n]
     found = sum(int((run == token).sum()) for token in allowed)
-    if run.numel() < n or found != n:
+    if run.size < n or found != n:
         raise PlaceholderMismatchError(
             f"sample {sample}, {name} {index}: needs {n} placeholder tokens, found {found}. "
             f"The sequence was probably truncated inside it; truncate before the item or drop it"
         )
-    if begin + n >= tokens.numel() or int(tokens[begin + n]) != end_marker:
+    if begin + n >= tokens.size or int(tokens[begin + n]) != end_marker:
         raise PlaceholderMismatchError(
             f"sample {sample}, {name} {index}: {n} placeholder tokens are followed by token "
-            f"{int(tokens[begin + n]) if begin + n < tokens.numel() else 'end of sequence'} instead of the "
+            f"{int(tokens[begin + n]) if begin + n < tokens.size else 'end of sequence'} instead of the "
             f"end marker; the placeholder count does not match its grid or audio length"
         )
 

@@ -142,7 +142,7 @@ class _Implementation:
         counters = Counters()
         items = []
         for sample, span in enumerate(spans):
-            row = input_ids[sample][span]
+            row = input_ids[sample][span].cpu().numpy()
             items.append(read_items(sample, row, tokens, counters, image_grid_thw=image_grid_thw,
                                     video_grid_thw=video_grid_thw, audio_lengths=audio_lengths, merge=self.merge,
                                     use_audio_in_video=use_audio_in_video))
