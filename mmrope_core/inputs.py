@@ -88,7 +88,7 @@ def _every_token_valid(mask: torch.Tensor) -> bool:
     values = mask.numpy() if mask.device.type == "cpu" else mask
     if not (values[:, 0].all() and values[:, -1].all()):
         return False
-    return bool(np.count_nonzero(values) == values.size) if isinstance(values, np.ndarray) else bool(values.all())
+    return bool(values.min()) if isinstance(values, np.ndarray) else bool(values.all())
 
 
 def _require_tensor(name: str, value: Any) -> torch.Tensor:
