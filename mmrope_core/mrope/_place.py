@@ -73,8 +73,10 @@ def place(code: torch.Tensor, mask: torch.Tensor | None, runs: Runs, spans: Span
         counting_valid.copy_(mask.view(torch.int8))
     # 0 only at valid text (the code is -1 at padding); torch's logical_not is many times faster than == 0
     counting_text.copy_(code.logical_not().view(torch.int8))
-    row_stride, sample_stride = counters.stride(0), counters.stride(1)
-    flat_index = (index // length) * sample_stride + index % length + np.arange(steps.shape[0])[:, None] * row_stride
+    if text_row:  # (B, 4, L): each sample's rows follow one another
+        flat_index = index + (index // length) * (3 * length) + np.arange(4)[:, None] * length
+    else:
+        flat_index = index + np.arange(3)[:, None] * (batch * length)
     # a run starting a sample repeats that sample's first step, with the same value
     if device.type == "cpu":
         out.numpy().reshape(-1)[flat_index.ravel()] = steps.ravel()

@@ -134,7 +134,8 @@ def grids_of_runs(runs: Runs, kinds: Sequence[MediaKind], grids: Mapping[int, Me
     grid = np.concatenate([numpy(media.grid_thw) for _, media in given]).astype(np.int64)
     order = np.argsort(runs.type, kind="stable") if len(given) > 1 else None
     found = runs.length if order is None else runs.length[order]
-    if grid.min() <= 0 or (grid[:, 1:] % merge).any() or not np.array_equal(found * (merge * merge), grid.prod(axis=1)):
+    tokens = grid[:, 0] * grid[:, 1] * grid[:, 2]  # (faster than prod over three columns)
+    if grid.min() <= 0 or (grid[:, 1:] % merge).any() or (found * (merge * merge) != tokens).any():
         return None
     if order is None:
         run_grid, kind_runs = grid, [slice(None)]

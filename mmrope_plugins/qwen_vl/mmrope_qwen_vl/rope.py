@@ -204,10 +204,9 @@ def _seconds(value: Any, videos: int) -> torch.Tensor:
             f"pass one value per video"
         )
     values = seconds.detach().to("cpu", torch.float64).numpy()  # a handful: checked in numpy
-    if not np.isfinite(values).all():
-        raise InvalidInputError(f"second_per_grid_ts holds a non-finite value: {seconds.tolist()}")
-    if (values < 0).any():
-        raise InvalidInputError(f"second_per_grid_ts holds a negative value: {seconds.tolist()}")
+    if not (values >= 0).all() or not np.isfinite(values).all():  # NaN is not >= 0
+        what = "a negative" if (values < 0).any() else "a non-finite"
+        raise InvalidInputError(f"second_per_grid_ts holds {what} value: {seconds.tolist()}")
     return seconds
 
 
