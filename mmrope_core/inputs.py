@@ -73,8 +73,8 @@ def as_batch(
 def _largest_per_row(mask: torch.Tensor) -> np.ndarray:
     """Each row's largest value, negative values counting as larger than any other."""
     if mask.device.type == "cpu":
-        values = mask.numpy()
         # read as unsigned, negative values are huge: one reduction checks both ends
+        values = mask.numpy()
         return values.view(f"u{values.itemsize}").max(axis=1)
     if mask.dtype == torch.bool:
         return mask.view(torch.uint8).amax(dim=1).cpu().numpy()

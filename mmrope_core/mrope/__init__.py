@@ -7,10 +7,11 @@ current position, and the text after it continues ``max(h, w) // merge`` past th
 rule of transformers' Qwen2-VL family.
 
 No Python loop runs over tokens, samples or media. Per token there are a few whole-batch
-passes in torch: the runs are read off the places where the token type changes, and each row
-of positions is one cumsum of a counter row. What is per run or per grid line (where runs
-start, the steps the counters take there) is a few hundred numbers, worked out in numpy, whose
-small operations cost a fraction of torch's.
+passes: the runs are read off the places where the token type changes (in numpy for CPU
+tensors, whose byte comparisons are several times faster than torch's; in torch on other
+devices), and each row of positions is one torch cumsum of a counter row. What is per run or
+per grid line (where runs start, the steps the counters take there) is a few hundred numbers,
+worked out in numpy, whose small operations cost a fraction of torch's.
 """
 
 from __future__ import annotations

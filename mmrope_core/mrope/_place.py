@@ -1,8 +1,8 @@
-"""Positions from matched runs: three counter rows, the steps they take where positions do not
-simply count on, and one cumsum.
+"""Positions from matched runs: three counter rows (four with the text row), the steps they take
+where positions do not simply count on, and one cumsum.
 
-Whole-batch work is done in torch on the device of the batch; the steps (a few per run and one
-per grid line) are worked out in numpy.
+The counters and the cumsum are torch operations on the device of the batch; the steps (a few
+per run and one per grid line) are worked out in numpy, and on the CPU written in numpy too.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Finding the media runs of a batch and the grid each run takes.
 
-The search over tokens is done in torch; what it finds (a few numbers per run) is handed on as
-numpy arrays, on the CPU whatever the device of the batch.
+The search over tokens is done in numpy for CPU tensors and in torch on other devices; what it
+finds (a few numbers per run) is handed on as numpy arrays, on the CPU whatever the device of
+the batch.
 """
 
 from __future__ import annotations
