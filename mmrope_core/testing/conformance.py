@@ -222,7 +222,6 @@ class _Checker:
         except Exception as exc:
             self.fail(hook, "the engine pickles", f"{type(exc).__name__}: {exc}")
 
-
     def check_position_ids(self, engine: RopeEngine, batches) -> None:
         rule = "position_ids equal the text row over rope_index's positions"
         composed = RopeEngine(engine.processor, engine.config, dataclasses.replace(engine.binding, position_ids=None),
