@@ -170,7 +170,9 @@ class RopeEngine:
         if layout is None:
             text_positions(mask, out=out[:, 0])
         else:
-            out[:, 0] = layout.offsets().masked_fill_(layout.valid().logical_not(), 1)
+            out[:, 0] = layout.offsets()
+            if layout.tokens is not None:  # tokens outside every segment hold 1 in the text row
+                out[:, 0].masked_fill_(layout.valid().logical_not(), 1)
         out[:, 1:] = positions.transpose(0, 1)
         return out
 

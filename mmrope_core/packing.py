@@ -133,4 +133,7 @@ class PackedLayout:
 
     def offsets(self) -> torch.Tensor:
         """Each token's position within its segment, ``(B, L)`` (0 outside segments)."""
-        return self.pack((torch.arange(self.longest, device=self.device) * self.unpacked_mask()).long())
+        counting = torch.arange(self.longest, device=self.device)
+        if self.uniform:
+            return self.pack(counting.expand(self.segments, self.longest))
+        return self.pack(counting * self.unpacked_mask())
