@@ -1,5 +1,6 @@
 """Packed rows: one (1, 65536) row of 16 samples with images and videos, one packed engine call
-vs the transformers reference called once per segment. Prints the ratio measured in this run.
+vs the transformers reference called once per segment, for ``get_rope_index`` and for
+``compute_position_ids`` (what trainers call). Prints the ratios measured in this run.
 
     python benchmarks/packing.py [--repeat 5]
 """
@@ -49,7 +50,7 @@ def main() -> None:
     seconds = torch.full((videos.shape[0],), 0.5)
     packed_kwargs = {"image_grid_thw": images, "video_grid_thw": videos, "second_per_grid_ts": seconds}
 
-    def per_segment():
+    def per_segment(call):
         video_index = 0
         for row, sample_images, sample_videos in samples:
             kwargs = {"image_grid_thw": torch.tensor(sample_images)}
@@ -57,17 +58,23 @@ def main() -> None:
                 kwargs["video_grid_thw"] = torch.tensor(sample_videos)
                 kwargs["second_per_grid_ts"] = seconds[video_index : video_index + len(sample_videos)]
                 video_index += len(sample_videos)
-            reference.get_rope_index(row.unsqueeze(0), **kwargs)
+            call(row.unsqueeze(0), kwargs)
 
     positions, _ = fast.get_rope_index(ids, cu_seqlens=cu_seqlens, **packed_kwargs)
     assert torch.equal(positions, reference.get_rope_index(ids, cu_seqlens=cu_seqlens, **packed_kwargs)[0])
-    t = timed({"reference": per_segment,
-               "fast": lambda: fast.get_rope_index(ids, cu_seqlens=cu_seqlens, **packed_kwargs)}, args.repeat)
-    t_ref, t_fast = t["reference"], t["fast"]
+    t = timed({
+        "reference get_rope_index": lambda: per_segment(lambda row, kwargs: reference.get_rope_index(row, **kwargs)),
+        "fast get_rope_index": lambda: fast.get_rope_index(ids, cu_seqlens=cu_seqlens, **packed_kwargs),
+        "reference compute_position_ids": lambda: per_segment(
+            lambda row, kwargs: reference.compute_position_ids(row, None, kwargs)),
+        "fast compute_position_ids": lambda: fast.compute_position_ids(ids, None, packed_kwargs, cu_seqlens=cu_seqlens),
+    }, args.repeat)
     print(f"{environment()}\n")
-    print(f"{'case':<58}{'reference':>12}{'fast':>12}{'ref/fast':>10}")
-    print(f"{'Qwen2.5-VL packed 1 x 65536, 16 samples, images + videos':<58}"
-          f"{t_ref * 1e3:>10.1f}ms{t_fast * 1e3:>10.2f}ms{t_ref / t_fast:>9.1f}x")
+    print("Qwen2.5-VL packed 1 x 65536, 16 samples, images + videos: the reference called per segment")
+    print(f"{'call':<24}{'reference':>12}{'fast':>12}{'ref/fast':>10}")
+    for call in ("get_rope_index", "compute_position_ids"):
+        t_ref, t_fast = t[f"reference {call}"], t[f"fast {call}"]
+        print(f"{call:<24}{t_ref * 1e3:>10.1f}ms{t_fast * 1e3:>10.2f}ms{t_ref / t_fast:>9.1f}x")
 
 
 if __name__ == "__main__":
