@@ -32,6 +32,7 @@ from .types import STRICT, RopeBinding, ValidationPolicy
 
 _TEXT_ONLY = RopeBinding(kind="1d", implementation="mask", description="no processor: 1-D positions")
 _NO_OPTIONS: Mapping[str, Any] = types.MappingProxyType({})
+_NO_INPUTS = ReadOnlyInputs(None)  # empty, so it never holds a copy of anything
 
 
 class RopeEngine:
@@ -227,7 +228,7 @@ class RopeEngine:
     ) -> dict[str, Any]:
         """The keyword arguments the plugins derive from one batch's inputs, merged."""
         inputs = ReadOnlyInputs(multi_modal_inputs)
-        processor_kwargs = ReadOnlyInputs(mm_processor_kwargs)
+        processor_kwargs = _NO_INPUTS if mm_processor_kwargs is None else ReadOnlyInputs(mm_processor_kwargs)
         merged: dict[str, Any] = {}
         givers: dict[str, Any] = {}
         for info, result in self._plugins.call_each(

@@ -80,6 +80,8 @@ class PluginManager:
         self._shadowed: list[PluginInfo] = []
         self._lock = threading.RLock()
         self._loaded = not load_entry_points
+        # per hook: (plugin, function, argument names) in call order; cleared when plugins change
+        self._callers: dict[str, tuple[tuple[PluginInfo, Any, tuple[str, ...]], ...]] = {}
 
     # -- loading -----------------------------------------------------------------------------
 
@@ -94,6 +96,7 @@ class PluginManager:
             strict = _env_flag(self._env, "MMROPE_STRICT_PLUGINS")
             for entry_point in importlib_metadata.entry_points(group=ENTRY_POINT_GROUP):
                 self._load_one(entry_point, allow, block, strict)
+            self._callers.clear()
 
     def _load_one(self, entry_point: Any, allow: frozenset[str] | None, block: frozenset[str], strict: bool) -> None:
         name = entry_point.name
@@ -157,11 +160,13 @@ class PluginManager:
                 raise PluginLoadError(f"a plugin named {name!r} is already registered: {self._infos[name].label}")
             self._register_checked(plugin, name)
             self._infos[name] = self._describe(plugin, name, None, None)
+            self._callers.clear()
 
     def unregister(self, name: str) -> None:
         with self._lock:
             self._pm.unregister(name=name)
             self._infos.pop(name, None)
+            self._callers.clear()
 
     @contextlib.contextmanager
     def registered(self, plugin: Any, name: str) -> Iterator[None]:
@@ -195,12 +200,12 @@ class PluginManager:
         distribution and the hook; an :class:`MmropeError` a plugin raises on purpose passes
         through unchanged.
         """
-        self.load()
-        hook = getattr(self._pm.hook, hook_name)
-        for impl in reversed(hook.get_hookimpls()):
-            info = self._infos.get(impl.plugin_name) or PluginInfo(impl.plugin_name, None, None, "active")
+        callers = self._callers.get(hook_name)
+        if callers is None:
+            callers = self._cache_callers(hook_name)
+        for info, function, argnames in callers:
             try:
-                result = impl.function(*[kwargs[arg] for arg in impl.argnames])
+                result = function(*[kwargs[arg] for arg in argnames])
             except MmropeError:
                 raise
             except Exception as exc:
@@ -210,6 +215,16 @@ class PluginManager:
                 ) from exc
             if result is not None:
                 yield info, result
+
+    def _cache_callers(self, hook_name: str) -> tuple[tuple[PluginInfo, Any, tuple[str, ...]], ...]:
+        with self._lock:  # registering takes the lock too, so what is cached is never stale
+            self.load()
+            callers = self._callers[hook_name] = tuple(
+                (self._infos.get(impl.plugin_name) or PluginInfo(impl.plugin_name, None, None, "active"),
+                 impl.function, tuple(impl.argnames))
+                for impl in reversed(getattr(self._pm.hook, hook_name).get_hookimpls())
+            )
+            return callers
 
 
 _default_manager: PluginManager | None = None

@@ -103,6 +103,23 @@ def test_in_process_registration_always_unregisters(toy_manager):
     assert "notebook" not in by_name(toy_manager)
 
 
+def test_hooks_called_before_a_registration_see_it_after(toy_manager):
+    from mmrope_core import hookimpl
+
+    class Plugin:
+        @hookimpl
+        def varlen_keys(self, processor):
+            return ["extra"]
+
+    def answering():
+        return sorted(info.name for info, _ in toy_manager.call_each("varlen_keys", processor=object()))
+
+    before = answering()
+    with toy_manager.registered(Plugin(), "notebook"):
+        assert answering() == sorted([*before, "notebook"])
+    assert answering() == before
+
+
 def test_registering_a_name_twice_is_refused(toy_manager):
     with pytest.raises(PluginLoadError, match="already registered: toy \\(mmrope-test-plugins 1.0\\)"):
         toy_manager.register(object(), "toy")
