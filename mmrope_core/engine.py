@@ -26,6 +26,7 @@ from .errors import (
 )
 from .inputs import ReadOnlyInputs, as_batch
 from .manager import PluginManager, get_plugin_manager
+from .mrope._runs import values_at
 from .packing import PackedLayout
 from .positions import one_d_positions, text_positions
 from .types import STRICT, RopeBinding, ValidationPolicy
@@ -344,10 +345,7 @@ def _check_segment_boundaries(layout: PackedLayout, segment_types: torch.Tensor)
     """A segment must not start inside a placeholder run the previous segment began."""
     rows = np.arange(layout.segments) * segment_types.shape[1]
     edges = np.concatenate((rows, rows + layout.lengths - 1))
-    if segment_types.device.type == "cpu":
-        types = segment_types.numpy().reshape(-1)[edges]
-    else:
-        types = segment_types.reshape(-1).index_select(0, torch.from_numpy(edges).to(segment_types.device)).cpu().numpy()
+    types = values_at(segment_types.reshape(-1), edges)
     first, last = types[: layout.segments], types[layout.segments :]
     starts = layout.starts
     adjacent = starts[1:] == starts[:-1] + layout.lengths[:-1]  # same row, nothing between them

@@ -116,30 +116,30 @@ def _steps(runs: Runs, layout: RunLayout, spans: Spans, length: int,
     ending[:] = layout.sample_end
     ended = after - 1 == layout.last
     ending[:, runs.row[ended]] = layout.end[:, ended]
-    tail = spans.last + 1
-    tail_applies = (tail % length != 0) & (spans.count > 0)
-    line_index, line_step = _line_steps(runs, layout)
     started = spans.count > 0
+    leading = int(started.sum())
+    tail = spans.last + 1
+    tail_applies = (tail % length != 0) & started
+    line_index, line_step = _line_steps(runs, layout)
     index = np.concatenate((spans.first[started], runs.start, line_index, after[after_applies], tail[tail_applies]))
     steps = np.concatenate((
-        np.zeros((3, int(started.sum())), dtype=np.int64),
+        np.zeros((3, leading), dtype=np.int64),
         start_step,
         line_step,
         after_step[:, after_applies],
         -ending[:, tail_applies],
     ), axis=1)
     if text_row:
-        return _text_row(index, steps, runs, layout, spans, length, started, tail_applies)
+        return _text_row(index, steps, runs, layout, spans, length, started, leading, tail_applies)
     return index, steps
 
 
-def _text_row(index, steps, runs, layout, spans, length, started, tail_applies) -> tuple[np.ndarray, np.ndarray]:
+def _text_row(index, steps, runs, layout, spans, length, started, leading, tail_applies) -> tuple[np.ndarray, np.ndarray]:
     """The steps with the text row's added on top: 0, 1, ... over a sample's valid tokens and 1
     at padding. Its counter is 1 at every valid token; it steps otherwise into a sample's first
     token (to 0: by 0 at a row's start, by -1 from padding), after the sample's last (back to 1)
     and at the start of a row that begins with padding (to 1, where the other rows step by 0)."""
     into_first = -(spans.first % length != 0).astype(np.int64)
-    leading = int(started.sum())
     text = np.ones(index.size, dtype=np.int64)
     text[:leading] = into_first[started]
     starting = np.flatnonzero(runs.start == layout.first)  # a run that starts a sample

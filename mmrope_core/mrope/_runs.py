@@ -65,7 +65,7 @@ def scan(code: torch.Tensor, padded: bool = True) -> tuple[Runs, Spans | None]:
     row_start = np.arange(0, batch * length, length)
     # the values on both sides of each change, and in the first and last column of each row
     read = np.concatenate((change, change + 1, row_start, row_start + (length - 1)))
-    values = _read(flat, read).astype(np.int64)
+    values = values_at(flat, read).astype(np.int64)
     changes = change.size
     before, after = values[:changes], values[changes : 2 * changes]
     first_column, last_column = values[2 * changes : 2 * changes + batch], values[2 * changes + batch :]
@@ -90,7 +90,8 @@ def _changes(flat: torch.Tensor) -> np.ndarray:
     return numpy(torch.nonzero(flat[1:] != flat[:-1]).squeeze(1))
 
 
-def _read(flat: torch.Tensor, indices: np.ndarray) -> np.ndarray:
+def values_at(flat: torch.Tensor, indices: np.ndarray) -> np.ndarray:
+    """``flat[indices]`` as a numpy array on the CPU, whatever the device of ``flat``."""
     if flat.device.type == "cpu":
         return flat.numpy()[indices]
     return numpy(flat.index_select(0, torch.from_numpy(indices).to(flat.device)))
