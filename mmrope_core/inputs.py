@@ -53,21 +53,36 @@ def as_batch(
         raise InvalidInputError(f"attention_mask must be bool or integer 0/1, got dtype {mask.dtype}")
     if mask.dtype == torch.bool and not tokens_in_every_row:
         return ids, mask
+    if tokens_in_every_row and _all_ones(mask):
+        return ids, None  # means what no mask means, and spares the plugin its masked work
     largest = _largest_per_row(mask)
+    if not (largest == 1).all():  # one test for the usual case; which rule broke is worked out below
+        _refuse_mask_values(mask, largest, tokens_in_every_row)
+    return ids, mask if mask.dtype == torch.bool else mask.bool()
+
+
+def _refuse_mask_values(mask: torch.Tensor, largest: np.ndarray, tokens_in_every_row: bool) -> None:
+    """Raise for a value other than 0 and 1, or, where each row needs a token, for an empty row."""
     if largest.max() > 1:
         bad = ((mask != 0) & (mask != 1)).nonzero()[0].tolist()
         raise InvalidInputError(
             f"attention_mask must hold only 0 and 1; sample {bad[0]}, position {bad[1]} holds "
             f"{int(mask[bad[0], bad[1]])}. For packed rows use segment ids or cu_seqlens, not mask values"
         )
-    if tokens_in_every_row and not largest.all():
+    if tokens_in_every_row:
         raise InvalidInputError(
             f"sample {int(np.flatnonzero(largest == 0)[0])} has no valid token (its attention_mask is all 0); "
             f"drop empty samples before computing positions"
         )
-    if tokens_in_every_row and _every_token_valid(mask):
-        return ids, None  # means what no mask means, and spares the plugin its masked work
-    return ids, mask if mask.dtype == torch.bool else mask.bool()
+
+
+def _all_ones(mask: torch.Tensor) -> bool:
+    """Every token valid, every value exactly 1: one pass over the mask. Padding shows at a
+    row's first or last token in most batches, so those are read first."""
+    values = mask.numpy() if mask.device.type == "cpu" else mask
+    if not values[:, :: max(values.shape[1] - 1, 1)].all():  # the first and last columns
+        return False
+    return bool(values.all() if mask.dtype == torch.bool else (values == 1).all())
 
 
 def _largest_per_row(mask: torch.Tensor) -> np.ndarray:
@@ -80,15 +95,6 @@ def _largest_per_row(mask: torch.Tensor) -> np.ndarray:
         return mask.view(torch.uint8).amax(dim=1).cpu().numpy()
     low, high = torch.aminmax(mask, dim=1)
     return np.where(low.cpu().numpy() < 0, 2, high.cpu().numpy())
-
-
-def _every_token_valid(mask: torch.Tensor) -> bool:
-    """Padding shows at a row's first or last token in most batches, so those are read first and
-    the whole mask only when they are all valid."""
-    values = mask.numpy() if mask.device.type == "cpu" else mask
-    if not (values[:, 0].all() and values[:, -1].all()):
-        return False
-    return bool(values.min()) if isinstance(values, np.ndarray) else bool(values.all())
 
 
 def _require_tensor(name: str, value: Any) -> torch.Tensor:

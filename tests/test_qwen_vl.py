@@ -194,6 +194,27 @@ def test_positions_are_ordinary_tensors_the_caller_may_change(manager):
     fast.compute_position_ids(ids, mask, inputs).add_(1)
 
 
+@pytest.mark.differential
+def test_glm_token_types_are_the_processors_own(manager):
+    """GLM's image token is a video token inside video markers: the engine's token types equal
+    what the processor's create_mm_token_type_ids gives, unbalanced markers and rows without
+    video included."""
+    processor, _ = built("GLM-4V", "glm4v")
+    fast, _ = engines(manager, "GLM-4V", "glm4v")
+    image, start, end = processor.image_token_id, processor.video_start_id, processor.video_end_id
+    text = [i for i in range(40) if i not in (image, start, end)]
+    rng = random.Random("glm token types")
+    for index in range(60):
+        rows, length = rng.randint(1, 4), rng.randint(1, 300)
+        markers = index % 3 != 0  # one batch in three has no video marker
+        weights = [8, 1, 1, 6] if markers else [8, 0, 0, 6]
+        ids = torch.tensor([[rng.choices([image, start, end, rng.choice(text)], weights)[0] for _ in range(length)]
+                            for _ in range(rows)])
+        want = torch.tensor(processor.create_mm_token_type_ids(ids.tolist()))
+        got = fast.binding.token_types(ids)
+        assert got.dtype == torch.int8 and torch.equal(got.long(), want.long()), f"batch {index}"
+
+
 def test_generated_batches_cover_what_the_tests_claim(manager):
     processor, _ = built("Qwen2.5-VL", "qwen2_5_vl")
     rng = random.Random("coverage")
@@ -347,6 +368,7 @@ def test_grids_as_lists_are_refused_with_a_fix(qwen2_engine):
     [
         (torch.tensor([0.5, 1.0]), "2 values for 1 videos"),
         (torch.tensor([float("nan")]), "non-finite"),
+        (torch.tensor([float("inf")]), "non-finite"),
         (torch.tensor([-1.0]), "negative"),
     ],
 )
