@@ -47,7 +47,7 @@ def mrope_positions(
     grids disagree in number or size.
     """
     positions, deltas = _placed(token_types, attention_mask, kinds, grids, spatial_merge_size, text_row=False)
-    return positions.to(out_dtype), deltas
+    return (positions if positions.dtype == out_dtype else positions.to(out_dtype)), deltas
 
 
 def mrope_position_ids(
@@ -111,7 +111,7 @@ def _small_int(token_types: torch.Tensor) -> torch.Tensor:
             f"mm_token_type_ids must hold 0 for text and 1 to 127 for media types, found "
             f"{int(low) if int(low) < 0 else int(high)}; build them with the plugin's token types"
         )
-    return token_types.to(torch.int8).contiguous()
+    return (token_types if token_types.dtype == torch.int8 else token_types.to(torch.int8)).contiguous()
 
 
 def _coded(token_types: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

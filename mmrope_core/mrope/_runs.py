@@ -8,7 +8,6 @@ the batch.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -60,7 +59,7 @@ def scan(code: torch.Tensor, padded: bool = True) -> tuple[Runs, Spans | None]:
     not form one span (padding inside a sample). Without padding (``padded`` False) every
     sample's span is its row."""
     batch, length = code.shape
-    flat = code.view(-1)
+    flat = code.numpy().reshape(-1) if code.device.type == "cpu" else code.reshape(-1)
     change = _changes(flat)
     row_start = np.arange(0, batch * length, length)
     # the values on both sides of each change, and in the first and last column of each row
@@ -71,40 +70,41 @@ def scan(code: torch.Tensor, padded: bool = True) -> tuple[Runs, Spans | None]:
     first_column, last_column = values[2 * changes : 2 * changes + batch], values[2 * changes + batch :]
     opens = after > 0
     starts, types, ends = change[opens] + 1, after[opens], change[before > 0]
-    if (first_column > 0).any() or (last_column > 0).any():
+    if values[2 * changes :].max() > 0:
         # Media at a row's edge: a run must end with its row, even where the next row begins
         # with the same placeholder, and the batch's first and last tokens have no neighbour.
         starts, types, ends = _split_at_rows(starts, types, ends, first_column, last_column, row_start, length)
-    runs = Runs(start=starts, length=ends - starts + 1, type=types, row=starts // length)
+    runs = Runs(start=starts, length=ends + 1 - starts, type=types, row=starts // length)
     if not padded:
         return runs, Spans(np.full(batch, length), row_start, row_start + (length - 1))
     return runs, _spans(change, before, after, first_column, last_column, row_start, length)
 
 
-def _changes(flat: torch.Tensor) -> np.ndarray:
+def _changes(flat: np.ndarray | torch.Tensor) -> np.ndarray:
     """The indices p where ``flat[p] != flat[p + 1]``, which are few."""
-    if flat.device.type == "cpu":
-        # numpy's byte comparison and nonzero are several times faster than torch's here
-        values = flat.numpy()
-        return np.flatnonzero(values[1:] != values[:-1])
+    if isinstance(flat, np.ndarray):  # numpy's byte comparison and nonzero are several times faster than torch's
+        return np.flatnonzero(flat[1:] != flat[:-1])
     return numpy(torch.nonzero(flat[1:] != flat[:-1]).squeeze(1))
 
 
-def values_at(flat: torch.Tensor, indices: np.ndarray) -> np.ndarray:
+def values_at(flat: np.ndarray | torch.Tensor, indices: np.ndarray) -> np.ndarray:
     """``flat[indices]`` as a numpy array on the CPU, whatever the device of ``flat``."""
-    if flat.device.type == "cpu":
-        return flat.numpy()[indices]
-    return numpy(flat.index_select(0, torch.from_numpy(indices).to(flat.device)))
+    if isinstance(flat, torch.Tensor):
+        if flat.device.type != "cpu":
+            return numpy(flat.index_select(0, torch.from_numpy(indices).to(flat.device)))
+        flat = flat.numpy()
+    return flat[indices]
 
 
 def _spans(change, before, after, first_column, last_column, row_start, length) -> Spans | None:
     inside = change % length != length - 1  # changes between rows are read from the edges
     firsts = np.concatenate((change[inside & (before == -1)] + 1, row_start[first_column != -1]))
     lasts = np.concatenate((change[inside & (after == -1)], row_start[last_column != -1] + (length - 1)))
-    if firsts.size and np.bincount(firsts // length).max() > 1:
+    first_row = firsts // length
+    if firsts.size and np.bincount(first_row).max() > 1:
         return None
     first = row_start.copy()
-    first[firsts // length] = firsts
+    first[first_row] = firsts
     last = first - 1
     last[lasts // length] = lasts
     return Spans(last - first + 1, first, last)
@@ -122,36 +122,41 @@ def _split_at_rows(starts, types, ends, first_column, last_column, row_start, le
 def grids_of_runs(runs: Runs, kinds: Sequence[MediaKind], grids: Mapping[int, MediaGrids | None], merge: int) -> Matched | None:
     """The runs of each kind take that kind's grids in order. None when they do not fit (in
     number or size, or a grid is malformed); :func:`~._mismatch.match` says how."""
-    kinds = sorted(kinds, key=lambda kind: kind.type_id)
-    given = [(kind, grids.get(kind.type_id)) for kind in kinds]
-    given = [(kind, media) for kind, media in given if media is not None and media.grid_thw.shape[0]]
-    counts = np.bincount(runs.type, minlength=kinds[-1].type_id + 1).tolist()
-    expected = [0] * (kinds[-1].type_id + 1)
-    for kind, media in given:
-        expected[kind.type_id] = media.grid_thw.shape[0]
-    if counts != expected or not all(media.grid_thw.dim() == 2 and media.grid_thw.shape[1] == 3 for _, media in given):
+    counts = np.bincount(runs.type).tolist()
+    given = []  # (grid_thw, temporal_scale) of each kind with grids, by type id
+    for kind in sorted(kinds, key=_type_id):
+        media = grids.get(kind.type_id)
+        grid_thw = None if media is None else media.grid_thw
+        number = 0 if grid_thw is None else grid_thw.shape[0]
+        if (counts[kind.type_id] if kind.type_id < len(counts) else 0) != number:
+            return None
+        if number:
+            if grid_thw.dim() != 2 or grid_thw.shape[1] != 3:
+                return None
+            given.append((numpy(grid_thw), media.temporal_scale))
+    if runs.count != sum(grid.shape[0] for grid, _ in given):  # runs of a type no kind places
         return None
     if not given:
         return Matched(np.zeros((0, 3), dtype=np.int64), [])
-    grid = np.concatenate([numpy(media.grid_thw) for _, media in given]).astype(np.int64)
-    order = np.argsort(runs.type, kind="stable") if len(given) > 1 else None
-    found = runs.length if order is None else runs.length[order]
+    grid = (np.concatenate([grid for grid, _ in given]) if len(given) > 1 else given[0][0]).astype(np.int64)
     tokens = grid[:, 0] * grid[:, 1] * grid[:, 2]  # (faster than prod over three columns)
-    if grid.min() <= 0 or (grid[:, 1:] % merge).any() or (found * (merge * merge) != tokens).any():
-        return None
-    if order is None:
-        run_grid, kind_runs = grid, [slice(None)]
-    else:
+    if len(given) == 1:
+        run_grid, found, kind_runs = grid, runs.length, [slice(None)]
+    else:  # grids are listed kind by kind; runs come in reading order
+        order = np.argsort(runs.type, kind="stable")
+        found = runs.length[order]
         run_grid = np.empty_like(grid)
         run_grid[order] = grid
-        bounds = list(itertools.accumulate((media.grid_thw.shape[0] for _, media in given), initial=0))
+        bounds = np.cumsum([0] + [grid.shape[0] for grid, _ in given]).tolist()
         kind_runs = [order[begin:end] for begin, end in zip(bounds[:-1], bounds[1:])]
-    scaled = [
-        (runs_of_kind, _host_scale(media.temporal_scale))
-        for runs_of_kind, (_, media) in zip(kind_runs, given)
-        if media.temporal_scale is not None
-    ]
+    if grid.min() <= 0 or (grid[:, 1:] % merge).any() or (found * (merge * merge) != tokens).any():
+        return None
+    scaled = [(runs_of_kind, _host_scale(scale)) for runs_of_kind, (_, scale) in zip(kind_runs, given) if scale is not None]
     return Matched(run_grid, scaled)
+
+
+def _type_id(kind: MediaKind) -> int:
+    return kind.type_id
 
 
 def _host_scale(scale: torch.Tensor) -> np.ndarray | torch.Tensor:
