@@ -1,6 +1,8 @@
 """Packed rows: one (1, 65536) row of 16 samples with images and videos, one packed engine call
 vs the transformers reference called once per segment, for ``get_rope_index`` and for
-``compute_position_ids`` (what trainers call). Prints the ratios measured in this run.
+``compute_position_ids`` (what trainers call); samples of one length (4096 tokens each) and of
+lengths between 2500 and 5700 tokens, as packing makes them. Prints the ratios measured in this
+run.
 
     python benchmarks/packing.py [--repeat 5]
 """
@@ -41,10 +43,23 @@ def main() -> None:
     processor, config = build("Qwen2.5-VL")
     fast = engine(processor, config, "qwen_vl")
     reference = engine(processor, config, "qwen_vl", impl="reference")
+    print(f"{environment()}\n")
+    print("Qwen2.5-VL packed 1 x 65536, 16 samples, images + videos: the reference called per segment")
+    print(f"{'segments':<18}{'call':<24}{'reference':>12}{'fast':>12}{'ref/fast':>10}")
     rng = random.Random(0)
-    samples = [sample(processor, rng, 4096) for _ in range(16)]
+    varied = [rng.randint(2500, 5700) for _ in range(15)]
+    for name, lengths in (("16 x 4096", [4096] * 16), ("2500 to 5700", [*varied, 65536 - sum(varied)])):
+        t = compare(processor, fast, reference, lengths, random.Random(0), args.repeat)
+        for call in ("get_rope_index", "compute_position_ids"):
+            t_ref, t_fast = t[f"reference {call}"], t[f"fast {call}"]
+            print(f"{name:<18}{call:<24}{t_ref * 1e3:>10.1f}ms{t_fast * 1e3:>10.2f}ms{t_ref / t_fast:>9.1f}x")
+
+
+def compare(processor, fast, reference, lengths, rng, repeat) -> dict[str, float]:
+    """Seconds per call: one packed engine call against the reference called per segment."""
+    samples = [sample(processor, rng, length) for length in lengths]
     ids = torch.cat([s[0] for s in samples]).unsqueeze(0)
-    cu_seqlens = torch.arange(17) * 4096
+    cu_seqlens = torch.tensor([0, *lengths]).cumsum(0)
     images = torch.tensor([g for s in samples for g in s[1]])
     videos = torch.tensor([g for s in samples for g in s[2]])
     seconds = torch.full((videos.shape[0],), 0.5)
@@ -62,19 +77,13 @@ def main() -> None:
 
     positions, _ = fast.get_rope_index(ids, cu_seqlens=cu_seqlens, **packed_kwargs)
     assert torch.equal(positions, reference.get_rope_index(ids, cu_seqlens=cu_seqlens, **packed_kwargs)[0])
-    t = timed({
+    return timed({
         "reference get_rope_index": lambda: per_segment(lambda row, kwargs: reference.get_rope_index(row, **kwargs)),
         "fast get_rope_index": lambda: fast.get_rope_index(ids, cu_seqlens=cu_seqlens, **packed_kwargs),
         "reference compute_position_ids": lambda: per_segment(
             lambda row, kwargs: reference.compute_position_ids(row, None, kwargs)),
         "fast compute_position_ids": lambda: fast.compute_position_ids(ids, None, packed_kwargs, cu_seqlens=cu_seqlens),
-    }, args.repeat)
-    print(f"{environment()}\n")
-    print("Qwen2.5-VL packed 1 x 65536, 16 samples, images + videos: the reference called per segment")
-    print(f"{'call':<24}{'reference':>12}{'fast':>12}{'ref/fast':>10}")
-    for call in ("get_rope_index", "compute_position_ids"):
-        t_ref, t_fast = t[f"reference {call}"], t[f"fast {call}"]
-        print(f"{call:<24}{t_ref * 1e3:>10.1f}ms{t_fast * 1e3:>10.2f}ms{t_ref / t_fast:>9.1f}x")
+    }, repeat)
 
 
 if __name__ == "__main__":

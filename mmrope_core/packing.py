@@ -105,6 +105,14 @@ class PackedLayout:
         lengths = torch.from_numpy(self.lengths).to(self.device)
         return torch.arange(self.longest, device=self.device) < lengths[:, None]
 
+    @functools.cached_property
+    def _slots(self) -> np.ndarray:
+        """The slot of the unpacked batch, flat (``k * longest + column``), that each token of the
+        segments takes, in packed order; unpacking and packing back read these once."""
+        lengths = self.lengths
+        first_token = np.cumsum(lengths) - lengths
+        return np.repeat(np.arange(lengths.size) * self.longest - first_token, lengths) + np.arange(int(lengths.sum()))
+
     def unpack(self, values: torch.Tensor, fill: int = 0) -> torch.Tensor:
         """``(B, L)`` values of the packed batch as a ``(K, longest)`` batch of segments."""
         source = values.reshape(-1)
@@ -112,28 +120,38 @@ class PackedLayout:
             source = source.index_select(0, self.tokens)
         if self.uniform:
             return source.view(self.segments, self.longest)
-        out = torch.full((self.segments, self.longest), fill, dtype=values.dtype, device=values.device)
-        return out.masked_scatter_(self.unpacked_mask(), source)
+        out = torch.full((self.segments * self.longest,), fill, dtype=values.dtype, device=values.device)
+        slots = torch.from_numpy(self._slots).to(values.device)
+        return out.index_copy_(0, slots, source).view(self.segments, self.longest)
 
     def pack(self, values: torch.Tensor, fill: float = 0) -> torch.Tensor:
         """``(..., K, longest)`` per-segment values back into the packed ``(..., B, L)`` layout."""
-        lead = values.shape[:-2]
-        if self.uniform:
-            flat = values.reshape(*lead, -1)
-        else:
-            flat = values[..., self.unpacked_mask()]
-        if self.tokens is None:
-            return flat.view(*lead, *self.shape)
-        out = torch.full((*lead, self.shape[0] * self.shape[1]), fill, dtype=values.dtype, device=values.device)
-        return out.index_copy_(-1, self.tokens, flat).view(*lead, *self.shape)
+        flat = values.reshape(*values.shape[:-2], -1)
+        if not self.uniform:
+            flat = _take(flat, self._slots)
+        return self._place(flat, fill)
 
     def valid(self) -> torch.Tensor:
         """``(B, L)`` bool: the tokens that belong to a segment."""
-        return self.pack(self.unpacked_mask())
+        return self._place(torch.ones(int(self.lengths.sum()), dtype=torch.bool, device=self.device), False)
 
     def offsets(self) -> torch.Tensor:
         """Each token's position within its segment, ``(B, L)`` (0 outside segments)."""
-        counting = torch.arange(self.longest, device=self.device)
         if self.uniform:
-            return self.pack(counting.expand(self.segments, self.longest))
-        return self.pack(counting * self.unpacked_mask())
+            return self.pack(torch.arange(self.longest, device=self.device).expand(self.segments, self.longest))
+        return self._place(torch.from_numpy(self._slots % self.longest).to(self.device), 0)
+
+    def _place(self, flat: torch.Tensor, fill: float) -> torch.Tensor:
+        """``(..., N)`` values of the segments' tokens, in packed order, as ``(..., B, L)``."""
+        lead = flat.shape[:-1]
+        if self.tokens is None:
+            return flat.view(*lead, *self.shape)
+        out = torch.full((*lead, self.shape[0] * self.shape[1]), fill, dtype=flat.dtype, device=flat.device)
+        return out.index_copy_(-1, self.tokens, flat).view(*lead, *self.shape)
+
+
+def _take(values: torch.Tensor, indices: np.ndarray) -> torch.Tensor:
+    """``values[..., indices]``; on the CPU in numpy, whose gather is several times faster here."""
+    if values.device.type == "cpu":
+        return torch.from_numpy(np.take(values.numpy(), indices, axis=-1))
+    return values.index_select(-1, torch.from_numpy(indices).to(values.device))
