@@ -210,13 +210,22 @@ class RopeEngine:
     def _packed_rope_index(
         self, ids: torch.Tensor, layout: PackedLayout, kwargs: dict[str, Any]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each segment computed as the sample it was, in one call on the unpacked segments."""
-        segments = layout.unpack(ids)
+        """Each segment computed as the sample it was: in one call on the packed row when the
+        binding places packed rows and every token belongs to a segment, else in one call on the
+        segments unpacked into a batch."""
+        native = self.binding.packed_rope_index is not None and layout.tokens is None
+        segments = ids.reshape(1, -1) if native else layout.unpack(ids)
         token_types = None
         if self.binding.token_types is not None:
             token_types = self.binding.token_types(segments)
-            _check_segment_boundaries(layout, token_types)
+            firsts = layout.starts if native else np.arange(layout.segments) * segments.shape[1]
+            _check_segment_boundaries(layout, token_types.reshape(-1), firsts)
         try:
+            if native:
+                kwargs["cu_seqlens"] = torch.from_numpy(np.append(layout.starts, ids.numel()))
+                positions, deltas = self._call_plugin(
+                    self.binding.packed_rope_index, "packed rope index", segments, None, kwargs, token_types)
+                return positions.view(positions.shape[0], *layout.shape), deltas
             # segments of one length fill every slot: no padding to mask
             mask = None if layout.uniform else layout.unpacked_mask()
             positions, deltas = self._rope_index(segments, mask, kwargs, token_types)
@@ -341,11 +350,11 @@ def _packed_layout(ids: torch.Tensor, mask: torch.Tensor | None, cu_seqlens: Any
     return layout
 
 
-def _check_segment_boundaries(layout: PackedLayout, segment_types: torch.Tensor) -> None:
-    """A segment must not start inside a placeholder run the previous segment began."""
-    rows = np.arange(layout.segments) * segment_types.shape[1]
-    edges = np.concatenate((rows, rows + layout.lengths - 1))
-    types = values_at(segment_types.reshape(-1), edges)
+def _check_segment_boundaries(layout: PackedLayout, token_types: torch.Tensor, firsts: np.ndarray) -> None:
+    """A segment must not start inside a placeholder run the previous segment began.
+    ``token_types`` are flat, ``firsts`` the flat index of each segment's first token in them."""
+    edges = np.concatenate((firsts, firsts + layout.lengths - 1))
+    types = values_at(token_types, edges)
     first, last = types[: layout.segments], types[layout.segments :]
     starts = layout.starts
     adjacent = starts[1:] == starts[:-1] + layout.lengths[:-1]  # same row, nothing between them

@@ -16,6 +16,10 @@ RopeIndexFn = Callable[..., tuple[Any, Any]]
 #: ``RopeEngine.compute_position_ids``), called like ``rope_index``.
 PositionIdsFn = Callable[..., Any]
 
+#: ``packed_rope_index(input_ids, attention_mask=None, *, cu_seqlens, **kwargs) -> (positions
+#: (3, 1, T), deltas (K, 1))`` for one packed ``(1, T)`` row, called like ``rope_index``.
+PackedRopeIndexFn = Callable[..., tuple[Any, Any]]
+
 #: ``token_types(input_ids) -> (B, L)`` integer tensor: 0 text, 1 image, 2 video, 3 audio.
 TokenTypesFn = Callable[[Any], Any]
 
@@ -43,6 +47,14 @@ class RopeBinding:
             over the result. It must return, in ``position_dtype``, exactly what the engine builds
             from ``rope_index``: row 0 ``0..n-1`` over valid tokens and 1 at padding, rows 1..3
             ``rope_index``'s positions. The engine uses it for unpacked batches.
+        packed_rope_index: optional, for ``"mrope"``: ``rope_index`` for one packed ``(1, T)`` row,
+            taking what ``rope_index`` takes (``attention_mask`` None, ``mm_token_type_ids`` built
+            from the whole row) and ``cu_seqlens``, the ``(K + 1,)`` int64 segment boundaries. It
+            returns ``(3, 1, T)`` positions that restart at 0 in every segment and ``(K, 1)``
+            deltas, exactly what ``rope_index`` gives each segment alone. For kernels that place
+            segments where they lie, sparing the engine the unpacking of segments into a padded
+            batch and the packing back. The engine uses it for packed rows in which every token
+            belongs to a segment; its token types must not depend on tokens outside the segment.
     """
 
     kind: RopeKind
@@ -53,6 +65,7 @@ class RopeBinding:
     description: str = ""
     plugin: str = ""
     position_ids: PositionIdsFn | None = None
+    packed_rope_index: PackedRopeIndexFn | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ("mrope", "1d"):
@@ -61,8 +74,10 @@ class RopeBinding:
             raise TypeError("RopeBinding(kind='mrope') needs a callable rope_index")
         if self.kind == "1d" and self.rope_index is not None:
             raise TypeError("RopeBinding(kind='1d') must not carry a rope_index: 1-D positions come from the mask")
-        if self.position_ids is not None and (self.kind != "mrope" or not callable(self.position_ids)):
-            raise TypeError("RopeBinding.position_ids must be a callable, and only for kind='mrope'")
+        for name in ("position_ids", "packed_rope_index"):
+            value = getattr(self, name)
+            if value is not None and (self.kind != "mrope" or not callable(value)):
+                raise TypeError(f"RopeBinding.{name} must be a callable, and only for kind='mrope'")
         if self.token_types is not None and not callable(self.token_types):
             raise TypeError("RopeBinding.token_types must be callable or None")
         if not isinstance(self.implementation, str) or not self.implementation:

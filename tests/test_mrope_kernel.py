@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from mmrope_core import InvalidInputError
+from mmrope_core import InvalidInputError, PlaceholderMismatchError
 from mmrope_core.mrope import MediaGrids, MediaKind, check_placeholders, mrope_position_ids, mrope_positions
 
 GRIDS = {1: MediaGrids(torch.tensor([[1, 4, 4]]))}
@@ -91,3 +91,56 @@ def test_position_ids_are_the_text_row_over_the_positions(mask_style):
         assert layout.shape == (types.shape[0], 4, types.shape[1]) and layout.dtype == torch.int64
         assert torch.equal(layout[:, 0], text_row)
         assert torch.equal(layout[:, 1:], positions.transpose(0, 1))
+
+
+@pytest.mark.parametrize(
+    "types, mask, cu_seqlens, error, message",
+    [
+        (torch.zeros(2, 4, dtype=torch.int8), None, [0, 4], InvalidInputError, r"one packed \(1, L\) row without a mask"),
+        (torch.zeros(1, 4, dtype=torch.int8), torch.ones(1, 4, dtype=torch.bool), [0, 4], InvalidInputError, "with a mask"),
+        (torch.zeros(1, 4, dtype=torch.int8), None, [0, 3], InvalidInputError, "increase from 0 to the row length 4"),
+        (torch.zeros(1, 4, dtype=torch.int8), None, [0, 2, 2, 4], InvalidInputError, "increase from 0"),
+        (torch.tensor([[0, 1, 1, 1, 1, 0]], dtype=torch.int8), None, [0, 3, 6], PlaceholderMismatchError,
+         r"segment 1 starts inside a placeholder run that segment 0 began \(token 3\)"),
+    ],
+)
+def test_a_packed_row_the_kernel_cannot_place_is_refused(types, mask, cu_seqlens, error, message):
+    with pytest.raises(error, match=message):
+        mrope_positions(types, mask, kinds(1), GRIDS, spatial_merge_size=2, cu_seqlens=torch.tensor(cu_seqlens))
+
+
+def test_packed_segments_restart_where_they_lie():
+    """Segments back to back in one row, each beginning or ending with a run, equal each alone."""
+    image, video = torch.tensor([[1, 4, 4]]), torch.tensor([[2, 2, 4]])
+    pieces = [[1] * 4 + [0, 0], [2] * 4, [0] + [1] * 4, [2] * 4 + [0]]  # media of two kinds meet at the last boundary
+    grids = {1: MediaGrids(torch.cat([image, image])), 2: MediaGrids(torch.cat([video, video]))}
+    row = torch.tensor([[t for piece in pieces for t in piece]], dtype=torch.int8)
+    cu_seqlens = torch.tensor([0, *map(len, pieces)]).cumsum(0)
+    positions, deltas = mrope_positions(row, None, KINDS, grids, spatial_merge_size=2, cu_seqlens=cu_seqlens)
+    alone = [({1: MediaGrids(image)}, None), ({2: MediaGrids(video)}, None), ({1: MediaGrids(image)}, None),
+             ({2: MediaGrids(video)}, None)]
+    for k, (piece, (piece_grids, _)) in enumerate(zip(pieces, alone)):
+        want, want_delta = mrope_positions(torch.tensor([piece], dtype=torch.int8), None, KINDS, piece_grids,
+                                           spatial_merge_size=2)
+        assert torch.equal(positions[:, 0, int(cu_seqlens[k]) : int(cu_seqlens[k + 1])], want[:, 0]), f"segment {k}"
+        assert torch.equal(deltas[k], want_delta[0]), f"segment {k}"
+
+
+def test_packed_steps_write_each_token_once_or_alike():
+    """Where one segment ends and the next begins, the kernel writes one step (torch's scatter on
+    other devices keeps an arbitrary one of several values written to one place)."""
+    import numpy as np
+
+    from mmrope_core.mrope import _in_segments
+    from mmrope_core.mrope._place import RunLayout, _steps
+    from mmrope_core.mrope._runs import grids_of_runs, scan
+
+    image, video = torch.tensor([[1, 4, 4]]), torch.tensor([[2, 2, 4]])
+    row = torch.tensor([[1] * 4 + [0, 0] + [2] * 4 + [0] + [1] * 4 + [2] * 4 + [0]], dtype=torch.int8)
+    cu_seqlens = torch.tensor([0, 6, 10, 15, 20])
+    grids = {1: MediaGrids(torch.cat([image, image])), 2: MediaGrids(torch.cat([video, video]))}
+    runs, spans = _in_segments(*scan(row, padded=False)[:1], row.shape, None, cu_seqlens)
+    matched = grids_of_runs(runs, KINDS, grids, 2)
+    index, steps = _steps(runs, RunLayout.of(runs, matched.grid, matched.scaled, spans, 2), spans, row.shape[1])
+    for place in np.unique(index):
+        assert len({tuple(step) for step in steps[:, index == place].T}) == 1, f"token {place}"

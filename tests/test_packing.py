@@ -192,3 +192,53 @@ def test_segments_of_one_length_equal_each_sample_alone(name):
         assert torch.equal(positions, reference.get_rope_index(ids, **packing, **kwargs)[0])
         alone, alone_delta = fast.get_rope_index(sample[0], **sample[1])
         assert torch.equal(positions, alone.repeat(1, 1, 3)) and torch.equal(deltas, alone_delta.repeat(3, 1))
+
+
+@pytest.mark.differential
+@pytest.mark.parametrize("name", ["Qwen2-VL", "Qwen2.5-VL", "Qwen3-VL"])
+def test_packed_rows_are_placed_where_they_lie(name):
+    """The fast binding places a packed row in one call; it equals the segments unpacked into a
+    padded batch, for segments of different lengths that may begin or end with a placeholder
+    run (media of different kinds meeting at a boundary too)."""
+    import copy
+    import dataclasses
+
+    from qwen_vl_inputs import random_batch
+
+    fast, _ = engines(name)
+    calls = []
+    native = fast.binding.packed_rope_index
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs["cu_seqlens"])
+        return native(*args, **kwargs)
+
+    placed, unpacked = copy.copy(fast), copy.copy(fast)
+    placed.binding = dataclasses.replace(fast.binding, packed_rope_index=counted)
+    unpacked.binding = dataclasses.replace(fast.binding, packed_rope_index=None)
+    rng = random.Random(f"placed/{name}")
+    for index in range(40):
+        batch = random_batch(fast.processor, rng, max_batch=6, max_images=3, max_videos=1, max_frames=4, bare_edges=True)
+        valid = batch.pop("attention_mask").bool()
+        ids = batch.pop("input_ids")[valid].unsqueeze(0)
+        lengths = valid.sum(1)
+        kwargs = {key: value for key, value in batch.items() if value is not None}
+        for packing in ({"cu_seqlens": torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])},
+                        {"segment_ids": torch.repeat_interleave(torch.arange(1, len(lengths) + 1), lengths).unsqueeze(0)}):
+            try:
+                want = unpacked.get_rope_index(ids, **packing, **kwargs)
+            except PlaceholderMismatchError as exc:  # a boundary between two runs of one kind
+                with pytest.raises(PlaceholderMismatchError, match="segment .* starts inside a placeholder run"):
+                    placed.get_rope_index(ids, **packing, **kwargs)
+                assert "starts inside a placeholder run" in str(exc)
+                continue
+            count = len(calls)
+            got = placed.get_rope_index(ids, **packing, **kwargs)
+            assert len(calls) == count + 1, "the packed row was not placed in one call"
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), f"batch {index}"
+
+
+def test_glm_and_the_reference_leave_packed_rows_to_the_engine():
+    assert engines("GLM-4V")[0].binding.packed_rope_index is None
+    assert engines("Qwen2-VL")[1].binding.packed_rope_index is None
+    assert engines("Qwen2-VL")[0].binding.packed_rope_index is not None

@@ -16,6 +16,8 @@ def rope_index(input_ids, attention_mask=None, **kwargs):
     ({"kind": "1d", "rope_index": rope_index}, "must not carry a rope_index"),
     ({"kind": "1d", "position_ids": rope_index}, "position_ids must be a callable, and only for kind='mrope'"),
     ({"kind": "mrope", "rope_index": rope_index, "position_ids": "not callable"}, "position_ids must be a callable"),
+    ({"kind": "1d", "packed_rope_index": rope_index}, "packed_rope_index must be a callable, and only for kind='mrope'"),
+    ({"kind": "mrope", "rope_index": rope_index, "packed_rope_index": 3}, "packed_rope_index must be a callable"),
     ({"kind": "mrope", "rope_index": rope_index, "token_types": 3}, "token_types must be callable"),
     ({"kind": "mrope", "rope_index": rope_index, "implementation": ""}, "implementation must be a non-empty string"),
 ])

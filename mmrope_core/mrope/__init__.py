@@ -16,16 +16,17 @@ worked out in numpy, whose small operations cost a fraction of torch's.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
 
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, PlaceholderMismatchError
 from ._media import MediaGrids, MediaKind, TokenTypeMap
 from ._mismatch import explain, match
 from ._place import place
-from ._runs import grids_of_runs, scan
+from ._runs import Runs, Spans, grids_of_runs, scan
 
 __all__ = ["MediaGrids", "MediaKind", "TokenTypeMap", "check_placeholders", "mrope_position_ids", "mrope_positions"]
 
@@ -38,15 +39,19 @@ def mrope_positions(
     *,
     spatial_merge_size: int,
     out_dtype: torch.dtype = torch.int64,
+    cu_seqlens: torch.Tensor | np.ndarray | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Positions ``(3, B, L)`` (0 at padding) and deltas ``(B, 1)`` (``max + 1 - valid length``),
     as a family's ``get_rope_index`` returns them.
 
-    ``attention_mask`` is a bool ``(B, L)`` tensor or None. Raises
-    :class:`~mmrope_core.PlaceholderMismatchError` naming the sample when placeholder runs and
-    grids disagree in number or size.
+    ``attention_mask`` is a bool ``(B, L)`` tensor or None. With ``cu_seqlens`` (``(K + 1,)``
+    boundaries from 0 to L, increasing) the batch is one packed row of K samples and no mask:
+    positions restart at 0 in every segment, deltas are ``(K, 1)``, and sample k in errors is
+    segment k. Raises :class:`~mmrope_core.PlaceholderMismatchError` naming the sample when
+    placeholder runs and grids disagree in number or size, or a run crosses a segment boundary.
     """
-    positions, deltas = _placed(token_types, attention_mask, kinds, grids, spatial_merge_size, text_row=False)
+    positions, deltas = _placed(token_types, attention_mask, kinds, grids, spatial_merge_size, text_row=False,
+                                cu_seqlens=cu_seqlens)
     return (positions if positions.dtype == out_dtype else positions.to(out_dtype)), deltas
 
 
@@ -65,16 +70,39 @@ def mrope_position_ids(
     return positions
 
 
-def _placed(token_types, attention_mask, kinds, grids, merge, *, text_row):
+def _placed(token_types, attention_mask, kinds, grids, merge, *, text_row, cu_seqlens=None):
     token_types = _small_int(token_types)
     code = _coded(token_types, attention_mask)
     runs, spans = scan(code, padded=attention_mask is not None)
+    if cu_seqlens is not None:
+        runs, spans = _in_segments(runs, code.shape, attention_mask, cu_seqlens)
     if spans is None:  # padding inside a sample
         return _compacted(token_types, attention_mask, kinds, grids, merge, text_row)
     matched = grids_of_runs(runs, kinds, grids, merge)
     if matched is None:
         explain(runs, kinds, grids, merge)
     return place(code, attention_mask, runs, spans, matched.grid, matched.scaled, merge, text_row=text_row)
+
+
+def _in_segments(runs: Runs, shape: tuple[int, int], attention_mask: torch.Tensor | None,
+                 cu_seqlens: torch.Tensor | np.ndarray) -> tuple[Runs, Spans]:
+    """The runs of one packed row, each assigned to its segment, and the segments as samples."""
+    if shape[0] != 1 or attention_mask is not None:
+        raise InvalidInputError(f"cu_seqlens describes one packed (1, L) row without a mask, got a batch of shape "
+                                f"{tuple(shape)}{' with a mask' if attention_mask is not None else ''}")
+    bounds = np.asarray(cu_seqlens.cpu() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens, dtype=np.int64)
+    if bounds.ndim != 1 or bounds.size < 2 or bounds[0] != 0 or bounds[-1] != shape[1] or (bounds[1:] <= bounds[:-1]).any():
+        raise InvalidInputError(f"cu_seqlens must increase from 0 to the row length {shape[1]}, got {bounds.tolist()}")
+    first, count = bounds[:-1], bounds[1:] - bounds[:-1]
+    segment = np.searchsorted(first, runs.start, side="right") - 1
+    crossing = np.flatnonzero(runs.start + runs.length > bounds[1:][segment])
+    if crossing.size:
+        k = int(segment[crossing[0]])
+        raise PlaceholderMismatchError(
+            f"segment {k + 1} starts inside a placeholder run that segment {k} began (token {int(bounds[k + 1])}): "
+            f"the segment boundary cuts a media item; move the boundary before or after the item"
+        )
+    return dataclasses.replace(runs, row=segment), Spans(count, first, first + count - 1)
 
 
 def check_placeholders(

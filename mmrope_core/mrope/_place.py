@@ -96,8 +96,10 @@ def _steps(runs: Runs, layout: RunLayout, spans: Spans, length: int,
     the ``(3, E)`` step to take there, the difference between a token's position and the token's
     before it; with ``text_row``, ``(4, E)`` steps, the text row's first (see :func:`_text_row`).
 
-    - a sample's first valid token: 0 (positions start at 0);
-    - a run's first token: 1 after text, 0 at the sample's start, from the end of a run it touches;
+    - a sample's first valid token: 0 (positions start at 0), or, for a packed sample that
+      begins where the previous one ended inside a row, back to 0 from the previous one's end;
+    - a run's first token: 1 after text, the sample's first step at its start, from the end of a
+      run of the same sample it touches;
     - every further line of a grid: back to the line's first column, on to the next line (or back
       to the first line and on to the frame's temporal id);
     - the token after a run, when text: on to ``max(h, w)`` past the run's start;
@@ -108,7 +110,8 @@ def _steps(runs: Runs, layout: RunLayout, spans: Spans, length: int,
     after_step = layout.text_after - layout.end
     start_step = np.ones_like(layout.end)
     start_step[:, 1:] = np.where(touches, after_step[:, :-1], 1)
-    start_step *= runs.start != layout.first
+    at_first = runs.start == layout.first
+    start_step[:, at_first] = 0
     after_applies = after <= layout.last
     after_applies[:-1] &= ~touches
     # back to 0 after the sample's last token: from the end of the run it ends with, or its text
@@ -120,10 +123,18 @@ def _steps(runs: Runs, layout: RunLayout, spans: Spans, length: int,
     leading = int(started.sum())
     tail = spans.last + 1
     tail_applies = (tail % length != 0) & started
+    first_step = np.zeros((3, spans.count.size), dtype=np.int64)
+    # packed samples: one that begins where the previous one ended, inside a row, takes the
+    # previous one's step back to 0 as its first step
+    follows = np.flatnonzero(spans.first[1:] == np.where(tail_applies, tail, -1)[:-1]) + 1
+    if follows.size:
+        first_step[:, follows] = -ending[:, follows - 1]
+        tail_applies[follows - 1] = False
+        start_step[:, at_first] = first_step[:, runs.row[at_first]]
     line_index, line_step = _line_steps(runs, layout)
     index = np.concatenate((spans.first[started], runs.start, line_index, after[after_applies], tail[tail_applies]))
     steps = np.concatenate((
-        np.zeros((3, leading), dtype=np.int64),
+        first_step[:, started],
         start_step,
         line_step,
         after_step[:, after_applies],
