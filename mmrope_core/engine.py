@@ -210,10 +210,12 @@ class RopeEngine:
     def _packed_rope_index(
         self, ids: torch.Tensor, layout: PackedLayout, kwargs: dict[str, Any]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each segment computed as the sample it was: in one call on the packed row when the
-        binding places packed rows and every token belongs to a segment, else in one call on the
-        segments unpacked into a batch."""
-        native = self.binding.packed_rope_index is not None and layout.tokens is None
+        """Each segment computed as the sample it was, in one call: on the segments unpacked into a
+        batch, or, for segments of different lengths that cover the rows, on the packed row when the
+        binding places packed rows (unpacking would pad every segment to the longest). Segments of
+        one length unpack by reshaping, into a batch whose many rows the kernel's passes share out
+        better among threads than one long row."""
+        native = self.binding.packed_rope_index is not None and layout.tokens is None and not layout.uniform
         segments = ids.reshape(1, -1) if native else layout.unpack(ids)
         token_types = None
         if self.binding.token_types is not None:

@@ -106,12 +106,16 @@ class PackedLayout:
         return torch.arange(self.longest, device=self.device) < lengths[:, None]
 
     @functools.cached_property
+    def _first_token(self) -> np.ndarray:
+        """Where each segment begins among the segments' tokens, counted in packed order."""
+        return np.cumsum(self.lengths) - self.lengths
+
+    @functools.cached_property
     def _slots(self) -> np.ndarray:
         """The slot of the unpacked batch, flat (``k * longest + column``), that each token of the
         segments takes, in packed order; unpacking and packing back read these once."""
-        lengths = self.lengths
-        first_token = np.cumsum(lengths) - lengths
-        return np.repeat(np.arange(lengths.size) * self.longest - first_token, lengths) + np.arange(int(lengths.sum()))
+        shift = np.arange(self.segments) * self.longest - self._first_token
+        return np.repeat(shift, self.lengths) + np.arange(int(self.lengths.sum()))
 
     def unpack(self, values: torch.Tensor, fill: int = 0) -> torch.Tensor:
         """``(B, L)`` values of the packed batch as a ``(K, longest)`` batch of segments."""
@@ -139,7 +143,8 @@ class PackedLayout:
         """Each token's position within its segment, ``(B, L)`` (0 outside segments)."""
         if self.uniform:
             return self.pack(torch.arange(self.longest, device=self.device).expand(self.segments, self.longest))
-        return self._place(torch.from_numpy(self._slots % self.longest).to(self.device), 0)
+        within = np.arange(int(self.lengths.sum())) - np.repeat(self._first_token, self.lengths)
+        return self._place(torch.from_numpy(within).to(self.device), 0)
 
     def _place(self, flat: torch.Tensor, fill: float) -> torch.Tensor:
         """``(..., N)`` values of the segments' tokens, in packed order, as ``(..., B, L)``."""
