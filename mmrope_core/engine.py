@@ -227,12 +227,14 @@ class RopeEngine:
                 kwargs["cu_seqlens"] = torch.from_numpy(np.append(layout.starts, ids.numel()))
                 positions, deltas = self._call_plugin(
                     self.binding.packed_rope_index, "packed rope index", segments, None, kwargs, token_types)
-                return positions.view(positions.shape[0], *layout.shape), deltas
-            # segments of one length fill every slot: no padding to mask
-            mask = None if layout.uniform else layout.unpacked_mask()
-            positions, deltas = self._rope_index(segments, mask, kwargs, token_types)
+            else:  # segments of one length fill every slot: no padding to mask
+                mask = None if layout.uniform else layout.unpacked_mask()
+                positions, deltas = self._rope_index(segments, mask, kwargs, token_types)
         except MmropeError as exc:
             raise type(exc)(f"in the packed input, sample k below is segment k (counted row by row): {exc}") from exc
+        if native:
+            self._check_packed_result(positions, deltas, (3, 1, ids.numel()), (layout.segments, 1))
+            return positions.view(3, *layout.shape), deltas
         return layout.pack(positions), deltas
 
     def rope_index_kwargs(
@@ -277,6 +279,16 @@ class RopeEngine:
                 f"{self.binding.position_dtype} tensor of shape {expected}"
             )
         return positions
+
+    def _check_packed_result(self, positions: Any, deltas: Any, shape: tuple[int, ...], deltas_shape: tuple[int, int]) -> None:
+        if not (isinstance(positions, torch.Tensor) and positions.shape == shape
+                and isinstance(deltas, torch.Tensor) and deltas.shape == deltas_shape):
+            found = " and ".join(f"{name} {tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__}"
+                                 for name, value in (("positions", positions), ("deltas", deltas)))
+            raise PluginContractError(
+                f"the packed_rope_index of plugin {self._plugin_label()} returned {found}; expected positions of "
+                f"shape {shape} and deltas of shape {deltas_shape}"
+            )
 
     def _call_plugin(
         self, function: Any, name: str, ids: torch.Tensor, mask: torch.Tensor | None, kwargs: dict[str, Any],

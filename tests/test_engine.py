@@ -93,6 +93,27 @@ def test_position_ids_of_the_wrong_shape_break_the_contract(toy_manager, toy):
         engine.compute_position_ids(torch.tensor([[7, 7]]), None, {})
 
 
+def test_a_packed_row_goes_to_the_plugin_that_places_packed_rows(toy_manager, toy):
+    placing = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager, packed_rope_index="direct")
+    unpacking = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager)
+    ids, inputs = torch.full((1, 9), 7), {"offset": torch.tensor(2)}
+    calls = []
+    placing.binding = dataclasses.replace(
+        placing.binding, packed_rope_index=lambda *a, **kw: calls.append(kw["cu_seqlens"]) or toy.toy_packed_rope_index(*a, **kw))
+    for cu_seqlens in (torch.tensor([0, 2, 7, 9]), torch.tensor([0, 3, 6, 9])):
+        got = placing.compute_position_ids(ids, None, inputs, cu_seqlens=cu_seqlens)
+        assert torch.equal(got, unpacking.compute_position_ids(ids, None, inputs, cu_seqlens=cu_seqlens))
+    assert [c.tolist() for c in calls] == [[0, 2, 7, 9]]  # segments of one length are reshaped instead
+
+
+def test_packed_positions_of_the_wrong_shape_break_the_contract(toy_manager, toy):
+    engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager, packed_rope_index="misshapen")
+    with pytest.raises(PluginContractError, match=r"^the packed_rope_index of plugin toy \(mmrope-test-plugins 1.0\) "
+                                                  r"returned positions \(1, 5\) and deltas \(1, 1\); expected positions of "
+                                                  r"shape \(3, 1, 5\) and deltas of shape \(2, 1\)"):
+        engine.get_rope_index(torch.full((1, 5), 7), cu_seqlens=torch.tensor([0, 2, 5]))
+
+
 def test_a_mask_reaches_the_plugin_unless_every_token_is_valid(toy_manager, toy):
     engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager)
     ids = torch.full((2, 5), 7)

@@ -54,6 +54,20 @@ def misshapen_position_ids(input_ids, attention_mask=None, **kwargs):
 POSITION_IDS = {"direct": toy_position_ids, "misshapen": misshapen_position_ids}
 
 
+def toy_packed_rope_index(input_ids, attention_mask=None, *, cu_seqlens, offset=0, **kwargs):
+    """One packed row: positions count from ``offset`` in every segment, as each alone."""
+    lengths = cu_seqlens.diff()
+    within = torch.arange(input_ids.shape[1]) - torch.repeat_interleave(cu_seqlens[:-1], lengths)
+    return (within + int(offset)).expand(3, 1, -1).clone(), torch.zeros(lengths.numel(), 1, dtype=torch.long)
+
+
+def misshapen_packed_rope_index(input_ids, attention_mask=None, *, cu_seqlens, **kwargs):
+    return toy_rope_index(input_ids)[0][0], torch.zeros(1, 1, dtype=torch.long)
+
+
+PACKED = {"direct": toy_packed_rope_index, "misshapen": misshapen_packed_rope_index}
+
+
 def _relaxed(processor, text=None, **kwargs):
     if not text:
         raise ValueError("ToyProcessor needs text")
@@ -65,7 +79,8 @@ def bind_rope_index(processor, options):
         return RopeBinding(kind="1d")
     if isinstance(processor, ToyProcessor):
         return RopeBinding(kind="mrope", rope_index=toy_rope_index, implementation=options.get("impl", "fast"),
-                           position_ids=POSITION_IDS.get(options.get("position_ids")))
+                           position_ids=POSITION_IDS.get(options.get("position_ids")),
+                           packed_rope_index=PACKED.get(options.get("packed_rope_index")))
     return None
 
 
