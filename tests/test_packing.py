@@ -243,3 +243,28 @@ def test_glm_and_the_reference_leave_packed_rows_to_the_engine():
     assert engines("GLM-4V")[0].binding.packed_rope_index is None
     assert engines("Qwen2-VL")[1].binding.packed_rope_index is None
     assert engines("Qwen2-VL")[0].binding.packed_rope_index is not None
+
+
+@pytest.mark.differential
+def test_packed_rows_of_several_rows_are_placed_where_they_lie():
+    """segment_ids over two rows without padding: the rows are placed as one packed row."""
+    import copy
+    import dataclasses
+
+    fast, _ = engines("Qwen2.5-VL")
+    unpacked = copy.copy(fast)
+    unpacked.binding = dataclasses.replace(fast.binding, packed_rope_index=None)
+    rng = random.Random("two rows")
+    for index in range(10):
+        samples = [one_sample("Qwen2.5-VL", rng, False) for _ in range(3)]
+        rows = [samples, samples[::-1]]  # one length for both rows, segments of different lengths
+        ids = torch.stack([torch.cat([sample_ids for sample_ids, _ in row]) for row in rows])
+        segment_ids = torch.stack([torch.repeat_interleave(torch.arange(1, 4), torch.tensor([s.numel() for s, _ in row]))
+                                   for row in rows])
+        kwargs = {}
+        for _, sample_kwargs in samples + samples[::-1]:
+            for key, value in sample_kwargs.items():
+                kwargs[key] = torch.cat([kwargs[key], value]) if key in kwargs else value
+        got = fast.get_rope_index(ids, segment_ids=segment_ids, **kwargs)
+        want = unpacked.get_rope_index(ids, segment_ids=segment_ids, **kwargs)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), f"batch {index}"
