@@ -135,12 +135,82 @@ def test_packed_steps_write_each_token_once_or_alike():
     from mmrope_core.mrope._place import RunLayout, _steps
     from mmrope_core.mrope._runs import grids_of_runs, scan
 
-    image, video = torch.tensor([[1, 4, 4]]), torch.tensor([[2, 2, 4]])
-    row = torch.tensor([[1] * 4 + [0, 0] + [2] * 4 + [0] + [1] * 4 + [2] * 4 + [0]], dtype=torch.int8)
-    cu_seqlens = torch.tensor([0, 6, 10, 15, 20])
-    grids = {1: MediaGrids(torch.cat([image, image])), 2: MediaGrids(torch.cat([video, video]))}
-    runs, spans = _in_segments(*scan(row, padded=False)[:1], row.shape, None, cu_seqlens)
-    matched = grids_of_runs(runs, KINDS, grids, 2)
-    index, steps = _steps(runs, RunLayout.of(runs, matched.grid, matched.scaled, spans, 2), spans, row.shape[1])
-    for place in np.unique(index):
-        assert len({tuple(step) for step in steps[:, index == place].T}) == 1, f"token {place}"
+    rng = random.Random("packed steps")
+    for index in range(100):
+        if index:
+            segments, grids = [], ([], [], [])
+            while len(segments) < 4:
+                drawn = ([], [], [])
+                segment = random_segment(rng, *drawn)
+                if not (segments and segments[-1][-1] and segments[-1][-1] == segment[0]):
+                    segments.append(segment)
+                    for kept, more in zip(grids, drawn):
+                        kept += more
+        else:  # the row of test_packed_segments_restart_where_they_lie
+            segments = [[1] * 4 + [0, 0], [2] * 4, [0] + [1] * 4, [2] * 4 + [0]]
+            grids = ([(1, 4, 4)] * 2, [(2, 2, 4)] * 2, [1.0, 1.0])
+        row = torch.tensor([[t for segment in segments for t in segment]], dtype=torch.int8)
+        cu_seqlens = torch.tensor([0, *map(len, segments)]).cumsum(0)
+        runs, spans = _in_segments(scan(row, padded=False)[0], row.shape, None, cu_seqlens)
+        matched = grids_of_runs(runs, KINDS, media(*grids), 2)
+        layout = RunLayout.of(runs, matched.grid, matched.scaled, spans, 2)
+        where, steps = _steps(runs, layout, spans, row.shape[1])
+        for token in np.unique(where):
+            assert len({tuple(step) for step in steps[:, where == token].T}) == 1, f"row {index}, token {token}"
+
+
+def random_segment(rng, image_grids, video_grids, scales):
+    """Token types of one sample: text and media runs, never two runs of one kind side by side."""
+    types, previous = [], 0
+    for _ in range(rng.randint(1, 5)):
+        kind = rng.choice([0, 1, 2])
+        if kind == 0 or kind == previous:
+            types += [0] * rng.randint(1, 4)
+            kind = 0
+        elif kind == 1:
+            a, b = rng.randint(1, 3), rng.randint(1, 3)
+            image_grids.append((1, 2 * a, 2 * b))
+            types += [1] * (a * b)
+        else:
+            frames, a, b = rng.randint(1, 4), rng.randint(1, 2), rng.randint(1, 2)
+            video_grids.append((frames, 2 * a, 2 * b))
+            scales.append(rng.choice([0.5, 1.0, 1.3, 2.0]))
+            types += [2] * (frames * a * b)
+        previous = kind
+    return types
+
+
+def media(image_grids, video_grids, scales):
+    grids = {}
+    if image_grids:
+        grids[1] = MediaGrids(torch.tensor(image_grids))
+    if video_grids:
+        grids[2] = MediaGrids(torch.tensor(video_grids), torch.tensor(scales, dtype=torch.float32))
+    return grids
+
+
+def test_a_packed_row_equals_its_segments_alone():
+    """Generated rows of 1 to 6 samples, as short as one token, that begin and end with text or
+    media of either kind, videos with scaled temporal ids."""
+    rng = random.Random("packed kernel")
+    checked = 0
+    while checked < 200:
+        segments, per_segment = [], []
+        for _ in range(rng.randint(1, 6)):
+            grids = ([], [], [])
+            segments.append(random_segment(rng, *grids))
+            per_segment.append(grids)
+        if any(a[-1] and a[-1] == b[0] for a, b in zip(segments, segments[1:])):
+            continue  # a boundary between two runs of one kind is refused (tested above)
+        row = torch.tensor([[t for segment in segments for t in segment]], dtype=torch.int8)
+        cu_seqlens = torch.tensor([0, *map(len, segments)]).cumsum(0)
+        together = tuple(sum((grids[i] for grids in per_segment), []) for i in range(3))
+        positions, deltas = mrope_positions(row, None, KINDS, media(*together), spatial_merge_size=2,
+                                            cu_seqlens=cu_seqlens)
+        for k, (segment, grids) in enumerate(zip(segments, per_segment)):
+            alone, alone_delta = mrope_positions(torch.tensor([segment], dtype=torch.int8), None, KINDS, media(*grids),
+                                                 spatial_merge_size=2)
+            span = slice(int(cu_seqlens[k]), int(cu_seqlens[k + 1]))
+            assert torch.equal(positions[:, 0, span], alone[:, 0]) and torch.equal(deltas[k], alone_delta[0]), (
+                f"row {checked}, segment {k}")
+        checked += 1
