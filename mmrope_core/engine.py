@@ -17,7 +17,6 @@ from .collate import collate as _collate
 from .errors import (
     InvalidInputError,
     MmropeError,
-    PlaceholderMismatchError,
     PluginConflictError,
     PluginContractError,
     PluginHookError,
@@ -26,6 +25,7 @@ from .errors import (
 )
 from .inputs import ReadOnlyInputs, as_batch
 from .manager import PluginManager, get_plugin_manager
+from .mrope._mismatch import segment_cut
 from .mrope._runs import values_at
 from .packing import PackedLayout
 from .positions import one_d_positions, text_positions
@@ -376,10 +376,7 @@ def _check_segment_boundaries(layout: PackedLayout, token_types: torch.Tensor, f
     if cut.size:
         k = int(cut[0])
         row, column = divmod(int(starts[k + 1]), layout.shape[1])
-        raise PlaceholderMismatchError(
-            f"segment {k + 1} starts inside a placeholder run that segment {k} began (row {row}, token {column}): "
-            f"the segment boundary cuts a media item; move the boundary before or after the item"
-        )
+        raise segment_cut(k + 1, f"row {row}, token {column}")
 
 
 def _skip_validation(*args: Any, **kwargs: Any) -> None:

@@ -22,9 +22,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from ..errors import InvalidInputError, PlaceholderMismatchError
+from ..errors import InvalidInputError
 from ._media import MediaGrids, MediaKind, TokenTypeMap
-from ._mismatch import explain, match
+from ._mismatch import explain, match, segment_cut
 from ._place import place
 from ._runs import Runs, Spans, grids_of_runs, scan
 
@@ -98,10 +98,7 @@ def _in_segments(runs: Runs, shape: tuple[int, int], attention_mask: torch.Tenso
     crossing = np.flatnonzero(runs.start + runs.length > bounds[1:][segment])
     if crossing.size:
         k = int(segment[crossing[0]])
-        raise PlaceholderMismatchError(
-            f"segment {k + 1} starts inside a placeholder run that segment {k} began (token {int(bounds[k + 1])}): "
-            f"the segment boundary cuts a media item; move the boundary before or after the item"
-        )
+        raise segment_cut(k + 1, f"token {int(bounds[k + 1])}")
     return dataclasses.replace(runs, row=segment), Spans(count, first, first + count - 1)
 
 

@@ -141,11 +141,11 @@ def _steps(runs: Runs, layout: RunLayout, spans: Spans, length: int,
         -ending[:, tail_applies],
     ), axis=1)
     if text_row:
-        return _text_row(index, steps, runs, layout, spans, length, started, leading, tail_applies)
+        return _text_row(index, steps, runs, spans, length, started, leading, tail_applies, at_first)
     return index, steps
 
 
-def _text_row(index, steps, runs, layout, spans, length, started, leading, tail_applies) -> tuple[np.ndarray, np.ndarray]:
+def _text_row(index, steps, runs, spans, length, started, leading, tail_applies, at_first) -> tuple[np.ndarray, np.ndarray]:
     """The steps with the text row's added on top: 0, 1, ... over a sample's valid tokens and 1
     at padding. Its counter is 1 at every valid token; it steps otherwise into a sample's first
     token (to 0: by 0 at a row's start, by -1 from padding), after the sample's last (back to 1)
@@ -153,7 +153,7 @@ def _text_row(index, steps, runs, layout, spans, length, started, leading, tail_
     into_first = -(spans.first % length != 0).astype(np.int64)
     text = np.ones(index.size, dtype=np.int64)
     text[:leading] = into_first[started]
-    starting = np.flatnonzero(runs.start == layout.first)  # a run that starts a sample
+    starting = np.flatnonzero(at_first)  # a run that starts a sample
     text[leading + starting] = into_first[runs.row[starting]]
     tails = int(tail_applies.sum())
     text[index.size - tails :] = 2 - spans.count[tail_applies]
