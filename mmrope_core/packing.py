@@ -54,12 +54,12 @@ class PackedLayout:
         if shape[0] != 1:
             raise InvalidInputError(f"cu_seqlens describes one packed (1, T) row, got input_ids of shape {shape}; "
                                     f"use segment_ids for packed batches of several rows")
-        bounds = cu_seqlens.cpu().numpy().astype(np.int64)
+        bounds = cu_seqlens.cpu().numpy().astype(np.int64, copy=False)
         if bounds.size < 2 or bounds[0] != 0 or bounds[-1] != shape[1]:
             raise InvalidInputError(f"cu_seqlens must start at 0 and end at the row length {shape[1]}, got "
                                     f"{bounds.tolist()[:3]}...{bounds.tolist()[-2:]}; cover the whole row")
         steps = bounds[1:] - bounds[:-1]
-        if (steps <= 0).any():
+        if steps.min() <= 0:
             k = int(np.flatnonzero(steps <= 0)[0])
             raise InvalidInputError(f"cu_seqlens is not increasing at segment {k}: {int(bounds[k])} then "
                                     f"{int(bounds[k + 1])}; every segment needs at least one token")

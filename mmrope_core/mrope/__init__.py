@@ -16,7 +16,6 @@ worked out in numpy, whose small operations cost a fraction of torch's.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -90,16 +89,19 @@ def _in_segments(runs: Runs, shape: tuple[int, int], attention_mask: torch.Tenso
     if shape[0] != 1 or attention_mask is not None:
         raise InvalidInputError(f"cu_seqlens describes one packed (1, L) row without a mask, got a batch of shape "
                                 f"{tuple(shape)}{' with a mask' if attention_mask is not None else ''}")
-    bounds = np.asarray(cu_seqlens.cpu() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens, dtype=np.int64)
-    if bounds.ndim != 1 or bounds.size < 2 or bounds[0] != 0 or bounds[-1] != shape[1] or (bounds[1:] <= bounds[:-1]).any():
+    bounds = cu_seqlens.cpu().numpy() if isinstance(cu_seqlens, torch.Tensor) else np.asarray(cu_seqlens)
+    bounds = bounds.astype(np.int64, copy=False)
+    covers = bounds.ndim == 1 and bounds.size >= 2 and bounds[0] == 0 and bounds[-1] == shape[1]
+    count = bounds[1:] - bounds[:-1] if covers else None
+    if not covers or count.min() <= 0:
         raise InvalidInputError(f"cu_seqlens must increase from 0 to the row length {shape[1]}, got {bounds.tolist()}")
-    first, count = bounds[:-1], bounds[1:] - bounds[:-1]
+    first = bounds[:-1]
     segment = np.searchsorted(first, runs.start, side="right") - 1
     crossing = np.flatnonzero(runs.start + runs.length > bounds[1:][segment])
     if crossing.size:
         k = int(segment[crossing[0]])
         raise segment_cut(k + 1, f"token {int(bounds[k + 1])}")
-    return dataclasses.replace(runs, row=segment), Spans(count, first, first + count - 1)
+    return Runs(runs.start, runs.length, runs.type, segment), Spans(count, first, bounds[1:] - 1)
 
 
 def check_placeholders(

@@ -32,12 +32,13 @@ class MediaGrids:
 
     Attributes:
         grid_thw: ``(N, 3)`` integer tensor of ``(t, h, w)`` patch counts before merging.
-        temporal_scale: optional ``(N,)`` tensor; temporal ids become ``trunc(frame * scale)``,
-            computed in the tensor's dtype exactly as the reference does. None means ``frame``.
+        temporal_scale: optional ``(N,)`` tensor or numpy array; temporal ids become
+            ``trunc(frame * scale)``, computed in the dtype torch gives int64 frame numbers times
+            the scale, exactly as the reference does. None means ``frame``.
     """
 
     grid_thw: torch.Tensor
-    temporal_scale: torch.Tensor | None = None
+    temporal_scale: torch.Tensor | np.ndarray | None = None
 
 
 class TokenTypeMap:

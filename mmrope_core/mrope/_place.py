@@ -15,7 +15,7 @@ import torch
 from ._runs import Runs, Spans
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(slots=True)  # not frozen: built on every call (see _runs.Runs)
 class RunLayout:
     """The media runs in position space, assuming each sample's valid tokens form one span."""
 
@@ -108,8 +108,8 @@ def _steps(runs: Runs, layout: RunLayout, spans: Spans, length: int,
     after = runs.start + runs.length
     touches = after[:-1] == runs.start[1:]  # run r + 1 begins right where run r ends
     after_step = layout.text_after - layout.end
-    start_step = np.ones_like(layout.end)
-    start_step[:, 1:] = np.where(touches, after_step[:, :-1], 1)
+    start_step = np.ones((3, runs.count), dtype=np.int64)
+    np.copyto(start_step[:, 1:], after_step[:, :-1], where=touches)
     at_first = runs.start == layout.first
     start_step[:, at_first] = 0
     after_applies = after <= layout.last
@@ -120,13 +120,13 @@ def _steps(runs: Runs, layout: RunLayout, spans: Spans, length: int,
     ended = after - 1 == layout.last
     ending[:, runs.row[ended]] = layout.end[:, ended]
     started = spans.count > 0
-    leading = int(started.sum())
+    leading = np.count_nonzero(started)
     tail = spans.last + 1
     tail_applies = (tail % length != 0) & started
     first_step = np.zeros((3, spans.count.size), dtype=np.int64)
     # packed samples: one that begins where the previous one ended, inside a row, takes the
     # previous one's step back to 0 as its first step
-    follows = np.flatnonzero(spans.first[1:] == np.where(tail_applies, tail, -1)[:-1]) + 1
+    follows = np.flatnonzero((spans.first[1:] == tail[:-1]) & tail_applies[:-1]) + 1
     if follows.size:
         first_step[:, follows] = -ending[:, follows - 1]
         tail_applies[follows - 1] = False

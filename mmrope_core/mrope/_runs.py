@@ -8,6 +8,7 @@ the batch.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -16,7 +17,8 @@ import torch
 from ._media import MediaGrids, MediaKind
 
 
-@dataclasses.dataclass(frozen=True)
+# Built on every call, so not frozen: a frozen dataclass costs about a microsecond per field to build.
+@dataclasses.dataclass(slots=True)
 class Runs:
     """Media placeholder runs of a batch in reading order."""
 
@@ -30,7 +32,7 @@ class Runs:
         return self.start.size
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(slots=True)
 class Matched:
     """Each run's grid: ``grid`` is ``(R, 3)`` ``(t, h, w)``; ``scaled`` lists the runs whose
     temporal ids are scaled (an index array, or a slice for all runs) with their ``(n,)`` scales."""
@@ -39,7 +41,7 @@ class Matched:
     scaled: list[tuple[np.ndarray | slice, np.ndarray | torch.Tensor]]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(slots=True)
 class Spans:
     """Where each sample's valid tokens lie: ``first`` and ``last`` flat indices (``row * L +
     column``); a sample without valid tokens has ``count`` 0 and ``last = first - 1``."""
@@ -50,7 +52,7 @@ class Spans:
 
 
 def numpy(tensor: torch.Tensor) -> np.ndarray:
-    return tensor.cpu().numpy()
+    return tensor.numpy() if tensor.is_cpu else tensor.cpu().numpy()
 
 
 def scan(code: torch.Tensor, padded: bool = True) -> tuple[Runs, Spans | None]:
@@ -147,7 +149,7 @@ def grids_of_runs(runs: Runs, kinds: Sequence[MediaKind], grids: Mapping[int, Me
         found = runs.length[order]
         run_grid = np.empty_like(grid)
         run_grid[order] = grid
-        bounds = np.cumsum([0] + [grid.shape[0] for grid, _ in given]).tolist()
+        bounds = list(itertools.accumulate((grid.shape[0] for grid, _ in given), initial=0))
         kind_runs = [order[begin:end] for begin, end in zip(bounds[:-1], bounds[1:])]
     if grid.min() <= 0 or (grid[:, 1:] % merge).any() or (found * (merge * merge) != tokens).any():
         return None
@@ -159,12 +161,19 @@ def _type_id(kind: MediaKind) -> int:
     return kind.type_id
 
 
-def _host_scale(scale: torch.Tensor) -> np.ndarray | torch.Tensor:
+def _host_scale(scale: torch.Tensor | np.ndarray) -> np.ndarray | torch.Tensor:
     """Temporal scales on the CPU, in the dtype torch multiplies int64 frame numbers in: as numpy
     when numpy holds that dtype and multiplies in it alike (float32, float64, int64), else as a
     tensor."""
-    scale = scale.cpu()
+    if isinstance(scale, np.ndarray):
+        if scale.dtype in _NUMPY_PRODUCTS:
+            return scale
+        scale = torch.from_numpy(scale)
     dtype = torch.promote_types(torch.int64, scale.dtype)
-    if dtype in (torch.float32, torch.float64, torch.int64):
-        return scale.to(dtype).numpy()
-    return scale
+    if dtype not in _TORCH_PRODUCTS:
+        return scale.cpu()
+    return numpy(scale if scale.dtype == dtype else scale.to(dtype))
+
+
+_TORCH_PRODUCTS = (torch.float32, torch.float64, torch.int64)
+_NUMPY_PRODUCTS = (np.float32, np.float64, np.int64)

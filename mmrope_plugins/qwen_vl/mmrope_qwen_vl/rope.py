@@ -29,9 +29,11 @@ IMPLEMENTATIONS = ("fast", "reference")
 #: How the installed transformers turns ``tokens_per_second * second_per_grid_ts`` into temporal ids.
 #: ``scaled``: ``trunc(frame * tps * seconds)`` (transformers >= 5.11);
 #: ``whole_seconds``: ``frame * tps * trunc(seconds)`` (transformers 5.10).
-TEMPORAL_RULES: dict[str, Callable[[Any, torch.Tensor], torch.Tensor]] = {
+#: ``seconds`` is a tensor, or a numpy array of the tensor's dtype (which multiplies alike).
+TEMPORAL_RULES: dict[str, Callable[[Any, Any], Any]] = {
     "scaled": lambda tps, seconds: tps * seconds,
-    "whole_seconds": lambda tps, seconds: tps * seconds.long(),
+    "whole_seconds": lambda tps, seconds: tps * (seconds.astype(np.int64) if isinstance(seconds, np.ndarray)
+                                                 else seconds.long()),
 }
 
 
@@ -132,7 +134,7 @@ class _Implementation:
         scale = None
         if videos is not None and self.family.timed_video:
             seconds = _seconds(second_per_grid_ts, videos.shape[0])
-            scale = TEMPORAL_RULES[rule](self.tokens_per_second, seconds)
+            scale = TEMPORAL_RULES[rule](self.tokens_per_second, _host(seconds))
         if videos is not None and self.family.per_frame_video:
             videos = torch.repeat_interleave(videos, videos[:, 0], dim=0)
             videos[:, 0] = 1
@@ -215,17 +217,30 @@ def _seconds(value: Any, videos: int) -> torch.Tensor:
     if value is None:
         return torch.ones(videos, dtype=torch.int64)
     seconds = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
-    seconds = seconds.reshape(-1)
+    if seconds.dim() != 1:
+        seconds = seconds.reshape(-1)
     if seconds.numel() != videos:
         raise InvalidInputError(
             f"second_per_grid_ts has {seconds.numel()} values for {videos} videos in video_grid_thw; "
             f"pass one value per video"
         )
-    values = seconds.detach().to("cpu", torch.float64).numpy()  # a handful: checked in numpy
-    if not (values >= 0).all() or not np.isfinite(values).all():  # NaN is not >= 0
-        what = "a negative" if (values < 0).any() else "a non-finite"
+    values = _host(seconds)  # a handful: checked in numpy
+    if not isinstance(values, np.ndarray):
+        values = values.to(torch.float64).numpy()
+    low, high = values.min(), values.max()
+    if not (low >= 0 and high < np.inf):  # NaN fails both
+        what = "a negative" if low < 0 else "a non-finite"
         raise InvalidInputError(f"second_per_grid_ts holds {what} value: {seconds.tolist()}")
     return seconds
+
+
+def _host(seconds: torch.Tensor) -> np.ndarray | torch.Tensor:
+    """The seconds on the CPU: a numpy view where numpy holds their dtype, else a tensor."""
+    seconds = seconds.detach().cpu()
+    return seconds.numpy() if seconds.dtype in _NUMPY_DTYPES else seconds
+
+
+_NUMPY_DTYPES = (torch.float32, torch.float64, torch.int64, torch.int32)
 
 
 # -- does the fast kernel agree with the installed reference? -----------------------------------
