@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
 import types
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -164,6 +165,8 @@ class RopeEngine:
         kwargs = self.rope_index_kwargs(multi_modal_inputs, mm_processor_kwargs)
         if layout is None and self.binding.position_ids is not None:
             return self._position_ids(ids, mask, kwargs)
+        if layout is not None and layout.tokens is None and self.binding.packed_position_ids is not None:
+            return self._packed_position_ids(ids, layout, kwargs)
         if layout is None:
             positions, _ = self._rope_index(ids, mask, kwargs)
         else:
@@ -215,27 +218,40 @@ class RopeEngine:
         binding places packed rows (unpacking would pad every segment to the longest). Segments of
         one length unpack by reshaping, into a batch whose many rows the kernel's passes share out
         better among threads than one long row."""
-        native = self.binding.packed_rope_index is not None and layout.tokens is None and not layout.uniform
-        segments = ids.reshape(1, -1) if native else layout.unpack(ids)
-        token_types = None
-        if self.binding.token_types is not None:
-            token_types = self.binding.token_types(segments)
-            firsts = layout.starts if native else np.arange(layout.segments) * segments.shape[1]
-            _check_segment_boundaries(layout, token_types.reshape(-1), firsts)
-        try:
-            if native:
-                kwargs["cu_seqlens"] = torch.from_numpy(np.append(layout.starts, ids.numel()))
-                positions, deltas = self._call_plugin(
-                    self.binding.packed_rope_index, "packed rope index", segments, None, kwargs, token_types)
-            else:  # segments of one length fill every slot: no padding to mask
-                mask = None if layout.uniform else layout.unpacked_mask()
-                positions, deltas = self._rope_index(segments, mask, kwargs, token_types)
-        except MmropeError as exc:
-            raise type(exc)(f"in the packed input, sample k below is segment k (counted row by row): {exc}") from exc
-        if native:
+        if self.binding.packed_rope_index is not None and layout.tokens is None and not layout.uniform:
+            positions, deltas = self._in_place(self.binding.packed_rope_index, "packed rope index", ids, layout, kwargs)
             self._check_packed_result(positions, deltas, (3, 1, ids.numel()), (layout.segments, 1))
             return positions.view(3, *layout.shape), deltas
+        segments = layout.unpack(ids)
+        token_types = self._segment_token_types(segments, layout, np.arange(layout.segments) * segments.shape[1])
+        mask = None if layout.uniform else layout.unpacked_mask()  # segments of one length fill every slot
+        with _segments_as_samples():
+            positions, deltas = self._rope_index(segments, mask, kwargs, token_types)
         return layout.pack(positions), deltas
+
+    def _packed_position_ids(self, ids: torch.Tensor, layout: PackedLayout, kwargs: dict[str, Any]) -> torch.Tensor:
+        """``compute_position_ids`` of segments that cover the rows, placed where they lie."""
+        positions = self._in_place(self.binding.packed_position_ids, "packed position ids", ids, layout, kwargs)
+        self._check_position_ids("packed_position_ids", positions, (1, 4, ids.numel()))
+        # several rows were placed as one: each row's four rows follow one another again
+        return positions.view(4, *layout.shape).transpose(0, 1).contiguous()
+
+    def _in_place(self, function: Any, name: str, ids: torch.Tensor, layout: PackedLayout, kwargs: dict[str, Any]) -> Any:
+        """``function`` called on the packed rows as one ``(1, T)`` row, with its ``cu_seqlens``."""
+        row = ids.reshape(1, -1)
+        token_types = self._segment_token_types(row, layout, layout.starts)
+        kwargs["cu_seqlens"] = torch.from_numpy(np.append(layout.starts, ids.numel()))
+        with _segments_as_samples():
+            return self._call_plugin(function, name, row, None, kwargs, token_types)
+
+    def _segment_token_types(self, segments: torch.Tensor, layout: PackedLayout, firsts: np.ndarray) -> Any:
+        """The binding's token types for ``segments``, after checking no segment starts inside a
+        placeholder run; ``firsts``: the flat index of each segment's first token in them."""
+        if self.binding.token_types is None:
+            return None
+        token_types = self.binding.token_types(segments)
+        _check_segment_boundaries(layout, token_types.reshape(-1), firsts)
+        return token_types
 
     def rope_index_kwargs(
         self, multi_modal_inputs: Mapping[str, Any] | None, mm_processor_kwargs: Mapping[str, Any] | None = None
@@ -271,14 +287,16 @@ class RopeEngine:
 
     def _position_ids(self, ids: torch.Tensor, mask: torch.Tensor | None, kwargs: dict[str, Any]) -> torch.Tensor:
         positions = self._call_plugin(self.binding.position_ids, "position_ids", ids, mask, kwargs)
-        expected = (ids.shape[0], 4, ids.shape[1])
+        self._check_position_ids("position_ids", positions, (ids.shape[0], 4, ids.shape[1]))
+        return positions
+
+    def _check_position_ids(self, name: str, positions: Any, expected: tuple[int, ...]) -> None:
         if not isinstance(positions, torch.Tensor) or positions.shape != expected or positions.dtype != self.binding.position_dtype:
             found = f"{positions.dtype} {tuple(positions.shape)}" if isinstance(positions, torch.Tensor) else type(positions).__name__
             raise PluginContractError(
-                f"the position_ids of plugin {self._plugin_label()} returned {found}; expected a "
+                f"the {name} of plugin {self._plugin_label()} returned {found}; expected a "
                 f"{self.binding.position_dtype} tensor of shape {expected}"
             )
-        return positions
 
     def _check_packed_result(self, positions: Any, deltas: Any, shape: tuple[int, ...], deltas_shape: tuple[int, int]) -> None:
         if not (isinstance(positions, torch.Tensor) and positions.shape == shape
@@ -362,6 +380,15 @@ def _packed_layout(ids: torch.Tensor, mask: torch.Tensor | None, cu_seqlens: Any
         raise InvalidInputError("attention_mask disagrees with segment_ids: a token is valid exactly when its "
                                 "segment id is not 0; keep the mask 0/1 and the segments in segment_ids")
     return layout
+
+
+@contextlib.contextmanager
+def _segments_as_samples() -> Iterator[None]:
+    """Errors raised inside speak of samples: say that sample k is segment k."""
+    try:
+        yield
+    except MmropeError as exc:
+        raise type(exc)(f"in the packed input, sample k below is segment k (counted row by row): {exc}") from exc
 
 
 def _check_segment_boundaries(layout: PackedLayout, token_types: torch.Tensor, firsts: np.ndarray) -> None:

@@ -20,6 +20,10 @@ PositionIdsFn = Callable[..., Any]
 #: (3, 1, T), deltas (K, 1))`` for one packed ``(1, T)`` row, called like ``rope_index``.
 PackedRopeIndexFn = Callable[..., tuple[Any, Any]]
 
+#: ``packed_position_ids(input_ids, attention_mask=None, *, cu_seqlens, **kwargs) -> (1, 4, T)``
+#: for one packed ``(1, T)`` row, called like ``packed_rope_index``.
+PackedPositionIdsFn = Callable[..., Any]
+
 #: ``token_types(input_ids) -> (B, L)`` integer tensor: 0 text, 1 image, 2 video, 3 audio.
 TokenTypesFn = Callable[[Any], Any]
 
@@ -55,6 +59,12 @@ class RopeBinding:
             segments where they lie, sparing the engine the unpacking of segments into a padded
             batch and the packing back. The engine uses it for packed rows in which every token
             belongs to a segment; its token types must not depend on tokens outside the segment.
+        packed_position_ids: optional, for ``"mrope"``, with ``packed_rope_index``: the
+            ``(1, 4, T)`` result of ``compute_position_ids`` for one packed row in one call, taking
+            what ``packed_rope_index`` takes. Row 0 counts each segment's tokens from 0, rows 1..3
+            are ``packed_rope_index``'s positions, in ``position_dtype``. The engine uses it where
+            ``compute_position_ids`` would otherwise call ``packed_rope_index``, and for packed
+            rows of segments of one length too.
     """
 
     kind: RopeKind
@@ -66,6 +76,7 @@ class RopeBinding:
     plugin: str = ""
     position_ids: PositionIdsFn | None = None
     packed_rope_index: PackedRopeIndexFn | None = None
+    packed_position_ids: PackedPositionIdsFn | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ("mrope", "1d"):
@@ -74,10 +85,12 @@ class RopeBinding:
             raise TypeError("RopeBinding(kind='mrope') needs a callable rope_index")
         if self.kind == "1d" and self.rope_index is not None:
             raise TypeError("RopeBinding(kind='1d') must not carry a rope_index: 1-D positions come from the mask")
-        for name in ("position_ids", "packed_rope_index"):
+        for name in ("position_ids", "packed_rope_index", "packed_position_ids"):
             value = getattr(self, name)
             if value is not None and (self.kind != "mrope" or not callable(value)):
                 raise TypeError(f"RopeBinding.{name} must be a callable, and only for kind='mrope'")
+        if self.packed_position_ids is not None and self.packed_rope_index is None:
+            raise TypeError("RopeBinding.packed_position_ids needs packed_rope_index: get_rope_index places packed rows too")
         if self.token_types is not None and not callable(self.token_types):
             raise TypeError("RopeBinding.token_types must be callable or None")
         if not isinstance(self.implementation, str) or not self.implementation:

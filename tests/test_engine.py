@@ -114,6 +114,34 @@ def test_packed_positions_of_the_wrong_shape_break_the_contract(toy_manager, toy
         engine.get_rope_index(torch.full((1, 5), 7), cu_seqlens=torch.tensor([0, 2, 5]))
 
 
+def test_packed_position_ids_place_every_packed_row(toy_manager, toy):
+    placing = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager, packed_rope_index="direct",
+                                        packed_position_ids="direct")
+    unpacking = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager)
+    ids, inputs = torch.full((1, 9), 7), {"offset": torch.tensor(2)}
+    calls = []
+    placing.binding = dataclasses.replace(
+        placing.binding,
+        packed_position_ids=lambda *a, **kw: calls.append(kw["cu_seqlens"]) or toy.toy_packed_position_ids(*a, **kw))
+    for cu_seqlens in (torch.tensor([0, 2, 7, 9]), torch.tensor([0, 3, 6, 9])):
+        got = placing.compute_position_ids(ids, None, inputs, cu_seqlens=cu_seqlens)
+        assert torch.equal(got, unpacking.compute_position_ids(ids, None, inputs, cu_seqlens=cu_seqlens))
+    # segments of one length too; segment ids over two rows are placed as one row
+    segment_ids = torch.tensor([[1, 1, 2, 2, 2], [1, 2, 2, 2, 3]])
+    got = placing.compute_position_ids(torch.full((2, 5), 7), None, inputs, segment_ids=segment_ids)
+    assert torch.equal(got, unpacking.compute_position_ids(torch.full((2, 5), 7), None, inputs, segment_ids=segment_ids))
+    assert [c.tolist() for c in calls] == [[0, 2, 7, 9], [0, 3, 6, 9], [0, 2, 5, 6, 9, 10]]
+
+
+def test_packed_position_ids_of_the_wrong_dtype_break_the_contract(toy_manager, toy):
+    engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager, packed_rope_index="direct",
+                                       packed_position_ids="misshapen")
+    with pytest.raises(PluginContractError, match=r"^the packed_position_ids of plugin toy \(mmrope-test-plugins 1.0\) "
+                                                  r"returned torch.int32 \(3, 1, 5\); expected a torch.int64 tensor of "
+                                                  r"shape \(1, 4, 5\)"):
+        engine.compute_position_ids(torch.full((1, 5), 7), None, {}, cu_seqlens=torch.tensor([0, 2, 5]))
+
+
 def test_a_mask_reaches_the_plugin_unless_every_token_is_valid(toy_manager, toy):
     engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager)
     ids = torch.full((2, 5), 7)

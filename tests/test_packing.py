@@ -215,7 +215,7 @@ def test_packed_rows_are_placed_where_they_lie(name):
 
     placed, unpacked = copy.copy(fast), copy.copy(fast)
     placed.binding = dataclasses.replace(fast.binding, packed_rope_index=counted)
-    unpacked.binding = dataclasses.replace(fast.binding, packed_rope_index=None)
+    unpacked.binding = dataclasses.replace(fast.binding, packed_rope_index=None, packed_position_ids=None)
     rng = random.Random(f"placed/{name}")
     for index in range(40):
         batch = random_batch(fast.processor, rng, max_batch=6, max_images=3, max_videos=1, max_frames=4, bare_edges=True)
@@ -237,12 +237,16 @@ def test_packed_rows_are_placed_where_they_lie(name):
             # segments of one length are unpacked by reshaping instead
             assert len(calls) == count + int(bool((lengths != lengths[0]).any())), f"batch {index}"
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), f"batch {index}"
+            # compute_position_ids places every packed row where it lies, segments of one length too
+            got = placed.compute_position_ids(ids, None, kwargs, **packing)
+            assert torch.equal(got, unpacked.compute_position_ids(ids, None, kwargs, **packing)), f"batch {index}"
 
 
 def test_glm_and_the_reference_leave_packed_rows_to_the_engine():
-    assert engines("GLM-4V")[0].binding.packed_rope_index is None
-    assert engines("Qwen2-VL")[1].binding.packed_rope_index is None
-    assert engines("Qwen2-VL")[0].binding.packed_rope_index is not None
+    for engine in (engines("GLM-4V")[0], engines("Qwen2-VL")[1]):
+        assert engine.binding.packed_rope_index is None and engine.binding.packed_position_ids is None
+    fast = engines("Qwen2-VL")[0].binding
+    assert fast.packed_rope_index is not None and fast.packed_position_ids is not None
 
 
 @pytest.mark.differential
@@ -253,7 +257,7 @@ def test_packed_rows_of_several_rows_are_placed_where_they_lie():
 
     fast, _ = engines("Qwen2.5-VL")
     unpacked = copy.copy(fast)
-    unpacked.binding = dataclasses.replace(fast.binding, packed_rope_index=None)
+    unpacked.binding = dataclasses.replace(fast.binding, packed_rope_index=None, packed_position_ids=None)
     rng = random.Random("two rows")
     for index in range(10):
         samples = [one_sample("Qwen2.5-VL", rng, False) for _ in range(3)]
@@ -268,3 +272,6 @@ def test_packed_rows_of_several_rows_are_placed_where_they_lie():
         got = fast.get_rope_index(ids, segment_ids=segment_ids, **kwargs)
         want = unpacked.get_rope_index(ids, segment_ids=segment_ids, **kwargs)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), f"batch {index}"
+        got = fast.compute_position_ids(ids, None, kwargs, segment_ids=segment_ids)
+        assert got.is_contiguous()
+        assert torch.equal(got, unpacked.compute_position_ids(ids, None, kwargs, segment_ids=segment_ids)), f"batch {index}"

@@ -18,6 +18,10 @@ def rope_index(input_ids, attention_mask=None, **kwargs):
     ({"kind": "mrope", "rope_index": rope_index, "position_ids": "not callable"}, "position_ids must be a callable"),
     ({"kind": "1d", "packed_rope_index": rope_index}, "packed_rope_index must be a callable, and only for kind='mrope'"),
     ({"kind": "mrope", "rope_index": rope_index, "packed_rope_index": 3}, "packed_rope_index must be a callable"),
+    ({"kind": "mrope", "rope_index": rope_index, "packed_rope_index": rope_index, "packed_position_ids": 3},
+     "packed_position_ids must be a callable"),
+    ({"kind": "mrope", "rope_index": rope_index, "packed_position_ids": rope_index},
+     "packed_position_ids needs packed_rope_index"),
     ({"kind": "mrope", "rope_index": rope_index, "token_types": 3}, "token_types must be callable"),
     ({"kind": "mrope", "rope_index": rope_index, "implementation": ""}, "implementation must be a non-empty string"),
 ])

@@ -61,11 +61,15 @@ def mrope_position_ids(
     grids: Mapping[int, MediaGrids | None],
     *,
     spatial_merge_size: int,
+    cu_seqlens: torch.Tensor | np.ndarray | None = None,
 ) -> torch.Tensor:
     """The ``(B, 4, L)`` int64 layout of ``RopeEngine.compute_position_ids`` in one pass: row 0
     counts each sample's valid tokens from 0 (1 at padding), rows 1 to 3 are the positions
-    :func:`mrope_positions` returns. For a binding's ``position_ids``."""
-    positions, _ = _placed(token_types, attention_mask, kinds, grids, spatial_merge_size, text_row=True)
+    :func:`mrope_positions` returns. For a binding's ``position_ids``; with ``cu_seqlens``, as
+    in :func:`mrope_positions`, for its ``packed_position_ids`` (every row restarts at 0 in
+    every segment)."""
+    positions, _ = _placed(token_types, attention_mask, kinds, grids, spatial_merge_size, text_row=True,
+                           cu_seqlens=cu_seqlens)
     return positions
 
 

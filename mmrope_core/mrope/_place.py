@@ -141,23 +141,29 @@ def _steps(runs: Runs, layout: RunLayout, spans: Spans, length: int,
         -ending[:, tail_applies],
     ), axis=1)
     if text_row:
-        return _text_row(index, steps, runs, spans, length, started, leading, tail_applies, at_first)
+        return _text_row(index, steps, runs, spans, length, started, leading, tail_applies, at_first, follows)
     return index, steps
 
 
-def _text_row(index, steps, runs, spans, length, started, leading, tail_applies, at_first) -> tuple[np.ndarray, np.ndarray]:
+def _text_row(index, steps, runs, spans, length, started, leading, tail_applies, at_first,
+              follows) -> tuple[np.ndarray, np.ndarray]:
     """The steps with the text row's added on top: 0, 1, ... over a sample's valid tokens and 1
     at padding. Its counter is 1 at every valid token; it steps otherwise into a sample's first
-    token (to 0: by 0 at a row's start, by -1 from padding), after the sample's last (back to 1)
-    and at the start of a row that begins with padding (to 1, where the other rows step by 0)."""
-    into_first = -(spans.first % length != 0).astype(np.int64)
+    token (to 0: by 0 at a row's start, by -1 from padding, back from the previous sample's last
+    count for a packed sample that follows it), after the sample's last (back to 1) and at the
+    start of a row that begins with padding (to 1, where the other rows step by 0)."""
+    inside = spans.first % length != 0
+    into_first = -inside.astype(np.int64)
+    if follows.size:
+        into_first[follows] = 1 - spans.count[follows - 1]
+        inside[follows] = False  # what precedes it is a sample, not padding
     text = np.ones(index.size, dtype=np.int64)
     text[:leading] = into_first[started]
     starting = np.flatnonzero(at_first)  # a run that starts a sample
     text[leading + starting] = into_first[runs.row[starting]]
     tails = int(tail_applies.sum())
     text[index.size - tails :] = 2 - spans.count[tail_applies]
-    padded = (into_first != 0) | ~started
+    padded = inside | ~started
     row_start = spans.first[padded] // length * length
     index = np.concatenate((index, row_start))
     steps = np.concatenate((text[None], steps), axis=0)

@@ -68,6 +68,19 @@ def misshapen_packed_rope_index(input_ids, attention_mask=None, *, cu_seqlens, *
 PACKED = {"direct": toy_packed_rope_index, "misshapen": misshapen_packed_rope_index}
 
 
+def toy_packed_position_ids(input_ids, attention_mask=None, *, cu_seqlens, offset=0, **kwargs):
+    """The (1, 4, T) layout of one packed row: each segment's count over its positions."""
+    positions, _ = toy_packed_rope_index(input_ids, cu_seqlens=cu_seqlens)
+    return torch.cat([positions[:1], positions + int(offset)]).transpose(0, 1)
+
+
+def misshapen_packed_position_ids(input_ids, attention_mask=None, *, cu_seqlens, **kwargs):
+    return toy_packed_rope_index(input_ids, cu_seqlens=cu_seqlens)[0].int()
+
+
+PACKED_POSITION_IDS = {"direct": toy_packed_position_ids, "misshapen": misshapen_packed_position_ids}
+
+
 def _relaxed(processor, text=None, **kwargs):
     if not text:
         raise ValueError("ToyProcessor needs text")
@@ -80,7 +93,8 @@ def bind_rope_index(processor, options):
     if isinstance(processor, ToyProcessor):
         return RopeBinding(kind="mrope", rope_index=toy_rope_index, implementation=options.get("impl", "fast"),
                            position_ids=POSITION_IDS.get(options.get("position_ids")),
-                           packed_rope_index=PACKED.get(options.get("packed_rope_index")))
+                           packed_rope_index=PACKED.get(options.get("packed_rope_index")),
+                           packed_position_ids=PACKED_POSITION_IDS.get(options.get("packed_position_ids")))
     return None
 
 

@@ -55,9 +55,10 @@ def bind(family: Family, processor: Any, config: Any, options: Mapping[str, Any]
         )
     fast = FastRopeIndex(family, config, rule, tokens)
     # GLM's token types count video markers along the row, so a packed row's would leak across segments
-    packed = None if family.video_inside_markers else fast.packed
+    places_packed = not family.video_inside_markers
     return RopeBinding("mrope", fast, token_types, "fast", description=f"{family.name}, batched kernel ({rule} temporal rule)",
-                       position_ids=fast.position_ids, packed_rope_index=packed)
+                       position_ids=fast.position_ids, packed_rope_index=fast.packed if places_packed else None,
+                       packed_position_ids=fast.packed_position_ids if places_packed else None)
 
 
 def _resolve_config(family: Family, processor: Any, config: Any) -> Any:
@@ -144,8 +145,8 @@ class _Implementation:
 
 class FastRopeIndex(_Implementation):
     """The batched kernel. Same signature and results as the reference ``get_rope_index``;
-    :meth:`position_ids` gives the engine's ``(B, 4, L)`` layout directly, :meth:`packed` the
-    positions of a packed row where its segments lie."""
+    :meth:`position_ids` gives the engine's ``(B, 4, L)`` layout directly, :meth:`packed` and
+    :meth:`packed_position_ids` the positions of a packed row where its segments lie."""
 
     def __init__(self, family: Family, config: Any, rule: str, tokens: tuple[str, str] = _TOKENS) -> None:
         super().__init__(family, config, tokens)
@@ -164,6 +165,11 @@ class FastRopeIndex(_Implementation):
                cu_seqlens: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         return mrope_positions(*self._kernel_arguments(attention_mask, **kwargs), spatial_merge_size=self.merge,
                                out_dtype=input_ids.dtype, cu_seqlens=cu_seqlens)
+
+    def packed_position_ids(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                            cu_seqlens: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        return mrope_position_ids(*self._kernel_arguments(attention_mask, **kwargs), spatial_merge_size=self.merge,
+                                  cu_seqlens=cu_seqlens)
 
     def _kernel_arguments(self, attention_mask: torch.Tensor | None, *, mm_token_type_ids: torch.Tensor,
                           image_grid_thw: Any = None, video_grid_thw: Any = None, second_per_grid_ts: Any = None,
