@@ -240,7 +240,7 @@ class RopeEngine:
         """``function`` called on the packed rows as one ``(1, T)`` row, with its ``cu_seqlens``."""
         row = ids.reshape(1, -1)
         token_types = self._segment_token_types(row, layout, layout.starts)
-        kwargs["cu_seqlens"] = torch.from_numpy(np.append(layout.starts, ids.numel()))
+        kwargs["cu_seqlens"] = torch.from_numpy(np.concatenate((layout.starts, [ids.numel()])))
         with _segments_as_samples():
             return self._call_plugin(function, name, row, None, kwargs, token_types)
 
@@ -399,7 +399,7 @@ def _check_segment_boundaries(layout: PackedLayout, token_types: torch.Tensor, f
     first, last = types[: layout.segments], types[layout.segments :]
     starts = layout.starts
     adjacent = starts[1:] == starts[:-1] + layout.lengths[:-1]  # same row, nothing between them
-    cut = np.flatnonzero(adjacent & (last[:-1] != 0) & (last[:-1] == first[1:]))
+    cut = (adjacent & (last[:-1] != 0) & (last[:-1] == first[1:])).nonzero()[0]
     if cut.size:
         k = int(cut[0])
         row, column = divmod(int(starts[k + 1]), layout.shape[1])

@@ -108,14 +108,14 @@ class PackedLayout:
     @functools.cached_property
     def _first_token(self) -> np.ndarray:
         """Where each segment begins among the segments' tokens, counted in packed order."""
-        return np.cumsum(self.lengths) - self.lengths
+        return np.add.accumulate(self.lengths) - self.lengths
 
     @functools.cached_property
     def _slots(self) -> np.ndarray:
         """The slot of the unpacked batch, flat (``k * longest + column``), that each token of the
         segments takes, in packed order; unpacking and packing back read these once."""
         shift = np.arange(self.segments) * self.longest - self._first_token
-        return np.repeat(shift, self.lengths) + np.arange(int(self.lengths.sum()))
+        return shift.repeat(self.lengths) + np.arange(int(self.lengths.sum()))
 
     def unpack(self, values: torch.Tensor, fill: int = 0) -> torch.Tensor:
         """``(B, L)`` values of the packed batch as a ``(K, longest)`` batch of segments."""
@@ -143,7 +143,7 @@ class PackedLayout:
         """Each token's position within its segment, ``(B, L)`` (0 outside segments)."""
         if self.uniform:
             return self.pack(torch.arange(self.longest, device=self.device).expand(self.segments, self.longest))
-        within = np.arange(int(self.lengths.sum())) - np.repeat(self._first_token, self.lengths)
+        within = np.arange(int(self.lengths.sum())) - self._first_token.repeat(self.lengths)
         return self._place(torch.from_numpy(within).to(self.device), 0)
 
     def _place(self, flat: torch.Tensor, fill: float) -> torch.Tensor:

@@ -100,8 +100,8 @@ def _in_segments(runs: Runs, shape: tuple[int, int], attention_mask: torch.Tenso
     if not covers or count.min() <= 0:
         raise InvalidInputError(f"cu_seqlens must increase from 0 to the row length {shape[1]}, got {bounds.tolist()}")
     first = bounds[:-1]
-    segment = np.searchsorted(first, runs.start, side="right") - 1
-    crossing = np.flatnonzero(runs.start + runs.length > bounds[1:][segment])
+    segment = first.searchsorted(runs.start, side="right") - 1
+    crossing = (runs.start + runs.length > bounds[1:][segment]).nonzero()[0]
     if crossing.size:
         k = int(segment[crossing[0]])
         raise segment_cut(k + 1, f"token {int(bounds[k + 1])}")

@@ -126,7 +126,7 @@ def _steps(runs: Runs, layout: RunLayout, spans: Spans, length: int,
     first_step = np.zeros((3, spans.count.size), dtype=np.int64)
     # packed samples: one that begins where the previous one ended, inside a row, takes the
     # previous one's step back to 0 as its first step
-    follows = np.flatnonzero((spans.first[1:] == tail[:-1]) & tail_applies[:-1]) + 1
+    follows = ((spans.first[1:] == tail[:-1]) & tail_applies[:-1]).nonzero()[0] + 1
     if follows.size:
         first_step[:, follows] = -ending[:, follows - 1]
         tail_applies[follows - 1] = False
@@ -159,7 +159,7 @@ def _text_row(index, steps, runs, spans, length, started, leading, tail_applies,
         inside[follows] = False  # what precedes it is a sample, not padding
     text = np.ones(index.size, dtype=np.int64)
     text[:leading] = into_first[started]
-    starting = np.flatnonzero(at_first)  # a run that starts a sample
+    starting = at_first.nonzero()[0]  # a run that starts a sample
     text[leading + starting] = into_first[runs.row[starting]]
     tails = int(tail_applies.sum())
     text[index.size - tails :] = 2 - spans.count[tail_applies]
@@ -176,7 +176,7 @@ def _line_steps(runs: Runs, layout: RunLayout) -> tuple[np.ndarray, np.ndarray]:
     """The first token of every grid line but a run's first, and the ``(3, N)`` step into it."""
     further = layout.frames * layout.height - 1
     per_run = np.array((np.add.accumulate(further) - further, layout.height, layout.width, runs.start))
-    first_line, height, width, start = np.repeat(per_run, further, axis=1)
+    first_line, height, width, start = per_run.repeat(further, axis=1)
     line = np.arange(1, first_line.size + 1) - first_line
     frame = line // height
     new_frame = line == frame * height
@@ -184,8 +184,8 @@ def _line_steps(runs: Runs, layout: RunLayout) -> tuple[np.ndarray, np.ndarray]:
     for kind_runs, scale in layout.scaled:
         scale_of_run = np.full(runs.count, -1)
         scale_of_run[kind_runs] = np.arange(len(scale))
-        line_scale = np.repeat(scale_of_run, further)
-        selected = np.flatnonzero((line_scale >= 0) & new_frame)
+        line_scale = scale_of_run.repeat(further)
+        selected = ((line_scale >= 0) & new_frame).nonzero()[0]
         frame_of, scale_of = frame[selected], scale[line_scale[selected]]
         temporal[selected] = _temporal(frame_of, scale_of) - _temporal(frame_of - 1, scale_of)
     steps = np.array((temporal, 1 - new_frame * height, 1 - width))

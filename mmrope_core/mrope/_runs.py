@@ -85,7 +85,7 @@ def scan(code: torch.Tensor, padded: bool = True) -> tuple[Runs, Spans | None]:
 def _changes(flat: np.ndarray | torch.Tensor) -> np.ndarray:
     """The indices p where ``flat[p] != flat[p + 1]``, which are few."""
     if isinstance(flat, np.ndarray):  # numpy's byte comparison and nonzero are several times faster than torch's
-        return np.flatnonzero(flat[1:] != flat[:-1])
+        return (flat[1:] != flat[:-1]).nonzero()[0]
     return numpy(torch.nonzero(flat[1:] != flat[:-1]).squeeze(1))
 
 
@@ -116,7 +116,7 @@ def _split_at_rows(starts, types, ends, first_column, last_column, row_start, le
     inner, opening = starts % length != 0, first_column > 0
     starts = np.concatenate((starts[inner], row_start[opening]))
     types = np.concatenate((types[inner], first_column[opening]))
-    order = np.argsort(starts, kind="stable")
+    order = starts.argsort(kind="stable")
     ends = np.concatenate((ends[(ends + 1) % length != 0], row_start[last_column > 0] + (length - 1)))
     return starts[order], types[order], np.sort(ends)
 
@@ -145,7 +145,7 @@ def grids_of_runs(runs: Runs, kinds: Sequence[MediaKind], grids: Mapping[int, Me
     if len(given) == 1:
         run_grid, found, kind_runs = grid, runs.length, [slice(None)]
     else:  # grids are listed kind by kind; runs come in reading order
-        order = np.argsort(runs.type, kind="stable")
+        order = runs.type.argsort(kind="stable")
         found = runs.length[order]
         run_grid = np.empty_like(grid)
         run_grid[order] = grid
