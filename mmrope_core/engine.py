@@ -394,15 +394,16 @@ def _segments_as_samples() -> Iterator[None]:
 def _check_segment_boundaries(layout: PackedLayout, token_types: torch.Tensor, firsts: np.ndarray) -> None:
     """A segment must not start inside a placeholder run the previous segment began.
     ``token_types`` are flat, ``firsts`` the flat index of each segment's first token in them."""
-    edges = np.concatenate((firsts, firsts + layout.lengths - 1))
-    types = values_at(token_types, edges)
-    first, last = types[: layout.segments], types[layout.segments :]
-    starts = layout.starts
-    adjacent = starts[1:] == starts[:-1] + layout.lengths[:-1]  # same row, nothing between them
-    cut = (adjacent & (last[:-1] != 0) & (last[:-1] == first[1:])).nonzero()[0]
+    previous_last = firsts[:-1] + (layout.lengths[:-1] - 1)
+    types = values_at(token_types, np.concatenate((firsts[1:], previous_last)))
+    first, last = types[: firsts.size - 1], types[firsts.size - 1 :]
+    cut = (first == last) & (last != 0)
+    if layout.tokens is not None:  # segments may lie apart: only one right after the other can be cut
+        cut &= layout.starts[1:] == layout.starts[:-1] + layout.lengths[:-1]
+    cut = cut.nonzero()[0]
     if cut.size:
         k = int(cut[0])
-        row, column = divmod(int(starts[k + 1]), layout.shape[1])
+        row, column = divmod(int(layout.starts[k + 1]), layout.shape[1])
         raise segment_cut(k + 1, f"row {row}, token {column}")
 
 

@@ -25,6 +25,9 @@ class PackedLayout:
         device: where the batch's tensors are.
         tokens: flat index of every token that belongs to a segment, or None when the segments
             cover the batch back to back (``cu_seqlens``, or segment ids without padding).
+        longest: the most tokens in a segment.
+        uniform: all segments have the same length: unpacking is a reshape, and every slot of
+            the unpacked batch holds a token.
     """
 
     shape: tuple[int, int]
@@ -32,20 +35,18 @@ class PackedLayout:
     starts: np.ndarray
     device: torch.device
     tokens: torch.Tensor | None = None
+    longest: int = dataclasses.field(init=False)
+    uniform: bool = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        # worked out here, where every call needs them (a cached_property takes a lock per read)
+        longest = int(self.lengths.max())
+        object.__setattr__(self, "longest", longest)
+        object.__setattr__(self, "uniform", int(self.lengths.min()) == longest)
 
     @property
     def segments(self) -> int:
         return self.lengths.size
-
-    @functools.cached_property
-    def longest(self) -> int:
-        return int(self.lengths.max())
-
-    @functools.cached_property
-    def uniform(self) -> bool:
-        """All segments have the same length: unpacking is a reshape, and every slot of the
-        unpacked batch holds a token."""
-        return int(self.lengths.min()) == self.longest
 
     @classmethod
     def from_cu_seqlens(cls, cu_seqlens: Any, shape: tuple[int, int], device: torch.device) -> PackedLayout:
