@@ -362,6 +362,17 @@ def test_grids_as_lists_are_refused_with_a_fix(qwen2_engine):
         engine.get_rope_index(ids, mask, image_grid_thw=grids.tolist())
 
 
+def test_empty_video_grids_and_seconds_are_no_videos(manager):
+    """A collator may hand over (0, 3) video grids and no seconds for a batch without videos."""
+    processor, _ = built("Qwen2.5-VL", "qwen2_5_vl")
+    fast, reference = engines(manager, "Qwen2.5-VL", "qwen2_5_vl")
+    ids, mask, grids = image_batch(processor, counts=(1, 2))
+    inputs = {"image_grid_thw": grids, "video_grid_thw": torch.zeros(0, 3, dtype=torch.long),
+              "second_per_grid_ts": torch.zeros(0)}
+    assert_same_positions(fast, reference, ids, mask, inputs, "empty video grids")
+    assert torch.equal(fast.get_rope_index(ids, mask, **inputs)[0], fast.get_rope_index(ids, mask, image_grid_thw=grids)[0])
+
+
 @pytest.mark.parametrize("impl", ["fast", "reference"])
 @pytest.mark.parametrize(
     "seconds, message",

@@ -233,6 +233,8 @@ def _seconds(value: Any, videos: int) -> torch.Tensor:
     values = _host(seconds)  # a handful: checked in numpy
     if not isinstance(values, np.ndarray):
         values = values.to(torch.float64).numpy()
+    if not values.size:
+        return seconds
     low, high = values.min(), values.max()
     if not (low >= 0 and high < np.inf):  # NaN fails both
         what = "a negative" if low < 0 else "a non-finite"
