@@ -221,7 +221,7 @@ class RopeEngine:
         if self.binding.packed_rope_index is not None and layout.tokens is None and not layout.uniform:
             positions, deltas = self._in_place(self.binding.packed_rope_index, "packed rope index", ids, layout, kwargs)
             self._check_packed_result(positions, deltas, (3, 1, ids.numel()), (layout.segments, 1))
-            return positions.view(3, *layout.shape), deltas
+            return positions.reshape(3, *layout.shape), deltas
         segments = layout.unpack(ids)
         token_types = self._segment_token_types(segments, layout, np.arange(layout.segments) * segments.shape[1])
         mask = None if layout.uniform else layout.unpacked_mask()  # segments of one length fill every slot
@@ -234,7 +234,7 @@ class RopeEngine:
         positions = self._in_place(self.binding.packed_position_ids, "packed position ids", ids, layout, kwargs)
         self._check_position_ids("packed_position_ids", positions, (1, 4, ids.numel()))
         # several rows were placed as one: each row's four rows follow one another again
-        return positions.view(4, *layout.shape).transpose(0, 1).contiguous()
+        return positions.reshape(4, *layout.shape).transpose(0, 1).contiguous()
 
     def _in_place(self, function: Any, name: str, ids: torch.Tensor, layout: PackedLayout, kwargs: dict[str, Any]) -> Any:
         """``function`` called on the packed rows as one ``(1, T)`` row, with its ``cu_seqlens``."""

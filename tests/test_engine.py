@@ -133,6 +133,21 @@ def test_packed_position_ids_place_every_packed_row(toy_manager, toy):
     assert [c.tolist() for c in calls] == [[0, 2, 7, 9], [0, 3, 6, 9], [0, 2, 5, 6, 9, 10]]
 
 
+def test_packed_results_laid_out_in_any_order_in_memory_are_taken(toy_manager, toy):
+    strided = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager, packed_rope_index="strided",
+                                        packed_position_ids="strided")
+    unpacking = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager)
+    ids, inputs = torch.full((2, 5), 7), {"offset": torch.tensor(2)}
+    segment_ids = torch.tensor([[1, 1, 2, 2, 2], [1, 2, 2, 2, 3]])
+    assert not toy.strided_packed_position_ids(ids.reshape(1, -1), cu_seqlens=torch.tensor([0, 2, 10])).is_contiguous()
+    got = strided.compute_position_ids(ids, None, inputs, segment_ids=segment_ids)
+    assert got.is_contiguous()
+    assert torch.equal(got, unpacking.compute_position_ids(ids, None, inputs, segment_ids=segment_ids))
+    got = strided.get_rope_index(ids, segment_ids=segment_ids, offset=torch.tensor(2))
+    want = unpacking.get_rope_index(ids, segment_ids=segment_ids, offset=torch.tensor(2))
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 def test_packed_position_ids_of_the_wrong_dtype_break_the_contract(toy_manager, toy):
     engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager, packed_rope_index="direct",
                                        packed_position_ids="misshapen")

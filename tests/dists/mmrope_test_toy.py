@@ -65,7 +65,13 @@ def misshapen_packed_rope_index(input_ids, attention_mask=None, *, cu_seqlens, *
     return toy_rope_index(input_ids)[0][0], torch.zeros(1, 1, dtype=torch.long)
 
 
-PACKED = {"direct": toy_packed_rope_index, "misshapen": misshapen_packed_rope_index}
+def strided_packed_rope_index(input_ids, attention_mask=None, **kwargs):
+    """The same positions, laid out in memory token by token (not contiguous as (3, 1, T))."""
+    positions, deltas = toy_packed_rope_index(input_ids, **kwargs)
+    return positions.permute(2, 1, 0).contiguous().permute(2, 1, 0), deltas
+
+
+PACKED = {"direct": toy_packed_rope_index, "misshapen": misshapen_packed_rope_index, "strided": strided_packed_rope_index}
 
 
 def toy_packed_position_ids(input_ids, attention_mask=None, *, cu_seqlens, offset=0, **kwargs):
@@ -78,7 +84,12 @@ def misshapen_packed_position_ids(input_ids, attention_mask=None, *, cu_seqlens,
     return toy_packed_rope_index(input_ids, cu_seqlens=cu_seqlens)[0].int()
 
 
-PACKED_POSITION_IDS = {"direct": toy_packed_position_ids, "misshapen": misshapen_packed_position_ids}
+def strided_packed_position_ids(input_ids, attention_mask=None, **kwargs):
+    return toy_packed_position_ids(input_ids, **kwargs).permute(0, 2, 1).contiguous().permute(0, 2, 1)
+
+
+PACKED_POSITION_IDS = {"direct": toy_packed_position_ids, "misshapen": misshapen_packed_position_ids,
+                       "strided": strided_packed_position_ids}
 
 
 def _relaxed(processor, text=None, **kwargs):
