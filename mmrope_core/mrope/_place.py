@@ -111,7 +111,6 @@ def _steps(runs: Runs, layout: RunLayout, spans: Spans, length: int,
     start_step = np.ones((3, runs.count), dtype=np.int64)
     np.copyto(start_step[:, 1:], after_step[:, :-1], where=touches)
     at_first = runs.start == layout.first
-    start_step[:, at_first] = 0
     after_applies = after <= layout.last
     after_applies[:-1] &= ~touches
     # back to 0 after the sample's last token: from the end of the run it ends with, or its text
@@ -120,7 +119,6 @@ def _steps(runs: Runs, layout: RunLayout, spans: Spans, length: int,
     ended = after - 1 == layout.last
     ending[:, runs.row[ended]] = layout.end[:, ended]
     started = spans.count > 0
-    leading = np.count_nonzero(started)
     tail = spans.last + 1
     tail_applies = (tail % length != 0) & started
     first_step = np.zeros((3, spans.count.size), dtype=np.int64)
@@ -130,7 +128,7 @@ def _steps(runs: Runs, layout: RunLayout, spans: Spans, length: int,
     if follows.size:
         first_step[:, follows] = -ending[:, follows - 1]
         tail_applies[follows - 1] = False
-        start_step[:, at_first] = first_step[:, runs.row[at_first]]
+    start_step[:, at_first] = first_step[:, runs.row[at_first]]
     line_index, line_step = _line_steps(runs, layout)
     index = np.concatenate((spans.first[started], runs.start, line_index, after[after_applies], tail[tail_applies]))
     steps = np.concatenate((
@@ -141,11 +139,11 @@ def _steps(runs: Runs, layout: RunLayout, spans: Spans, length: int,
         -ending[:, tail_applies],
     ), axis=1)
     if text_row:
-        return _text_row(index, steps, runs, spans, length, started, leading, tail_applies, at_first, follows)
+        return _text_row(index, steps, runs, spans, length, started, tail_applies, at_first, follows)
     return index, steps
 
 
-def _text_row(index, steps, runs, spans, length, started, leading, tail_applies, at_first,
+def _text_row(index, steps, runs, spans, length, started, tail_applies, at_first,
               follows) -> tuple[np.ndarray, np.ndarray]:
     """The steps with the text row's added on top: 0, 1, ... over a sample's valid tokens and 1
     at padding. Its counter is 1 at every valid token; it steps otherwise into a sample's first
@@ -158,6 +156,7 @@ def _text_row(index, steps, runs, spans, length, started, leading, tail_applies,
         into_first[follows] = 1 - spans.count[follows - 1]
         inside[follows] = False  # what precedes it is a sample, not padding
     text = np.ones(index.size, dtype=np.int64)
+    leading = np.count_nonzero(started)
     text[:leading] = into_first[started]
     starting = at_first.nonzero()[0]  # a run that starts a sample
     text[leading + starting] = into_first[runs.row[starting]]

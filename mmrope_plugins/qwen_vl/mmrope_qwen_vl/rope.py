@@ -134,8 +134,8 @@ class _Implementation:
         videos = _grid("video_grid_thw", video_grid_thw)
         scale = None
         if videos is not None and self.family.timed_video:
-            seconds = _seconds(second_per_grid_ts, videos.shape[0])
-            scale = TEMPORAL_RULES[rule](self.tokens_per_second, _host(seconds))
+            _, seconds = _seconds(second_per_grid_ts, videos.shape[0])
+            scale = TEMPORAL_RULES[rule](self.tokens_per_second, seconds)
         if videos is not None and self.family.per_frame_video:
             videos = torch.repeat_interleave(videos, videos[:, 0], dim=0)
             videos[:, 0] = 1
@@ -198,7 +198,7 @@ class ReferenceRopeIndex(_Implementation):
         check_placeholders(mm_token_type_ids, mask, self.kinds, media, spatial_merge_size=self.merge)
         kwargs = {}
         if self.family.timed_video and video_grid_thw is not None:
-            kwargs["second_per_grid_ts"] = _seconds(second_per_grid_ts, video_grid_thw.shape[0])
+            kwargs["second_per_grid_ts"], _ = _seconds(second_per_grid_ts, video_grid_thw.shape[0])
         return self.model.get_rope_index(
             input_ids=input_ids, mm_token_type_ids=mm_token_type_ids, image_grid_thw=image_grid_thw,
             video_grid_thw=video_grid_thw, attention_mask=mask, **kwargs,
@@ -218,10 +218,12 @@ def _grid(key: str, value: Any) -> torch.Tensor | None:
     return value
 
 
-def _seconds(value: Any, videos: int) -> torch.Tensor:
-    """``second_per_grid_ts`` as a tensor (a list becomes float32, as the processor returns it)."""
+def _seconds(value: Any, videos: int) -> tuple[torch.Tensor, np.ndarray | torch.Tensor]:
+    """``second_per_grid_ts`` as a tensor (a list becomes float32, as the processor returns it),
+    checked, and the same on the CPU (:func:`_host`)."""
     if value is None:
-        return torch.ones(videos, dtype=torch.int64)
+        seconds = torch.ones(videos, dtype=torch.int64)
+        return seconds, seconds.numpy()
     seconds = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
     if seconds.dim() != 1:
         seconds = seconds.reshape(-1)
@@ -230,16 +232,16 @@ def _seconds(value: Any, videos: int) -> torch.Tensor:
             f"second_per_grid_ts has {seconds.numel()} values for {videos} videos in video_grid_thw; "
             f"pass one value per video"
         )
-    values = _host(seconds)  # a handful: checked in numpy
-    if not isinstance(values, np.ndarray):
-        values = values.to(torch.float64).numpy()
+    on_host = _host(seconds)
+    # a handful: checked in numpy
+    values = on_host if isinstance(on_host, np.ndarray) else on_host.to(torch.float64).numpy()
     if not values.size:
-        return seconds
+        return seconds, on_host
     low, high = values.min(), values.max()
     if not (low >= 0 and high < np.inf):  # NaN fails both
         what = "a negative" if low < 0 else "a non-finite"
         raise InvalidInputError(f"second_per_grid_ts holds {what} value: {seconds.tolist()}")
-    return seconds
+    return seconds, on_host
 
 
 def _host(seconds: torch.Tensor) -> np.ndarray | torch.Tensor:
