@@ -33,7 +33,7 @@ def get_rope_index_kwargs(processor: Any, multi_modal_inputs: Any):
         return None
     keys = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts") if family.timed_video else (
         "image_grid_thw", "video_grid_thw")
-    return {key: multi_modal_inputs[key] for key in keys if multi_modal_inputs.get(key) is not None}
+    return {key: value for key in keys if (value := multi_modal_inputs.get(key)) is not None}
 
 
 @hookimpl
