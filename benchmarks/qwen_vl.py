@@ -83,9 +83,9 @@ def single_sample(processor, config, fast, reference, repeat) -> None:
     and with a plugin that costs nothing."""
     ids, mask, grids = batch_with_media(processor, 1, 4096, 2, (1, 28, 28), 100)
     binding = fast.binding
-    bool_mask, types_ = mask.bool(), binding.token_types(ids)
+    types_ = binding.token_types(ids)
     kernels = {"get_rope_index": binding.rope_index, "compute_position_ids": binding.position_ids}
-    results = {name: kernel(ids, attention_mask=bool_mask, mm_token_type_ids=types_, **grids)
+    results = {name: kernel(ids, attention_mask=mask, mm_token_type_ids=types_, **grids)
                for name, kernel in kernels.items()}
     bare = engine(processor, config, "qwen_vl")
     bare.binding = dataclasses.replace(
