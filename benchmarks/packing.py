@@ -67,15 +67,18 @@ def compare(processor, fast, reference, lengths, rng, repeat) -> dict[str, float
     seconds = torch.full((videos.shape[0],), 0.5)
     packed_kwargs = {"image_grid_thw": images, "video_grid_thw": videos, "second_per_grid_ts": seconds}
 
+    segments, video_index = [], 0  # each segment's row and arguments, built before any timing
+    for row, sample_images, sample_videos in samples:
+        kwargs = {"image_grid_thw": torch.tensor(sample_images)}
+        if sample_videos:
+            kwargs["video_grid_thw"] = torch.tensor(sample_videos)
+            kwargs["second_per_grid_ts"] = seconds[video_index : video_index + len(sample_videos)]
+            video_index += len(sample_videos)
+        segments.append((row.unsqueeze(0), kwargs))
+
     def per_segment(call):
-        video_index = 0
-        for row, sample_images, sample_videos in samples:
-            kwargs = {"image_grid_thw": torch.tensor(sample_images)}
-            if sample_videos:
-                kwargs["video_grid_thw"] = torch.tensor(sample_videos)
-                kwargs["second_per_grid_ts"] = seconds[video_index : video_index + len(sample_videos)]
-                video_index += len(sample_videos)
-            call(row.unsqueeze(0), kwargs)
+        for row, kwargs in segments:
+            call(row, kwargs)
 
     positions, _ = fast.get_rope_index(ids, cu_seqlens=cu_seqlens, **packed_kwargs)
     assert torch.equal(positions, reference.get_rope_index(ids, cu_seqlens=cu_seqlens, **packed_kwargs)[0])
