@@ -1,10 +1,11 @@
 """Packed rows: one (1, 65536) row of 16 samples with images and videos, one packed engine call
 vs the transformers reference called once per segment, for ``get_rope_index`` and for
 ``compute_position_ids`` (what trainers call); samples of one length (4096 tokens each) and of
-lengths between 2500 and 5700 tokens, as packing makes them. Prints the ratios measured in this
-run. The packed calls take under a millisecond, so each time is the fastest of 20 rounds of 5
-calls: on a machine whose speed changes from second to second, fewer rounds left the ratio
-moving by a fifth between runs.
+lengths between 2500 and 5700 tokens, as packing makes them. Then the same samples packed with
+``segment_ids`` into four rows of 16384 tokens, each row filled with whole samples and padded
+at its end ("neat packing"). Prints the ratios measured in this run. The packed calls take
+about a millisecond, so each time is the fastest of 20 rounds of 5 calls: on a machine whose
+speed changes from second to second, fewer rounds left the ratio moving by a fifth between runs.
 
     python benchmarks/packing.py [--repeat 20]
 """
@@ -46,22 +47,43 @@ def main() -> None:
     fast = engine(processor, config, "qwen_vl")
     reference = engine(processor, config, "qwen_vl", impl="reference")
     print(f"{environment()}\n")
-    print("Qwen2.5-VL packed 1 x 65536, 16 samples, images + videos: the reference called per segment")
+    print("Qwen2.5-VL packed samples, images + videos: the reference called per segment")
     print(f"{'segments':<18}{'call':<24}{'reference':>12}{'fast':>12}{'ref/fast':>10}")
     rng = random.Random(0)
     varied = [rng.randint(2500, 5700) for _ in range(15)]
-    for name, lengths in (("16 x 4096", [4096] * 16), ("2500 to 5700", [*varied, 65536 - sum(varied)])):
-        t = compare(processor, fast, reference, lengths, random.Random(0), args.repeat)
+    layouts = (("16 x 4096", [[4096] * 16]), ("2500 to 5700", [[*varied, 65536 - sum(varied)]]),
+               ("4 rows, padded", rows_of(varied, 16384)))
+    for name, rows in layouts:
+        t = compare(processor, fast, reference, rows, random.Random(0), args.repeat)
         for call in ("get_rope_index", "compute_position_ids"):
             t_ref, t_fast = t[f"reference {call}"], t[f"fast {call}"]
             print(f"{name:<18}{call:<24}{t_ref * 1e3:>10.1f}ms{t_fast * 1e3:>10.2f}ms{t_ref / t_fast:>9.1f}x")
 
 
-def compare(processor, fast, reference, lengths, rng, repeat) -> dict[str, float]:
-    """Seconds per call: one packed engine call against the reference called per segment."""
-    samples = [sample(processor, rng, length) for length in lengths]
-    ids = torch.cat([s[0] for s in samples]).unsqueeze(0)
-    cu_seqlens = torch.tensor([0, *lengths]).cumsum(0)
+def rows_of(lengths, width):
+    """Sample lengths filling rows of ``width`` tokens in order, each row as full as whole samples make it."""
+    rows = [[]]
+    for length in lengths:
+        if sum(rows[-1]) + length > width:
+            rows.append([])
+        rows[-1].append(length)
+    return rows
+
+
+def compare(processor, fast, reference, rows, rng, repeat) -> dict[str, float]:
+    """Seconds per call: one packed engine call against the reference called per segment. One
+    row that its samples fill is packed with ``cu_seqlens``; rows to pad, with ``segment_ids``."""
+    width = max(sum(lengths) for lengths in rows)
+    samples = [sample(processor, rng, length) for lengths in rows for length in lengths]
+    ids = torch.full((len(rows), width), processor.tokenizer.pad_token_id)
+    segment_ids = torch.zeros(len(rows), width, dtype=torch.long)
+    for r, lengths in enumerate(rows):
+        segment_ids[r, : sum(lengths)] = torch.repeat_interleave(torch.arange(1, len(lengths) + 1), torch.tensor(lengths))
+    ids[segment_ids > 0] = torch.cat([s[0] for s in samples])
+    if len(rows) == 1:
+        packing = {"cu_seqlens": torch.tensor([0, *rows[0]]).cumsum(0)}
+    else:
+        packing = {"segment_ids": segment_ids}
     images = torch.tensor([g for s in samples for g in s[1]])
     videos = torch.tensor([g for s in samples for g in s[2]])
     seconds = torch.full((videos.shape[0],), 0.5)
@@ -80,14 +102,14 @@ def compare(processor, fast, reference, lengths, rng, repeat) -> dict[str, float
         for row, kwargs in segments:
             call(row, kwargs)
 
-    positions, _ = fast.get_rope_index(ids, cu_seqlens=cu_seqlens, **packed_kwargs)
-    assert torch.equal(positions, reference.get_rope_index(ids, cu_seqlens=cu_seqlens, **packed_kwargs)[0])
+    positions, _ = fast.get_rope_index(ids, **packing, **packed_kwargs)
+    assert torch.equal(positions, reference.get_rope_index(ids, **packing, **packed_kwargs)[0])
     return timed({
         "reference get_rope_index": lambda: per_segment(lambda row, kwargs: reference.get_rope_index(row, **kwargs)),
-        "fast get_rope_index": lambda: fast.get_rope_index(ids, cu_seqlens=cu_seqlens, **packed_kwargs),
+        "fast get_rope_index": lambda: fast.get_rope_index(ids, **packing, **packed_kwargs),
         "reference compute_position_ids": lambda: per_segment(
             lambda row, kwargs: reference.compute_position_ids(row, None, kwargs)),
-        "fast compute_position_ids": lambda: fast.compute_position_ids(ids, None, packed_kwargs, cu_seqlens=cu_seqlens),
+        "fast compute_position_ids": lambda: fast.compute_position_ids(ids, None, packed_kwargs, **packing),
     }, repeat)
 
 

@@ -165,8 +165,10 @@ class RopeEngine:
         kwargs = self.rope_index_kwargs(multi_modal_inputs, mm_processor_kwargs)
         if layout is None and self.binding.position_ids is not None:
             return self._position_ids(ids, mask, kwargs)
-        if layout is not None and layout.tokens is None and self.binding.packed_position_ids is not None:
-            return self._packed_position_ids(ids, layout, kwargs)
+        if layout is not None and self.binding.packed_position_ids is not None:
+            placed = self._packed_position_ids(ids, layout, kwargs)
+            if placed is not None:
+                return placed
         if layout is None:
             positions, _ = self._rope_index(ids, mask, kwargs)
         else:
@@ -175,9 +177,7 @@ class RopeEngine:
         if layout is None:
             text_positions(mask, out=out[:, 0])
         else:
-            out[:, 0] = layout.offsets()
-            if layout.tokens is not None:  # tokens outside every segment hold 1 in the text row
-                out[:, 0].masked_fill_(layout.valid().logical_not(), 1)
+            out[:, 0] = layout.offsets(outside=1)  # tokens outside every segment hold 1 in the text row
         out[:, 1:] = positions.transpose(0, 1)
         return out
 
@@ -214,44 +214,57 @@ class RopeEngine:
         self, ids: torch.Tensor, layout: PackedLayout, kwargs: dict[str, Any]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Each segment computed as the sample it was, in one call: on the segments unpacked into a
-        batch, or, for segments of different lengths that cover the rows, on the packed row when the
+        batch, or, for segments of different lengths, on their tokens as one packed row when the
         binding places packed rows (unpacking would pad every segment to the longest). Segments of
         one length unpack by reshaping, into a batch whose many rows the kernel's passes share out
         better among threads than one long row."""
-        if self.binding.packed_rope_index is not None and layout.tokens is None and not layout.uniform:
-            positions, deltas = self._in_place(self.binding.packed_rope_index, "packed rope index", ids, layout, kwargs)
-            self._check_packed_result(positions, deltas, (3, 1, ids.numel()), (layout.segments, 1))
-            return positions.reshape(3, *layout.shape), deltas
+        if self.binding.packed_rope_index is not None and not layout.uniform:
+            placed = self._in_place(self.binding.packed_rope_index, "packed rope index", ids, layout, kwargs)
+            if placed is not None:
+                positions, deltas = placed
+                self._check_packed_result(positions, deltas, (3, 1, layout.size), (layout.segments, 1))
+                return layout.place(positions.reshape(3, -1)), deltas
         segments = layout.unpack(ids)
-        token_types = self._segment_token_types(segments, layout, np.arange(layout.segments) * segments.shape[1])
+        token_types, _ = self._segment_token_types(segments, layout, np.arange(layout.segments) * segments.shape[1])
         mask = None if layout.uniform else layout.unpacked_mask()  # segments of one length fill every slot
         with _segments_as_samples():
             positions, deltas = self._rope_index(segments, mask, kwargs, token_types)
         return layout.pack(positions), deltas
 
-    def _packed_position_ids(self, ids: torch.Tensor, layout: PackedLayout, kwargs: dict[str, Any]) -> torch.Tensor:
-        """``compute_position_ids`` of segments that cover the rows, placed where they lie."""
+    def _packed_position_ids(self, ids: torch.Tensor, layout: PackedLayout, kwargs: dict[str, Any]) -> torch.Tensor | None:
+        """``compute_position_ids`` of packed rows from their segments' tokens placed as one row, or
+        None where that row cannot be placed (see :meth:`_in_place`)."""
         positions = self._in_place(self.binding.packed_position_ids, "packed position ids", ids, layout, kwargs)
-        self._check_position_ids("packed_position_ids", positions, (1, 4, ids.numel()))
-        # several rows were placed as one: each row's four rows follow one another again
-        return positions.reshape(4, *layout.shape).transpose(0, 1).contiguous()
+        if positions is None:
+            return None
+        self._check_position_ids("packed_position_ids", positions, (1, 4, layout.size))
+        if layout.gaps is None:  # the rows were placed as one: each row's four rows follow one another again
+            return positions.reshape(4, *layout.shape).transpose(0, 1).contiguous()
+        out = positions.new_empty(layout.shape[0], 4, layout.shape[1])
+        layout.place(positions.reshape(4, -1), (1, 0, 0, 0), out=out.transpose(0, 1))  # outside segments, 1 in the text row
+        return out
 
     def _in_place(self, function: Any, name: str, ids: torch.Tensor, layout: PackedLayout, kwargs: dict[str, Any]) -> Any:
-        """``function`` called on the packed rows as one ``(1, T)`` row, with its ``cu_seqlens``."""
-        row = ids.reshape(1, -1)
-        token_types = self._segment_token_types(row, layout, layout.starts)
-        kwargs["cu_seqlens"] = torch.from_numpy(np.concatenate((layout.starts, [ids.numel()])))
+        """``function`` called on the segments' tokens as one ``(1, N)`` row, with its ``cu_seqlens``.
+        None, without calling it, when two segments that do not follow each other in the batch
+        (across padding, or a row's end) end and begin with placeholders of one kind: in one row
+        those would read as one run. The unpacked batch keeps them apart."""
+        row, bounds = layout.packed_row(ids), layout.packed_row_bounds()
+        token_types, joined = self._segment_token_types(row, layout, bounds[:-1])
+        if joined:
+            return None
+        kwargs["cu_seqlens"] = torch.from_numpy(bounds)
         with _segments_as_samples():
             return self._call_plugin(function, name, row, None, kwargs, token_types)
 
-    def _segment_token_types(self, segments: torch.Tensor, layout: PackedLayout, firsts: np.ndarray) -> Any:
+    def _segment_token_types(self, segments: torch.Tensor, layout: PackedLayout, firsts: np.ndarray) -> tuple[Any, bool]:
         """The binding's token types for ``segments``, after checking no segment starts inside a
-        placeholder run; ``firsts``: the flat index of each segment's first token in them."""
+        placeholder run; ``firsts``: the flat index of each segment's first token in them. Also
+        whether segments apart in the batch end and begin with placeholders of one kind."""
         if self.binding.token_types is None:
-            return None
+            return None, False
         token_types = self.binding.token_types(segments)
-        _check_segment_boundaries(layout, token_types.reshape(-1), firsts)
-        return token_types
+        return token_types, _check_segment_boundaries(layout, token_types.reshape(-1), firsts)
 
     def rope_index_kwargs(
         self, multi_modal_inputs: Mapping[str, Any] | None, mm_processor_kwargs: Mapping[str, Any] | None = None
@@ -391,20 +404,24 @@ def _segments_as_samples() -> Iterator[None]:
         raise type(exc)(f"in the packed input, sample k below is segment k (counted row by row): {exc}") from exc
 
 
-def _check_segment_boundaries(layout: PackedLayout, token_types: torch.Tensor, firsts: np.ndarray) -> None:
-    """A segment must not start inside a placeholder run the previous segment began.
-    ``token_types`` are flat, ``firsts`` the flat index of each segment's first token in them."""
+def _check_segment_boundaries(layout: PackedLayout, token_types: torch.Tensor, firsts: np.ndarray) -> bool:
+    """A segment must not start inside a placeholder run the previous segment began, right before
+    it in the same row. ``token_types`` are flat, ``firsts`` the flat index of each segment's
+    first token in them. Returns whether segments that do not follow each other so (padding or a
+    row's end between them) end and begin with placeholders of one kind."""
     previous_last = firsts[:-1] + (layout.lengths[:-1] - 1)
     types = values_at(token_types, np.concatenate((firsts[1:], previous_last)))
     first, last = types[: firsts.size - 1], types[firsts.size - 1 :]
-    cut = (first == last) & (last != 0)
-    if layout.tokens is not None:  # segments may lie apart: only one right after the other can be cut
-        cut &= layout.starts[1:] == layout.starts[:-1] + layout.lengths[:-1]
-    cut = cut.nonzero()[0]
+    meet = ((first == last) & (last != 0)).nonzero()[0]  # boundaries k | k + 1 where runs of one kind meet
+    if not meet.size:  # (placeholder runs inside markers never meet)
+        return False
+    starts = layout.starts[meet + 1]
+    cut = meet[(starts == layout.starts[meet] + layout.lengths[meet]) & (starts % layout.shape[1] != 0)]
     if cut.size:
         k = int(cut[0])
         row, column = divmod(int(layout.starts[k + 1]), layout.shape[1])
         raise segment_cut(k + 1, f"row {row}, token {column}")
+    return True
 
 
 def _skip_validation(*args: Any, **kwargs: Any) -> None:

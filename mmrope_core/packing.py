@@ -12,9 +12,10 @@ import numpy as np
 import torch
 
 from .errors import InvalidInputError
+from .mrope._runs import change_points, values_at
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(eq=False)  # not frozen: built on every call, and a frozen one costs more to build
 class PackedLayout:
     """Where each segment of a packed batch lies.
 
@@ -23,26 +24,33 @@ class PackedLayout:
         lengths: ``(K,)`` tokens per segment, in order (row by row).
         starts: ``(K,)`` flat index (``row * L + column``) of each segment's first token.
         device: where the batch's tensors are.
-        tokens: flat index of every token that belongs to a segment, or None when the segments
-            cover the batch back to back (``cu_seqlens``, or segment ids without padding).
+        spans: ``(3, S)``, or None when the segments cover the batch back to back
+            (``cu_seqlens``, or segment ids without padding): for each longest run of segments
+            that follow one another in a row, its first token's flat index, where it begins
+            among the segments' tokens, and its length.
+        gaps: ``(2, G)``, None with ``spans``: the flat index of the first token and the length
+            of each run of tokens outside segments (each inside one row).
         longest: the most tokens in a segment.
         uniform: all segments have the same length: unpacking is a reshape, and every slot of
             the unpacked batch holds a token.
+        size: the tokens in segments.
     """
 
     shape: tuple[int, int]
     lengths: np.ndarray
     starts: np.ndarray
     device: torch.device
-    tokens: torch.Tensor | None = None
+    spans: np.ndarray | None = None
+    gaps: np.ndarray | None = None
     longest: int = dataclasses.field(init=False)
     uniform: bool = dataclasses.field(init=False)
+    size: int = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
         # worked out here, where every call needs them (a cached_property takes a lock per read)
-        longest = int(self.lengths.max())
-        object.__setattr__(self, "longest", longest)
-        object.__setattr__(self, "uniform", int(self.lengths.min()) == longest)
+        self.longest = int(self.lengths.max())
+        self.uniform = int(self.lengths.min()) == self.longest
+        self.size = self.shape[0] * self.shape[1] if self.gaps is None else int(self.lengths.sum())
 
     @property
     def segments(self) -> int:
@@ -73,33 +81,52 @@ class PackedLayout:
         ids = segment_ids.reshape(shape) if segment_ids.dim() == 1 and shape[0] == 1 else segment_ids
         if tuple(ids.shape) != tuple(shape):
             raise InvalidInputError(f"segment_ids has shape {tuple(segment_ids.shape)} but input_ids has {tuple(shape)}")
-        ids = ids.long()
-        if bool((ids < 0).any()):
-            raise InvalidInputError("segment_ids must not be negative: 0 marks padding, 1..K the segments")
         rows, length = shape
-        valid = ids > 0
-        # a segment starts where the id changes to a non-zero value; ids must then read 1, 2, 3, ...
-        previous = torch.cat([torch.zeros(rows, 1, dtype=ids.dtype), ids[:, :-1]], dim=1)
-        starts = valid & (ids != previous)
-        expected = starts.long().cumsum(dim=1)
-        wrong = valid & (ids != expected)
-        if bool(wrong.any()):
-            row, column = (int(v) for v in wrong.nonzero()[0])
+        # read where the ids change, as the kernel reads token types: in numpy on the CPU
+        flat = ids.reshape(-1)
+        flat = flat.numpy() if flat.device.type == "cpu" else flat
+        # blocks: the longest runs of one id inside a row
+        first = np.union1d(change_points(flat) + 1, np.arange(0, rows * length, length))
+        value = values_at(flat, first).astype(np.int64)
+        if value.min() < 0:
+            raise InvalidInputError("segment_ids must not be negative: 0 marks padding, 1..K the segments")
+        size = np.append(first[1:], rows * length) - first
+        in_segment = value > 0
+        starts, numbers = first[in_segment], value[in_segment]
+        if not starts.size:
+            raise InvalidInputError("segment_ids marks no token as part of a segment")
+        # a row's segments are numbered 1, 2, ... in order, each one block
+        row = starts // length
+        expected = np.arange(1, starts.size + 1) - row.searchsorted(row)
+        wrong = (numbers != expected).nonzero()[0]
+        if wrong.size:
+            k = int(wrong[0])
+            row_index, column = divmod(int(starts[k]), length)
             raise InvalidInputError(
-                f"segment_ids of row {row} are not contiguous and numbered 1, 2, ... in order: token {column} "
-                f"holds segment {int(ids[row, column])} where segment {int(expected[row, column])} was expected; "
+                f"segment_ids of row {row_index} are not contiguous and numbered 1, 2, ... in order: token {column} "
+                f"holds segment {int(numbers[k])} where segment {int(expected[k])} was expected; "
                 f"each segment must be one span, and segments must follow each other in order"
             )
-        counts = expected[:, -1] if length else torch.zeros(rows, dtype=torch.long)
-        first_segment = counts.cumsum(0) - counts
-        tokens = valid.view(-1).nonzero().squeeze(1)
-        segment = (first_segment[:, None] + ids - 1).view(-1)[tokens]
-        lengths = torch.bincount(segment, minlength=int(counts.sum()))
-        if lengths.numel() == 0:
-            raise InvalidInputError("segment_ids marks no token as part of a segment")
-        first_token = starts.view(-1).nonzero().squeeze(1)
-        return cls(tuple(shape), lengths.cpu().numpy(), first_token.cpu().numpy(), ids.device,
-                   None if tokens.numel() == rows * length else tokens)
+        lengths = size[in_segment]
+        if in_segment.all():
+            return cls(tuple(shape), lengths, starts, ids.device)
+        opens = in_segment.copy()  # a block that begins a run of segments following one another
+        opens[1:] &= ~in_segment[:-1] | (first[1:] % length == 0)
+        span_length = np.add.reduceat(lengths, opens[in_segment].nonzero()[0])
+        spans = np.array((first[opens], np.add.accumulate(span_length) - span_length, span_length))
+        gaps = np.array((first[~in_segment], size[~in_segment]))
+        return cls(tuple(shape), lengths, starts, ids.device, spans, gaps)
+
+    def packed_row(self, values: torch.Tensor) -> torch.Tensor:
+        """``(B, L)`` values as one ``(1, N)`` row: the segments' tokens back to back, in order."""
+        if self.spans is None:
+            return values.reshape(1, -1)
+        flat = values.reshape(-1)
+        return torch.cat([flat[start : start + count] for start, _, count in self.spans.T.tolist()]).unsqueeze(0)
+
+    def packed_row_bounds(self) -> np.ndarray:
+        """The ``cu_seqlens`` of :meth:`packed_row`: ``(K + 1,)`` from 0 to N."""
+        return np.concatenate((self.starts if self.spans is None else self._first_token, [self.size]))
 
     def unpacked_mask(self) -> torch.Tensor:
         """``(K, longest)`` bool: the slots of the unpacked batch that hold a token."""
@@ -116,13 +143,11 @@ class PackedLayout:
         """The slot of the unpacked batch, flat (``k * longest + column``), that each token of the
         segments takes, in packed order; unpacking and packing back read these once."""
         shift = np.arange(self.segments) * self.longest - self._first_token
-        return shift.repeat(self.lengths) + np.arange(int(self.lengths.sum()))
+        return shift.repeat(self.lengths) + np.arange(self.size)
 
     def unpack(self, values: torch.Tensor, fill: int = 0) -> torch.Tensor:
         """``(B, L)`` values of the packed batch as a ``(K, longest)`` batch of segments."""
-        source = values.reshape(-1)
-        if self.tokens is not None:
-            source = source.index_select(0, self.tokens)
+        source = values.reshape(-1) if self.spans is None else self.packed_row(values)[0]
         if self.uniform:
             return source.view(self.segments, self.longest)
         out = torch.full((self.segments * self.longest,), fill, dtype=values.dtype, device=values.device)
@@ -134,26 +159,41 @@ class PackedLayout:
         flat = values.reshape(*values.shape[:-2], -1)
         if not self.uniform:
             flat = _take(flat, self._slots)
-        return self._place(flat, fill)
+        return self.place(flat, fill)
 
     def valid(self) -> torch.Tensor:
         """``(B, L)`` bool: the tokens that belong to a segment."""
-        return self._place(torch.ones(int(self.lengths.sum()), dtype=torch.bool, device=self.device), False)
+        return self.place(torch.ones(self.size, dtype=torch.bool, device=self.device), False)
 
-    def offsets(self) -> torch.Tensor:
-        """Each token's position within its segment, ``(B, L)`` (0 outside segments)."""
+    def offsets(self, outside: int = 0) -> torch.Tensor:
+        """Each token's position within its segment, ``(B, L)``; ``outside`` outside segments."""
         if self.uniform:
-            return self.pack(torch.arange(self.longest, device=self.device).expand(self.segments, self.longest))
-        within = np.arange(int(self.lengths.sum())) - self._first_token.repeat(self.lengths)
-        return self._place(torch.from_numpy(within).to(self.device), 0)
+            return self.pack(torch.arange(self.longest, device=self.device).expand(self.segments, self.longest), outside)
+        within = np.arange(self.size) - self._first_token.repeat(self.lengths)
+        return self.place(torch.from_numpy(within).to(self.device), outside)
 
-    def _place(self, flat: torch.Tensor, fill: float) -> torch.Tensor:
-        """``(..., N)`` values of the segments' tokens, in packed order, as ``(..., B, L)``."""
-        lead = flat.shape[:-1]
-        if self.tokens is None:
-            return flat.view(*lead, *self.shape)
-        out = torch.full((*lead, self.shape[0] * self.shape[1]), fill, dtype=flat.dtype, device=flat.device)
-        return out.index_copy_(-1, self.tokens, flat).view(*lead, *self.shape)
+    def place(self, flat: torch.Tensor, outside: float | tuple[float, ...] = 0,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+        """``(..., N)`` values of the segments' tokens, in packed order, as ``(..., B, L)``, holding
+        ``outside`` at the other tokens: one value, or one per row of ``(R, N)`` values. Written
+        into ``out`` (``(..., B, L)`` in any memory layout) when given; else a view of ``flat``
+        where the segments cover the batch."""
+        shape = (*flat.shape[:-1], *self.shape)
+        if self.gaps is None:
+            return flat.view(shape) if out is None else out.copy_(flat.view(shape))
+        if out is None:
+            out = flat.new_empty(shape)
+        fill = torch.as_tensor(outside, dtype=flat.dtype, device=flat.device)
+        fill = fill.reshape(-1, 1) if fill.dim() else fill
+        # a copy per run: a few per row, where scattering token by token costs several times more
+        length = self.shape[1]
+        for start, at, count in self.spans.T.tolist():
+            row, column = divmod(start, length)
+            out[..., row, column : column + count] = flat[..., at : at + count]
+        for start, count in self.gaps.T.tolist():
+            row, column = divmod(start, length)
+            out[..., row, column : column + count] = fill
+        return out
 
 
 def _take(values: torch.Tensor, indices: np.ndarray) -> torch.Tensor:

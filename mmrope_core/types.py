@@ -57,8 +57,9 @@ class RopeBinding:
             returns ``(3, 1, T)`` positions that restart at 0 in every segment and ``(K, 1)``
             deltas, exactly what ``rope_index`` gives each segment alone. For kernels that place
             segments where they lie, sparing the engine the unpacking of segments into a padded
-            batch and the packing back. The engine uses it for packed rows in which every token
-            belongs to a segment; its token types must not depend on tokens outside the segment.
+            batch and the packing back. The engine hands it the segments' tokens back to back as
+            one row (the padding of ``segment_ids`` left out); its token types must not depend
+            on tokens outside the segment.
         packed_position_ids: optional, for ``"mrope"``, with ``packed_rope_index``: the
             ``(1, 4, T)`` result of ``compute_position_ids`` for one packed row in one call, taking
             what ``packed_rope_index`` takes. Row 0 counts each segment's tokens from 0, rows 1..3

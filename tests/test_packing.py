@@ -1,5 +1,6 @@
 """Packed rows: computing K packed samples once equals computing each alone, for every family."""
 
+import itertools
 import random
 
 import pytest
@@ -275,3 +276,157 @@ def test_packed_rows_of_several_rows_are_placed_where_they_lie():
         got = fast.compute_position_ids(ids, None, kwargs, segment_ids=segment_ids)
         assert got.is_contiguous()
         assert torch.equal(got, unpacked.compute_position_ids(ids, None, kwargs, segment_ids=segment_ids)), f"batch {index}"
+
+
+def _counting_and_unpacked(fast):
+    """The fast engine with its packed functions counted, and the same engine without them."""
+    import copy
+    import dataclasses
+
+    calls = []
+
+    def counted(function):
+        def call(*args, **kwargs):
+            calls.append(kwargs["cu_seqlens"])
+            return function(*args, **kwargs)
+        return call
+
+    placed, unpacked = copy.copy(fast), copy.copy(fast)
+    placed.binding = dataclasses.replace(fast.binding, packed_rope_index=counted(fast.binding.packed_rope_index),
+                                         packed_position_ids=counted(fast.binding.packed_position_ids))
+    unpacked.binding = dataclasses.replace(fast.binding, packed_rope_index=None, packed_position_ids=None)
+    return placed, unpacked, calls
+
+
+def _apart_and_meeting(ids, segment_ids, placeholders):
+    """Whether two segments, one after the other but not side by side in one row, end and begin
+    with the same placeholder token."""
+    rows, length = segment_ids.shape
+    spans = [(r * length + int(c[0]), r * length + int(c[-1])) for r in range(rows)
+             for k in range(1, int(segment_ids[r].max()) + 1) for c in [(segment_ids[r] == k).nonzero()[:, 0]]]
+    flat = ids.reshape(-1).tolist()
+    return any(flat[end] == flat[start] and flat[end] in placeholders and (start != end + 1 or start % length == 0)
+               for (_, end), (start, _) in zip(spans, spans[1:]))
+
+
+@pytest.mark.differential
+@pytest.mark.parametrize("name", ["Qwen2-VL", "Qwen2.5-VL", "Qwen3-VL"])
+def test_packed_rows_with_padding_are_placed_where_they_lie(name):
+    """segment_ids with padding before, between and after segments, over one to three rows: the
+    fast binding places the segments' tokens as one packed row, and the result equals the
+    segments unpacked into a padded batch. Segments apart in the batch (padding or a row's end
+    between them) whose placeholder runs would meet in one row take the unpacked batch."""
+    from qwen_vl_inputs import random_batch
+
+    fast, _ = engines(name)
+    placed, unpacked, calls = _counting_and_unpacked(fast)
+    processor = fast.processor
+    placeholders = {processor.image_token_id, processor.video_token_id}
+    rng = random.Random(f"padded/{name}")
+    seen = {"placed": 0, "unpacked": 0}
+    for index in range(40):
+        batch = random_batch(processor, rng, max_batch=6, max_images=3, max_videos=1, max_frames=4, bare_edges=True)
+        valid = batch.pop("attention_mask").bool()
+        samples = [row[keep] for row, keep in zip(batch.pop("input_ids"), valid)]
+        kwargs = {key: value for key, value in batch.items() if value is not None}
+        rows = rng.randint(1, 3)
+        cut = sorted(rng.sample(range(1, len(samples)), min(rows - 1, len(samples) - 1))) if len(samples) > 1 else []
+        groups = [samples[a:b] for a, b in zip([0, *cut], [*cut, len(samples)])]
+        # padding (the pad token, or a placeholder: outside segments ids do not count) around segments
+        filler = [processor.tokenizer.pad_token_id, processor.image_token_id]
+        laid_out = []
+        for group in groups:
+            ids_row, segment_row = [], []
+            for k, sample in enumerate(group, start=1):
+                gap = rng.choice([0, 0, 1, 3])
+                ids_row += [rng.choice(filler)] * gap + sample.tolist()
+                segment_row += [0] * gap + [k] * sample.numel()
+            laid_out.append((ids_row, segment_row))
+        length = max(len(ids_row) for ids_row, _ in laid_out) + rng.choice([0, 2])
+        ids = torch.tensor([r + [processor.tokenizer.pad_token_id] * (length - len(r)) for r, _ in laid_out])
+        segment_ids = torch.tensor([s + [0] * (length - len(s)) for _, s in laid_out])
+        try:
+            want = unpacked.get_rope_index(ids, segment_ids=segment_ids, **kwargs)
+        except PlaceholderMismatchError:  # two segments side by side in a row, cut through one run
+            with pytest.raises(PlaceholderMismatchError, match="starts inside a placeholder run"):
+                placed.get_rope_index(ids, segment_ids=segment_ids, **kwargs)
+            continue
+        count = len(calls)
+        got = placed.compute_position_ids(ids, None, kwargs, segment_ids=segment_ids)
+        assert got.is_contiguous()
+        assert torch.equal(got, unpacked.compute_position_ids(ids, None, kwargs, segment_ids=segment_ids)), f"batch {index}"
+        placed_now = len(calls) > count
+        assert placed_now != _apart_and_meeting(ids, segment_ids, placeholders), f"batch {index}"
+        seen["placed" if placed_now else "unpacked"] += 1
+        got = placed.get_rope_index(ids, segment_ids=segment_ids, **kwargs)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), f"batch {index}"
+    assert all(seen.values()), seen
+
+
+@pytest.mark.parametrize("apart", ["padding", "row end"])
+def test_runs_of_segments_apart_in_the_batch_are_not_cut(apart):
+    """Segment 0 ends with image tokens and segment 1 begins with image tokens, with padding or a
+    row's end between them: two images, not a run cut in two."""
+    fast, ids, _ = image_row("t[ii", "ii]t")
+    placed, unpacked, calls = _counting_and_unpacked(fast)
+    if apart == "padding":
+        ids = torch.cat([ids[:, :4], ids[:, :1], ids[:, 4:]], dim=1)
+        segment_ids = torch.tensor([[1, 1, 1, 1, 0, 2, 2, 2, 2]])
+    else:
+        ids = ids.view(2, 4)
+        segment_ids = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 1]])
+    grids = {"image_grid_thw": torch.tensor([[1, 2, 4], [1, 2, 4]])}
+    for engine in (placed, unpacked):
+        positions = engine.compute_position_ids(ids, None, grids, segment_ids=segment_ids)
+        alone = [fast.compute_position_ids(ids.reshape(-1)[segment_ids.reshape(-1) == k], None, {"image_grid_thw": grids["image_grid_thw"][:1]})
+                 for k in (1, 2)] if apart == "padding" else None
+        if apart == "padding":
+            assert torch.equal(positions[0, :, :4], alone[0][0]) and torch.equal(positions[0, :, 5:], alone[1][0])
+            assert positions[0, :, 4].tolist() == [1, 0, 0, 0]
+        else:
+            assert torch.equal(positions[0], fast.compute_position_ids(ids[:1], None, {"image_grid_thw": grids["image_grid_thw"][:1]})[0])
+            assert torch.equal(positions[1], fast.compute_position_ids(ids[1:], None, {"image_grid_thw": grids["image_grid_thw"][1:]})[0])
+    assert not calls  # in one row the two runs would read as one
+    with pytest.raises(PlaceholderMismatchError, match="segment 1 starts inside a placeholder run"):
+        fast.compute_position_ids(ids.reshape(1, -1)[:, segment_ids.reshape(-1) > 0], None, grids,
+                                  segment_ids=torch.tensor([[1, 1, 1, 1, 2, 2, 2, 2]]))
+
+
+@SETTINGS
+@given(layout=st.lists(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 5)), max_size=4), min_size=1, max_size=3),
+       tail=st.integers(0, 3))
+def test_layouts_read_from_segment_ids_agree_token_by_token(layout, tail):
+    """Segments with padding anywhere, over several rows: the segments' tokens as one row, placing
+    them back, offsets, validity, unpacking and packing equal a token-by-token reading."""
+    from hypothesis import assume
+
+    from mmrope_core.packing import PackedLayout
+
+    rows = [sum(([0] * gap + [k] * count for k, (gap, count) in enumerate(row, start=1)), []) for row in layout]
+    length = max(len(row) for row in rows) + tail
+    assume(length > 0 and any(rows))
+    segment_ids = torch.tensor([row + [0] * (length - len(row)) for row in rows])
+    packed_layout = PackedLayout.from_segment_ids(segment_ids, tuple(segment_ids.shape))
+    values = torch.arange(1, segment_ids.numel() + 1).view(segment_ids.shape) * 10
+    inside = segment_ids > 0
+    tokens, offsets, segments = [], torch.full(segment_ids.shape, -1), []
+    for r, row in enumerate(segment_ids.tolist()):
+        for c, k in enumerate(row):
+            if k:
+                new = c == 0 or row[c - 1] != k
+                segments += [[r * length + c, 0]] if new else []
+                segments[-1][1] += 1
+                offsets[r, c] = 0 if new else offsets[r, c - 1] + 1
+                tokens.append(int(values[r, c]))
+    assert [[int(s), int(n)] for s, n in zip(packed_layout.starts, packed_layout.lengths)] == segments
+    row = packed_layout.packed_row(values)
+    assert row.tolist() == [tokens]
+    assert packed_layout.packed_row_bounds().tolist() == [0, *itertools.accumulate(n for _, n in segments)]
+    assert torch.equal(packed_layout.offsets(outside=-1), offsets)
+    assert torch.equal(packed_layout.valid(), inside)
+    assert torch.equal(packed_layout.place(row[0], outside=-5), torch.where(inside, values, -5))
+    both = torch.stack([row[0], -row[0]])
+    out = torch.empty(segment_ids.shape[0], 2, length, dtype=torch.long)
+    packed_layout.place(both, (7, 8), out=out.transpose(0, 1))
+    assert torch.equal(out[:, 0], torch.where(inside, values, 7)) and torch.equal(out[:, 1], torch.where(inside, -values, 8))
+    assert torch.equal(packed_layout.pack(packed_layout.unpack(values)), torch.where(inside, values, 0))

@@ -62,7 +62,7 @@ def scan(code: torch.Tensor, padded: bool = True) -> tuple[Runs, Spans | None]:
     sample's span is its row."""
     batch, length = code.shape
     flat = code.numpy().reshape(-1) if code.device.type == "cpu" else code.reshape(-1)
-    change = _changes(flat)
+    change = change_points(flat)
     row_start = np.arange(0, batch * length, length)
     # the values on both sides of each change, and in the first and last column of each row
     read = np.concatenate((change, change + 1, row_start, row_start + (length - 1)))
@@ -82,7 +82,7 @@ def scan(code: torch.Tensor, padded: bool = True) -> tuple[Runs, Spans | None]:
     return runs, _spans(change, before, after, first_column, last_column, row_start, length)
 
 
-def _changes(flat: np.ndarray | torch.Tensor) -> np.ndarray:
+def change_points(flat: np.ndarray | torch.Tensor) -> np.ndarray:
     """The indices p where ``flat[p] != flat[p + 1]``, which are few."""
     if isinstance(flat, np.ndarray):  # numpy's byte comparison and nonzero are several times faster than torch's
         return (flat[1:] != flat[:-1]).nonzero()[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import pickle
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -236,19 +237,29 @@ class _Checker:
                 self.fail("bind_rope_index", rule, f"they differ on the batch padded on the {side}")
 
     def check_packing(self, engine: RopeEngine, outputs, multi_modal_inputs, alone) -> None:
+        """The samples packed into one row back to back (``cu_seqlens``), and with a token outside
+        every segment before each (``segment_ids``): each segment gets its sample's positions."""
         rows = [output["input_ids"][0][_mask_of(output)] for output in outputs]
-        lengths = torch.tensor([row.numel() for row in rows])
-        cu_seqlens = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
-        try:
-            packed = engine.compute_position_ids(torch.cat(rows).unsqueeze(0), None, multi_modal_inputs,
-                                                 cu_seqlens=cu_seqlens)
-        except MmropeError as exc:
-            self.fail("bind_rope_index", "packed samples compute", f"{type(exc).__name__}: {exc}")
-            return
-        for index, single in enumerate(alone):
-            segment = packed[0][..., int(cu_seqlens[index]) : int(cu_seqlens[index + 1])]
-            if not torch.equal(segment, _valid(single, None, 0)):
-                self.fail("bind_rope_index", "a packed segment equals its sample alone", f"segment {index} differs")
+        lengths = [row.numel() for row in rows]
+        cu_seqlens = torch.tensor([0, *itertools.accumulate(lengths)])
+        gap = rows[0][:1]  # any token: tokens outside segments are not read
+        with_gaps = torch.cat([piece for row in rows for piece in (gap, row)]).unsqueeze(0)
+        segment_ids = torch.cat([piece for k, length in enumerate(lengths, start=1)
+                                 for piece in (torch.zeros(1, dtype=torch.long), torch.full((length,), k))]).unsqueeze(0)
+        layouts = (
+            ("cu_seqlens", torch.cat(rows).unsqueeze(0), {"cu_seqlens": cu_seqlens}, cu_seqlens[:-1].tolist()),
+            ("segment_ids", with_gaps, {"segment_ids": segment_ids}, [start + k for k, start in enumerate(cu_seqlens[:-1].tolist(), 1)]),
+        )
+        for style, ids, packing, starts in layouts:
+            try:
+                packed = engine.compute_position_ids(ids, None, multi_modal_inputs, **packing)
+            except MmropeError as exc:
+                self.fail("bind_rope_index", "packed samples compute", f"{style}: {type(exc).__name__}: {exc}")
+                continue
+            for index, (single, start) in enumerate(zip(alone, starts)):
+                segment = packed[0][..., start : start + lengths[index]]
+                if not torch.equal(segment, _valid(single, None, 0)):
+                    self.fail("bind_rope_index", "a packed segment equals its sample alone", f"{style}: segment {index} differs")
 
 
 def _mask_of(output: Mapping[str, Any]) -> torch.Tensor:

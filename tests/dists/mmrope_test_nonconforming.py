@@ -1,5 +1,6 @@
 """A plugin that breaks conformance rules: it claims every processor, changes the tensors it is
-given, its positions depend on the padding side, and its position_ids disagree with its rope index."""
+given, its positions depend on the padding side, its position_ids disagree with its rope index,
+and its packed positions do not restart in every segment."""
 
 import torch
 
@@ -25,9 +26,20 @@ def position_ids_counting_padding(input_ids, attention_mask=None, **kwargs):
     return torch.cat([columns.unsqueeze(1), positions.transpose(0, 1)], dim=1)
 
 
+def packed_ignoring_segments(input_ids, attention_mask=None, *, cu_seqlens, **kwargs):
+    positions, _ = padding_dependent(input_ids)  # counts on across segment boundaries
+    return positions, torch.zeros(cu_seqlens.numel() - 1, 1, dtype=torch.long)
+
+
+def packed_position_ids_ignoring_segments(input_ids, attention_mask=None, *, cu_seqlens, **kwargs):
+    return position_ids_counting_padding(input_ids)
+
+
 @hookimpl
 def bind_rope_index(processor):
-    return RopeBinding(kind="mrope", rope_index=padding_dependent, position_ids=position_ids_counting_padding)
+    return RopeBinding(kind="mrope", rope_index=padding_dependent, position_ids=position_ids_counting_padding,
+                       packed_rope_index=packed_ignoring_segments,
+                       packed_position_ids=packed_position_ids_ignoring_segments)
 
 
 @hookimpl
