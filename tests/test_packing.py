@@ -373,23 +373,20 @@ def test_runs_of_segments_apart_in_the_batch_are_not_cut(apart):
         ids = torch.cat([ids[:, :4], ids[:, :1], ids[:, 4:]], dim=1)
         segment_ids = torch.tensor([[1, 1, 1, 1, 0, 2, 2, 2, 2]])
     else:
-        ids = ids.view(2, 4)
-        segment_ids = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 1]])
-    grids = {"image_grid_thw": torch.tensor([[1, 2, 4], [1, 2, 4]])}
+        ids, segment_ids = ids.view(2, 4), torch.ones(2, 4, dtype=torch.long)
+    image, outside = {"image_grid_thw": torch.tensor([[1, 2, 4]])}, torch.tensor([[1], [0], [0], [0]])
+    images = {"image_grid_thw": torch.tensor([[1, 2, 4]] * 2)}
     for engine in (placed, unpacked):
-        positions = engine.compute_position_ids(ids, None, grids, segment_ids=segment_ids)
-        alone = [fast.compute_position_ids(ids.reshape(-1)[segment_ids.reshape(-1) == k], None, {"image_grid_thw": grids["image_grid_thw"][:1]})
-                 for k in (1, 2)] if apart == "padding" else None
-        if apart == "padding":
-            assert torch.equal(positions[0, :, :4], alone[0][0]) and torch.equal(positions[0, :, 5:], alone[1][0])
-            assert positions[0, :, 4].tolist() == [1, 0, 0, 0]
-        else:
-            assert torch.equal(positions[0], fast.compute_position_ids(ids[:1], None, {"image_grid_thw": grids["image_grid_thw"][:1]})[0])
-            assert torch.equal(positions[1], fast.compute_position_ids(ids[1:], None, {"image_grid_thw": grids["image_grid_thw"][1:]})[0])
+        positions = engine.compute_position_ids(ids, None, images, segment_ids=segment_ids)
+        for row in range(ids.shape[0]):
+            for k in segment_ids[row].unique().tolist():
+                tokens = segment_ids[row] == k
+                want = fast.compute_position_ids(ids[row, tokens], None, image)[0] if k else outside
+                assert torch.equal(positions[row][:, tokens], want.expand(4, int(tokens.sum()))), (row, k)
     assert not calls  # in one row the two runs would read as one
+    side_by_side = ids.reshape(1, -1)[:, segment_ids.reshape(-1) > 0]
     with pytest.raises(PlaceholderMismatchError, match="segment 1 starts inside a placeholder run"):
-        fast.compute_position_ids(ids.reshape(1, -1)[:, segment_ids.reshape(-1) > 0], None, grids,
-                                  segment_ids=torch.tensor([[1, 1, 1, 1, 2, 2, 2, 2]]))
+        fast.compute_position_ids(side_by_side, None, images, segment_ids=torch.tensor([[1, 1, 1, 1, 2, 2, 2, 2]]))
 
 
 @SETTINGS

@@ -246,20 +246,22 @@ class _Checker:
         with_gaps = torch.cat([piece for row in rows for piece in (gap, row)]).unsqueeze(0)
         segment_ids = torch.cat([piece for k, length in enumerate(lengths, start=1)
                                  for piece in (torch.zeros(1, dtype=torch.long), torch.full((length,), k))]).unsqueeze(0)
+        starts = cu_seqlens[:-1].tolist()
         layouts = (
-            ("cu_seqlens", torch.cat(rows).unsqueeze(0), {"cu_seqlens": cu_seqlens}, cu_seqlens[:-1].tolist()),
-            ("segment_ids", with_gaps, {"segment_ids": segment_ids}, [start + k for k, start in enumerate(cu_seqlens[:-1].tolist(), 1)]),
+            ("cu_seqlens", torch.cat(rows).unsqueeze(0), {"cu_seqlens": cu_seqlens}, starts),
+            ("segment_ids", with_gaps, {"segment_ids": segment_ids}, [start + k for k, start in enumerate(starts, 1)]),
         )
-        for style, ids, packing, starts in layouts:
+        for style, ids, packing, firsts in layouts:
             try:
                 packed = engine.compute_position_ids(ids, None, multi_modal_inputs, **packing)
             except MmropeError as exc:
                 self.fail("bind_rope_index", "packed samples compute", f"{style}: {type(exc).__name__}: {exc}")
                 continue
-            for index, (single, start) in enumerate(zip(alone, starts)):
+            for index, (single, start) in enumerate(zip(alone, firsts)):
                 segment = packed[0][..., start : start + lengths[index]]
                 if not torch.equal(segment, _valid(single, None, 0)):
-                    self.fail("bind_rope_index", "a packed segment equals its sample alone", f"{style}: segment {index} differs")
+                    self.fail("bind_rope_index", "a packed segment equals its sample alone",
+                              f"{style}: segment {index} differs")
 
 
 def _mask_of(output: Mapping[str, Any]) -> torch.Tensor:
