@@ -1,7 +1,7 @@
 """Packed rows: one (1, 65536) row of 16 samples with images and videos, one packed engine call
 vs the transformers reference called once per segment, for ``get_rope_index`` and for
 ``compute_position_ids`` (what trainers call); samples of one length (4096 tokens each) and of
-lengths between 2500 and 5700 tokens, as packing makes them. Then the same samples packed with
+lengths between 2500 and 5700 tokens, as packing makes them. Then 15 of the latter packed with
 ``segment_ids`` into four rows of 16384 tokens, each row filled with whole samples and padded
 at its end ("neat packing"). Prints the ratios measured in this run. The packed calls take
 about a millisecond, so each time is the fastest of 20 rounds of 5 calls: on a machine whose
