@@ -171,6 +171,8 @@ class RopeEngine:
                 return placed
         if layout is None:
             positions, _ = self._rope_index(ids, mask, kwargs)
+        elif self.binding.packed_position_ids is not None:  # its packed row cannot be placed: nor can packed_rope_index's
+            positions, _ = self._unpacked_rope_index(ids, layout, kwargs)
         else:
             positions, _ = self._packed_rope_index(ids, layout, kwargs)
         out = torch.empty(ids.shape[0], 4, ids.shape[1], dtype=self.binding.position_dtype, device=ids.device)
@@ -224,6 +226,12 @@ class RopeEngine:
                 positions, deltas = placed
                 self._check_packed_result(positions, deltas, (3, 1, layout.size), (layout.segments, 1))
                 return layout.place(positions.reshape(3, -1)), deltas
+        return self._unpacked_rope_index(ids, layout, kwargs)
+
+    def _unpacked_rope_index(
+        self, ids: torch.Tensor, layout: PackedLayout, kwargs: dict[str, Any]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The segments unpacked into a batch, the binding's ``rope_index`` on it, packed back."""
         segments = layout.unpack(ids)
         token_types, _ = self._segment_token_types(segments, layout, np.arange(layout.segments) * segments.shape[1])
         mask = None if layout.uniform else layout.unpacked_mask()  # segments of one length fill every slot
