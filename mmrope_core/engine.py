@@ -258,21 +258,43 @@ class RopeEngine:
         (across padding, or a row's end) end and begin with placeholders of one kind: in one row
         those would read as one run. The unpacked batch keeps them apart."""
         row, bounds = layout.packed_row(ids), layout.packed_row_bounds()
-        token_types, joined = self._segment_token_types(row, layout, bounds[:-1])
+        cu_seqlens = torch.from_numpy(bounds)
+        token_types, joined = self._segment_token_types(row, layout, bounds[:-1], cu_seqlens)
         if joined:
             return None
-        kwargs["cu_seqlens"] = torch.from_numpy(bounds)
+        kwargs["cu_seqlens"] = cu_seqlens
         with _segments_as_samples():
             return self._call_plugin(function, name, row, None, kwargs, token_types)
 
-    def _segment_token_types(self, segments: torch.Tensor, layout: PackedLayout, firsts: np.ndarray) -> tuple[Any, bool]:
-        """The binding's token types for ``segments``, after checking no segment starts inside a
-        placeholder run; ``firsts``: the flat index of each segment's first token in them. Also
-        whether segments apart in the batch end and begin with placeholders of one kind."""
+    def _segment_token_types(self, segments: torch.Tensor, layout: PackedLayout, firsts: np.ndarray,
+                             cu_seqlens: torch.Tensor | None = None) -> tuple[Any, bool]:
+        """The binding's token types for ``segments`` (an unpacked batch, or with ``cu_seqlens`` one
+        packed row), after checking no segment starts inside a placeholder run; ``firsts``: the flat
+        index of each segment's first token in them. Also whether segments apart in the batch end
+        and begin with placeholders of one kind."""
         if self.binding.token_types is None:
             return None, False
-        token_types = self.binding.token_types(segments)
+        if cu_seqlens is not None and self.binding.packed_token_types is not None:
+            token_types = self._token_types(self.binding.packed_token_types, "packed_token_types", segments, cu_seqlens)
+        else:
+            token_types = self._token_types(self.binding.token_types, "token_types", segments)
         return token_types, _check_segment_boundaries(layout, token_types.reshape(-1), firsts)
+
+    def _token_types(self, function: Any, name: str, ids: torch.Tensor, *args: Any) -> torch.Tensor:
+        """The binding's token types for ``ids``, one per token, or an error naming the plugin."""
+        try:
+            token_types = function(ids, *args)
+        except MmropeError:
+            raise
+        except Exception as exc:
+            raise self._plugin_raised(name, exc) from exc
+        if not isinstance(token_types, torch.Tensor) or token_types.shape != ids.shape:
+            found = f"shape {tuple(token_types.shape)}" if isinstance(token_types, torch.Tensor) else type(token_types).__name__
+            raise PluginContractError(
+                f"the {name} of plugin {self._plugin_label()} returned {found} for input_ids of shape "
+                f"{tuple(ids.shape)}; expected one token type per token"
+            )
+        return token_types
 
     def rope_index_kwargs(
         self, multi_modal_inputs: Mapping[str, Any] | None, mm_processor_kwargs: Mapping[str, Any] | None = None
@@ -334,16 +356,20 @@ class RopeEngine:
         token_types: Any = None,
     ) -> Any:
         if self.binding.token_types is not None:
-            kwargs["mm_token_type_ids"] = token_types if token_types is not None else self.binding.token_types(ids)
+            kwargs["mm_token_type_ids"] = (token_types if token_types is not None
+                                           else self._token_types(self.binding.token_types, "token_types", ids))
         try:
             return function(ids, attention_mask=mask, **kwargs)
         except MmropeError:
             raise
         except Exception as exc:
-            raise PluginHookError(
-                f"the {name} of plugin {self._plugin_label()} ({self.implementation}) raised {type(exc).__name__}: "
-                f"{exc}. Check the inputs against the processor's output, or try impl='reference'"
-            ) from exc
+            raise self._plugin_raised(name, exc) from exc
+
+    def _plugin_raised(self, name: str, exc: Exception) -> PluginHookError:
+        return PluginHookError(
+            f"the {name} of plugin {self._plugin_label()} ({self.implementation}) raised {type(exc).__name__}: "
+            f"{exc}. Check the inputs against the processor's output, or try impl='reference'"
+        )
 
     def _plugin_label(self) -> str:
         try:

@@ -27,6 +27,10 @@ PackedPositionIdsFn = Callable[..., Any]
 #: ``token_types(input_ids) -> (B, L)`` integer tensor: 0 text, 1 image, 2 video, 3 audio.
 TokenTypesFn = Callable[[Any], Any]
 
+#: ``packed_token_types(input_ids, cu_seqlens) -> (1, T)``: ``token_types`` of one packed ``(1, T)``
+#: row, each segment typed as the sample alone.
+PackedTokenTypesFn = Callable[[Any, Any], Any]
+
 
 @dataclasses.dataclass(frozen=True)
 class RopeBinding:
@@ -52,20 +56,26 @@ class RopeBinding:
             from ``rope_index``: row 0 ``0..n-1`` over valid tokens and 1 at padding, rows 1..3
             ``rope_index``'s positions. The engine uses it for unpacked batches.
         packed_rope_index: optional, for ``"mrope"``: ``rope_index`` for one packed ``(1, T)`` row,
-            taking what ``rope_index`` takes (``attention_mask`` None, ``mm_token_type_ids`` built
-            from the whole row) and ``cu_seqlens``, the ``(K + 1,)`` int64 segment boundaries. It
+            taking what ``rope_index`` takes (``attention_mask`` None, ``mm_token_type_ids`` of
+            the whole row) and ``cu_seqlens``, the ``(K + 1,)`` int64 segment boundaries. It
             returns ``(3, 1, T)`` positions that restart at 0 in every segment and ``(K, 1)``
             deltas, exactly what ``rope_index`` gives each segment alone. For kernels that place
             segments where they lie, sparing the engine the unpacking of segments into a padded
             batch and the packing back. The engine hands it the segments' tokens back to back as
-            one row (the padding of ``segment_ids`` left out); its token types must not depend
-            on tokens outside the segment.
+            one row (the padding of ``segment_ids`` left out), with the token types
+            ``packed_token_types`` builds (``token_types`` of the whole row without it).
         packed_position_ids: optional, for ``"mrope"``, with ``packed_rope_index``: the
             ``(1, 4, T)`` result of ``compute_position_ids`` for one packed row in one call, taking
             what ``packed_rope_index`` takes. Row 0 counts each segment's tokens from 0, rows 1..3
             are ``packed_rope_index``'s positions, in ``position_dtype``. The engine uses it where
             ``compute_position_ids`` would otherwise call ``packed_rope_index``, and for packed
             rows of segments of one length too.
+        packed_token_types: optional, with ``packed_rope_index`` and ``token_types``, for families
+            whose token types depend on earlier tokens of the row (GLM reads an image token as a
+            video frame when a begin-of-video marker before it is still open):
+            ``packed_token_types(input_ids, cu_seqlens)`` types one packed ``(1, T)`` row, each
+            segment as the sample alone. Without it the engine types a packed row with
+            ``token_types``, which must then give each token the type it has in its segment alone.
     """
 
     kind: RopeKind
@@ -78,6 +88,7 @@ class RopeBinding:
     position_ids: PositionIdsFn | None = None
     packed_rope_index: PackedRopeIndexFn | None = None
     packed_position_ids: PackedPositionIdsFn | None = None
+    packed_token_types: PackedTokenTypesFn | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ("mrope", "1d"):
@@ -86,7 +97,7 @@ class RopeBinding:
             raise TypeError("RopeBinding(kind='mrope') needs a callable rope_index")
         if self.kind == "1d" and self.rope_index is not None:
             raise TypeError("RopeBinding(kind='1d') must not carry a rope_index: 1-D positions come from the mask")
-        for name in ("position_ids", "packed_rope_index", "packed_position_ids"):
+        for name in ("position_ids", "packed_rope_index", "packed_position_ids", "packed_token_types"):
             value = getattr(self, name)
             if value is not None and (self.kind != "mrope" or not callable(value)):
                 raise TypeError(f"RopeBinding.{name} must be a callable, and only for kind='mrope'")
@@ -94,6 +105,9 @@ class RopeBinding:
             raise TypeError("RopeBinding.packed_position_ids needs packed_rope_index: get_rope_index places packed rows too")
         if self.token_types is not None and not callable(self.token_types):
             raise TypeError("RopeBinding.token_types must be callable or None")
+        if self.packed_token_types is not None and (self.packed_rope_index is None or self.token_types is None):
+            raise TypeError("RopeBinding.packed_token_types needs packed_rope_index and token_types: it types the rows "
+                            "packed_rope_index places")
         if not isinstance(self.implementation, str) or not self.implementation:
             raise TypeError("RopeBinding.implementation must be a non-empty string")
         if self.position_dtype is None:

@@ -93,6 +93,34 @@ def test_position_ids_of_the_wrong_shape_break_the_contract(toy_manager, toy):
         engine.compute_position_ids(torch.tensor([[7, 7]]), None, {})
 
 
+def _raises(*args):
+    raise ValueError("no types today")
+
+
+def _no_media(ids, *args):
+    return torch.zeros_like(ids)
+
+
+@pytest.mark.parametrize("field", ["token_types", "packed_token_types"])
+@pytest.mark.parametrize("function, error, message", [
+    (_raises, PluginHookError, r"raised ValueError: no types today"),
+    (lambda ids, *args: ids[:, :1], PluginContractError, r"returned shape \(1, 1\) for input_ids of shape \(1, 3\); "
+                                                        r"expected one token type per token"),
+])
+def test_token_types_that_raise_or_misfit_name_the_plugin(toy_manager, toy, field, function, error, message):
+    engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager, packed_rope_index="direct")
+    engine.binding = dataclasses.replace(engine.binding, **{"token_types": _no_media, field: function})
+    ids = torch.full((1, 3), 7)
+    calls = {"unpacked": lambda: engine.get_rope_index(ids), "packed": lambda: engine.get_rope_index(
+        ids, cu_seqlens=torch.tensor([0, 1, 3]))}  # segments of different lengths: placed where they lie
+    for name, call in calls.items():
+        if field == "packed_token_types" and name == "unpacked":
+            call()  # packed_token_types types packed rows only
+            continue
+        with pytest.raises(error, match=rf"^the {field} of plugin toy \(mmrope-test-plugins 1.0\).*{message}"):
+            call()
+
+
 def test_a_packed_row_goes_to_the_plugin_that_places_packed_rows(toy_manager, toy):
     placing = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager, packed_rope_index="direct")
     unpacking = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager)

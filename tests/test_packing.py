@@ -196,7 +196,7 @@ def test_segments_of_one_length_equal_each_sample_alone(name):
 
 
 @pytest.mark.differential
-@pytest.mark.parametrize("name", ["Qwen2-VL", "Qwen2.5-VL", "Qwen3-VL"])
+@pytest.mark.parametrize("name", ["Qwen2-VL", "Qwen2.5-VL", "Qwen3-VL", "GLM-4V"])
 def test_packed_rows_are_placed_where_they_lie(name):
     """The fast binding places a packed row of segments of different lengths in one call; it
     equals the segments unpacked into a padded batch, segments that begin or end with a
@@ -216,7 +216,8 @@ def test_packed_rows_are_placed_where_they_lie(name):
 
     placed, unpacked = copy.copy(fast), copy.copy(fast)
     placed.binding = dataclasses.replace(fast.binding, packed_rope_index=counted)
-    unpacked.binding = dataclasses.replace(fast.binding, packed_rope_index=None, packed_position_ids=None)
+    unpacked.binding = dataclasses.replace(fast.binding, packed_rope_index=None, packed_position_ids=None,
+                                           packed_token_types=None)
     rng = random.Random(f"placed/{name}")
     for index in range(40):
         batch = random_batch(fast.processor, rng, max_batch=6, max_images=3, max_videos=1, max_frames=4, bare_edges=True)
@@ -243,11 +244,51 @@ def test_packed_rows_are_placed_where_they_lie(name):
             assert torch.equal(got, unpacked.compute_position_ids(ids, None, kwargs, **packing)), f"batch {index}"
 
 
-def test_glm_and_the_reference_leave_packed_rows_to_the_engine():
-    for engine in (engines("GLM-4V")[0], engines("Qwen2-VL")[1]):
-        assert engine.binding.packed_rope_index is None and engine.binding.packed_position_ids is None
-    fast = engines("Qwen2-VL")[0].binding
-    assert fast.packed_rope_index is not None and fast.packed_position_ids is not None
+def test_the_reference_leaves_packed_rows_to_the_engine():
+    reference = engines("Qwen2-VL")[1].binding
+    assert reference.packed_rope_index is None and reference.packed_position_ids is None
+    for name in ("Qwen2-VL", "GLM-4V"):
+        fast = engines(name)[0].binding
+        assert fast.packed_rope_index is not None and fast.packed_position_ids is not None
+        # GLM's token types count video markers along the row: a packed row's per segment
+        assert (fast.packed_token_types is not None) == (name == "GLM-4V")
+
+
+@pytest.mark.differential
+def test_a_glm_segment_that_leaves_a_video_open_does_not_turn_the_next_ones_images_into_video():
+    """A sample cut after a video frame, its end-of-video marker lost, packed before a sample that
+    begins with an image run: typed along the row, that run would read as more of the video."""
+    import copy
+    import dataclasses
+
+    fast, _ = engines("GLM-4V")
+    tokenizer = fast.processor.tokenizer
+    image, start, end, video_start, word = tokenizer.convert_tokens_to_ids([
+        tokenizer.image_token, tokenizer.begin_of_image_token, tokenizer.end_of_image_token,
+        tokenizer.begin_of_video_token, "cat"])
+    frame = [start] + [image] * 4 + [end, word]
+    samples = [
+        (torch.tensor([word] * 3 + [video_start] + frame * 2), {"video_grid_thw": torch.tensor([[2, 4, 4]])}),
+        (torch.tensor([image] * 6 + [word] * 3 + [start] + [image] * 4 + [end, word]),
+         {"image_grid_thw": torch.tensor([[1, 4, 6], [1, 4, 4]])}),
+        (torch.tensor([word, start] + [image] * 4 + [end] + [word] * 2), {"image_grid_thw": torch.tensor([[1, 4, 4]])}),
+    ]
+    placed, unpacked, calls = _counting_and_unpacked(fast)
+    for style, pad in (("cu_seqlens", 0), ("segment_ids", 1)):
+        ids, packing, kwargs, order = packed(samples, style, tokenizer.pad_token_id, rows=1 + pad)
+        got = placed.get_rope_index(ids, **packing, **kwargs)
+        alone = [fast.get_rope_index(sample_ids, **sample_kwargs) for sample_ids, sample_kwargs in order]
+        assert torch.equal(got[1], torch.cat([deltas for _, deltas in alone])), style
+        assert torch.equal(got[0], unpacked.get_rope_index(ids, **packing, **kwargs)[0]), style
+        assert torch.equal(placed.compute_position_ids(ids, None, kwargs, **packing),
+                           unpacked.compute_position_ids(ids, None, kwargs, **packing)), style
+    assert len(calls) == 4  # both calls placed each packed row where it lies
+    # typed along the row instead, the second segment's image run reads as more of the video
+    row_typed = copy.copy(fast)
+    row_typed.binding = dataclasses.replace(fast.binding, packed_token_types=None)
+    ids, packing, kwargs, _ = packed(samples, "cu_seqlens", tokenizer.pad_token_id)
+    with pytest.raises(PlaceholderMismatchError):
+        row_typed.get_rope_index(ids, **packing, **kwargs)
 
 
 @pytest.mark.differential
@@ -258,7 +299,8 @@ def test_packed_rows_of_several_rows_are_placed_where_they_lie():
 
     fast, _ = engines("Qwen2.5-VL")
     unpacked = copy.copy(fast)
-    unpacked.binding = dataclasses.replace(fast.binding, packed_rope_index=None, packed_position_ids=None)
+    unpacked.binding = dataclasses.replace(fast.binding, packed_rope_index=None, packed_position_ids=None,
+                                           packed_token_types=None)
     rng = random.Random("two rows")
     for index in range(10):
         samples = [one_sample("Qwen2.5-VL", rng, False) for _ in range(3)]
@@ -294,7 +336,8 @@ def _counting_and_unpacked(fast):
     placed, unpacked = copy.copy(fast), copy.copy(fast)
     placed.binding = dataclasses.replace(fast.binding, packed_rope_index=counted(fast.binding.packed_rope_index),
                                          packed_position_ids=counted(fast.binding.packed_position_ids))
-    unpacked.binding = dataclasses.replace(fast.binding, packed_rope_index=None, packed_position_ids=None)
+    unpacked.binding = dataclasses.replace(fast.binding, packed_rope_index=None, packed_position_ids=None,
+                                           packed_token_types=None)
     return placed, unpacked, calls
 
 

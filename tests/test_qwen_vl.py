@@ -213,6 +213,11 @@ def test_glm_token_types_are_the_processors_own(manager):
         want = torch.tensor(processor.create_mm_token_type_ids(ids.tolist()))
         got = fast.binding.token_types(ids)
         assert got.dtype == torch.int8 and torch.equal(got.long(), want.long()), f"batch {index}"
+        # the rows packed into one: each segment typed as its row alone, open markers included
+        lengths = torch.full((rows,), length)
+        cu_seqlens = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+        got = fast.binding.packed_token_types(ids.reshape(1, -1), cu_seqlens)
+        assert got.dtype == torch.int8 and torch.equal(got.long(), want.reshape(1, -1).long()), f"packed batch {index}"
 
 
 def test_generated_batches_cover_what_the_tests_claim(manager):

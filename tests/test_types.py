@@ -23,6 +23,12 @@ def rope_index(input_ids, attention_mask=None, **kwargs):
     ({"kind": "mrope", "rope_index": rope_index, "packed_position_ids": rope_index},
      "packed_position_ids needs packed_rope_index"),
     ({"kind": "mrope", "rope_index": rope_index, "token_types": 3}, "token_types must be callable"),
+    ({"kind": "mrope", "rope_index": rope_index, "packed_rope_index": rope_index, "token_types": rope_index,
+      "packed_token_types": 3}, "packed_token_types must be a callable"),
+    ({"kind": "mrope", "rope_index": rope_index, "token_types": rope_index, "packed_token_types": rope_index},
+     "packed_token_types needs packed_rope_index and token_types"),
+    ({"kind": "mrope", "rope_index": rope_index, "packed_rope_index": rope_index, "packed_token_types": rope_index},
+     "packed_token_types needs packed_rope_index and token_types"),
     ({"kind": "mrope", "rope_index": rope_index, "implementation": ""}, "implementation must be a non-empty string"),
 ])
 def test_a_malformed_binding_is_refused_where_it_is_built(kwargs, message):

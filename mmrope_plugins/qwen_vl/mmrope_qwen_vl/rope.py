@@ -54,11 +54,11 @@ def bind(family: Family, processor: Any, config: Any, options: Mapping[str, Any]
             description=f"{family.name}, transformers reference (the fast kernel disagrees with this transformers)",
         )
     fast = FastRopeIndex(family, config, rule, tokens)
-    # GLM's token types count video markers along the row, so a packed row's would leak across segments
-    places_packed = not family.video_inside_markers
+    # GLM's token types count video markers along the row: a packed row's are counted per segment
+    packed_token_types = token_types.packed if family.video_inside_markers else None
     return RopeBinding("mrope", fast, token_types, "fast", description=f"{family.name}, batched kernel ({rule} temporal rule)",
-                       position_ids=fast.position_ids, packed_rope_index=fast.packed if places_packed else None,
-                       packed_position_ids=fast.packed_position_ids if places_packed else None)
+                       position_ids=fast.position_ids, packed_rope_index=fast.packed,
+                       packed_position_ids=fast.packed_position_ids, packed_token_types=packed_token_types)
 
 
 def _resolve_config(family: Family, processor: Any, config: Any) -> Any:
@@ -91,12 +91,21 @@ def token_types_for(family: Family, processor: Any) -> Callable[[torch.Tensor], 
 class GlmTokenTypes:
     """GLM videos reuse the image token between begin- and end-of-video markers: an image token
     is a video token where more begin markers than end markers precede it in its row (the
-    processor's own rule). Returns int8, like :class:`~mmrope_core.mrope.TokenTypeMap`."""
+    processor's own rule). Returns int8, like :class:`~mmrope_core.mrope.TokenTypeMap`;
+    :meth:`packed` counts the markers from each segment's first token."""
 
     def __init__(self, image: int, video_start: int, video_end: int) -> None:
         self.image, self.video_start, self.video_end = image, video_start, video_end
 
     def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self._types(input_ids)
+
+    def packed(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+        """The types of one packed ``(1, T)`` row, each segment typed as the sample alone: a
+        begin marker a segment leaves open does not turn the next segment's images into video."""
+        return self._types(input_ids, cu_seqlens)
+
+    def _types(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
         if input_ids.device.type == "cpu":  # numpy compares several times faster than torch here
             ids = input_ids.numpy()
             image, opened = ids == self.image, ids == self.video_start
@@ -107,8 +116,21 @@ class GlmTokenTypes:
         else:
             image = input_ids == self.image
             markers = (input_ids == self.video_start).to(torch.int8) - (input_ids == self.video_end).to(torch.int8)
-        inside_video = markers.cumsum(dim=1) > 0  # one cumsum of the difference, not one per marker
-        return image.view(torch.int8) + (image & inside_video).view(torch.int8)
+        open_videos = markers.cumsum(dim=1)  # one cumsum of the difference, not one per marker
+        if cu_seqlens is not None:
+            open_videos = _from_each_segment_start(open_videos, cu_seqlens)
+        return image.view(torch.int8) + (image & (open_videos > 0)).view(torch.int8)
+
+
+def _from_each_segment_start(counts: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """A packed row's running ``counts`` as each segment alone counts them: less the count the
+    segments before it reached."""
+    bounds = cu_seqlens.to(device=counts.device, dtype=torch.int64)
+    reached = counts[0, bounds[1:-1] - 1]
+    if not bool(reached.any()):  # every segment closes what it opens (a row of whole samples)
+        return counts
+    before = torch.cat((reached.new_zeros(1), reached))
+    return counts - torch.repeat_interleave(before, bounds.diff()).unsqueeze(0)
 
 
 def _kinds(family: Family, tokens: tuple[str, str]) -> tuple[MediaKind, MediaKind]:
