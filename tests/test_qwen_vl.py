@@ -276,10 +276,11 @@ def test_an_unknown_implementation_is_refused(manager):
 
 
 def test_a_fast_kernel_that_disagrees_falls_back_to_the_reference_with_one_warning(monkeypatch):
+    from mmrope_core import reference as probing
     from mmrope_qwen_vl import rope
     from mmrope_qwen_vl.families import FAMILIES
 
-    monkeypatch.setattr(rope, "_agreement", {})
+    monkeypatch.setattr(probing, "_probed", {})
     family = FAMILIES["Qwen2_5_VLProcessor"]
     config = transformers.AutoConfig.for_model("qwen2_5_vl")
     reference = rope.ReferenceRopeIndex(family, config)

@@ -4,15 +4,13 @@ implementation without per-token Python (``fast``), checked against each other w
 from __future__ import annotations
 
 import importlib
-import threading
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from mmrope_core import InvalidInputError, RopeBinding
-from mmrope_core.reference import config_only_model
+from mmrope_core.reference import config_only_model, probe_once
 
 from .families import Family
 from .layout import Counters, Item, Tokens, check_all_used, read_items
@@ -392,8 +390,6 @@ def _run(length: Any, start: Any) -> torch.Tensor:
 # -- does the fast implementation agree with the installed reference? ------------------------------
 
 AUDIO_RULES = {True: ("config_window", "window_50"), False: ("qwen2_5",)}
-_agreement: dict[tuple[Any, ...], str | None] = {}
-_agreement_lock = threading.Lock()
 
 
 def agreeing_audio_rule(family: Family, thinker: Any, markers: Mapping[str, int]) -> str | None:
@@ -401,29 +397,16 @@ def agreeing_audio_rule(family: Family, thinker: Any, markers: Mapping[str, int]
     on probe batches, or None (with one warning per process) when none does."""
     from .probe import probe_batches
 
-    key = (family.name, thinker.position_id_per_seconds, getattr(thinker, "seconds_per_chunk", None),
-           getattr(thinker.audio_config, "n_window", None), int(thinker.vision_config.spatial_merge_size))
-    with _agreement_lock:
-        if key not in _agreement:
-            reference = ReferenceRopeIndex(family, thinker, markers)
-            tokens = tokens_of(thinker, markers)
-            _agreement[key] = next(
-                (rule for rule in AUDIO_RULES[family.float_positions]
-                 if _agrees(FastRopeIndex(family, thinker, markers, rule), reference,
-                            probe_batches(family, tokens, reference.merge, thinker, rule))),
-                None,
-            )
-            if _agreement[key] is None:
-                import transformers
+    def probe() -> str | None:
+        reference = ReferenceRopeIndex(family, thinker, markers)
+        tokens = tokens_of(thinker, markers)
+        return next((rule for rule in AUDIO_RULES[family.float_positions]
+                     if _agrees(FastRopeIndex(family, thinker, markers, rule), reference,
+                                probe_batches(family, tokens, reference.merge, thinker, rule))), None)
 
-                warnings.warn(
-                    f"mmrope-qwen3-omni: the fast {family.name} implementation does not reproduce transformers "
-                    f"{transformers.__version__}'s get_rope_index on probe inputs, so the reference implementation "
-                    f"is used (same results, slower). Please report this with your transformers version.",
-                    RuntimeWarning,
-                    stacklevel=6,
-                )
-        return _agreement[key]
+    key = ("qwen3_omni", family.name, thinker.position_id_per_seconds, getattr(thinker, "seconds_per_chunk", None),
+           getattr(thinker.audio_config, "n_window", None), int(thinker.vision_config.spatial_merge_size))
+    return probe_once(key, probe, fast=f"mmrope-qwen3-omni: the fast {family.name} implementation")
 
 
 def _agrees(fast: FastRopeIndex, reference: ReferenceRopeIndex, batches) -> bool:

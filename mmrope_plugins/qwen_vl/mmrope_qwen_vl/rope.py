@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import threading
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -20,7 +18,7 @@ from mmrope_core.mrope import (
     mrope_position_ids,
     mrope_positions,
 )
-from mmrope_core.reference import config_only_model
+from mmrope_core.reference import config_only_model, probe_once
 
 from .families import Family
 
@@ -277,29 +275,11 @@ _NUMPY_DTYPES = (torch.float32, torch.float64, torch.int64, torch.int32)
 
 # -- does the fast kernel agree with the installed reference? -----------------------------------
 
-_agreement: dict[tuple[Any, ...], str | None] = {}
-_agreement_lock = threading.Lock()
-
-
 def agreeing_rule(family: Family, config: Any, reference: ReferenceRopeIndex) -> str | None:
     """The temporal rule under which the fast kernel equals the reference on probe batches, or
-    None (with one warning) when no rule does. Cached per family and config facts."""
-    key = (family.name, config.model_type, reference.merge, reference.tokens_per_second)
-    with _agreement_lock:
-        if key not in _agreement:
-            _agreement[key] = _probe(family, config, reference)
-            if _agreement[key] is None:
-                import transformers
-
-                warnings.warn(
-                    f"mmrope-qwen-vl: the fast {family.name} kernel does not reproduce "
-                    f"transformers {transformers.__version__}'s get_rope_index on probe inputs, "
-                    f"so the reference implementation is used (same results, slower). "
-                    f"Please report this with your transformers version.",
-                    RuntimeWarning,
-                    stacklevel=5,
-                )
-        return _agreement[key]
+    None (with one warning) when no rule does. Probed once per family and config facts."""
+    key = ("qwen_vl", family.name, config.model_type, reference.merge, reference.tokens_per_second)
+    return probe_once(key, lambda: _probe(family, config, reference), fast=f"mmrope-qwen-vl: the fast {family.name} kernel")
 
 
 def _probe(family: Family, config: Any, reference: ReferenceRopeIndex) -> str | None:
