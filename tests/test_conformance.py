@@ -28,6 +28,7 @@ def test_violations_name_the_plugin_the_hook_and_the_rule(make_manager):
     assert ("nonconforming", "get_rope_index_kwargs", "does not change its inputs") in broken
     assert ("nonconforming", "bind_rope_index", "left and right padding give the same valid positions") in broken
     assert ("nonconforming", "bind_rope_index", "position_ids equal the text row over rope_index's positions") in broken
+    assert ("nonconforming", "bind_rope_index", "packed token types equal each sample's token types") in broken
     packing = [v.detail for v in violations if v.rule == "a packed segment equals its sample alone"]
     assert {detail.split(":")[0] for detail in packing} == {"cu_seqlens", "segment_ids"}
     message = str(next(v for v in violations if v.rule == "does not change its inputs"))

@@ -251,6 +251,7 @@ class _Checker:
             ("cu_seqlens", torch.cat(rows).unsqueeze(0), {"cu_seqlens": cu_seqlens}, starts),
             ("segment_ids", with_gaps, {"segment_ids": segment_ids}, [start + k for k, start in enumerate(starts, 1)]),
         )
+        self.check_packed_token_types(engine.binding, rows, cu_seqlens)
         for style, ids, packing, firsts in layouts:
             try:
                 packed = engine.compute_position_ids(ids, None, multi_modal_inputs, **packing)
@@ -262,6 +263,20 @@ class _Checker:
                 if not torch.equal(segment, _valid(single, None, 0)):
                     self.fail("bind_rope_index", "a packed segment equals its sample alone",
                               f"{style}: segment {index} differs")
+
+    def check_packed_token_types(self, binding: RopeBinding, rows: Sequence[torch.Tensor], cu_seqlens: torch.Tensor) -> None:
+        """A packed row's token types are each sample's own, one after the other."""
+        if binding.packed_token_types is None:
+            return
+        rule = "packed token types equal each sample's token types"
+        try:
+            packed = binding.packed_token_types(torch.cat(rows).unsqueeze(0), cu_seqlens)
+            each = torch.cat([binding.token_types(row.unsqueeze(0)) for row in rows], dim=1)
+        except Exception as exc:  # a plugin's mistake of any kind is a violation to report
+            self.fail("bind_rope_index", rule, f"{type(exc).__name__}: {exc}")
+            return
+        if not (isinstance(packed, torch.Tensor) and packed.shape == each.shape and torch.equal(packed.long(), each.long())):
+            self.fail("bind_rope_index", rule, "they differ")
 
 
 def _mask_of(output: Mapping[str, Any]) -> torch.Tensor:

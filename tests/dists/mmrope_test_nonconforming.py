@@ -1,6 +1,7 @@
 """A plugin that breaks conformance rules: it claims every processor, changes the tensors it is
 given, its positions depend on the padding side, its position_ids disagree with its rope index,
-and its packed positions do not restart in every segment."""
+its packed positions do not restart in every segment, and its packed token types are not each
+sample's own."""
 
 import torch
 
@@ -35,11 +36,22 @@ def packed_position_ids_ignoring_segments(input_ids, attention_mask=None, *, cu_
     return position_ids_counting_padding(input_ids)
 
 
+def text_only(input_ids):
+    return torch.zeros_like(input_ids)
+
+
+def packed_token_types_with_an_image(input_ids, cu_seqlens):
+    types = torch.zeros_like(input_ids)
+    types[0, 0] = 1  # the row's first token, which token_types calls text
+    return types
+
+
 @hookimpl
 def bind_rope_index(processor):
     return RopeBinding(kind="mrope", rope_index=padding_dependent, position_ids=position_ids_counting_padding,
                        packed_rope_index=packed_ignoring_segments,
-                       packed_position_ids=packed_position_ids_ignoring_segments)
+                       packed_position_ids=packed_position_ids_ignoring_segments,
+                       token_types=text_only, packed_token_types=packed_token_types_with_an_image)
 
 
 @hookimpl
