@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from .errors import InvalidInputError
+from . import _native
 
 
 def as_batch(
@@ -53,47 +54,72 @@ def as_batch(
         raise InvalidInputError(f"attention_mask must be bool or integer 0/1, got dtype {mask.dtype}")
     if mask.dtype == torch.bool and not tokens_in_every_row:
         return ids, mask
-    # numpy's reductions over a mask on the CPU cost a fraction of torch's
-    values = mask.numpy() if mask.is_cpu else mask
-    if tokens_in_every_row and _all_ones(values, mask.dtype == torch.bool):
-        return ids, None  # means what no mask means, and spares the plugin its masked work
-    largest = _largest_per_row(values)
+    return ids, (_read_cpu_mask if mask.is_cpu else _read_device_mask)(mask, tokens_in_every_row)
+
+
+def _read_device_mask(mask: torch.Tensor, tokens_in_every_row: bool) -> torch.Tensor | None:
+    """The mask as bool after checking its values (None where every token is valid and
+    ``tokens_in_every_row``), in torch passes over it."""
+    if tokens_in_every_row and _all_ones(mask):
+        return None  # means what no mask means, and spares the plugin its masked work
+    largest = _largest_per_row(mask)
     if largest.tolist() != [1] * len(largest):  # (cheaper than two reductions for the few rows)
         _refuse_mask_values(mask, largest, tokens_in_every_row)
-    return ids, mask if mask.dtype == torch.bool else mask.bool()
+    return mask if mask.dtype == torch.bool else mask.bool()
+
+
+def _read_cpu_mask(mask: torch.Tensor, tokens_in_every_row: bool) -> torch.Tensor | None:
+    """:func:`_read_device_mask` for a CPU mask, in one compiled pass over it."""
+    batch, length = mask.shape
+    values = mask.contiguous().numpy()
+    valid = torch.empty(mask.shape, dtype=torch.bool)
+    all_ones, first_bad, first_empty_row = _native.read_mask(values, values.itemsize, batch, length, valid.numpy(),
+                                                              torch.get_num_threads())
+    if first_bad >= 0:
+        _refuse_mask_value(mask, *divmod(first_bad, length))
+    if tokens_in_every_row:
+        if all_ones:
+            return None
+        if first_empty_row >= 0:
+            _refuse_empty_row(first_empty_row)
+    return valid
 
 
 def _refuse_mask_values(mask: torch.Tensor, largest: np.ndarray, tokens_in_every_row: bool) -> None:
     """Raise for a value other than 0 and 1, or, where each row needs a token, for an empty row."""
     if largest.max() > 1:
-        bad = ((mask != 0) & (mask != 1)).nonzero()[0].tolist()
-        raise InvalidInputError(
-            f"attention_mask must hold only 0 and 1; sample {bad[0]}, position {bad[1]} holds "
-            f"{int(mask[bad[0], bad[1]])}. For packed rows use segment ids or cu_seqlens, not mask values"
-        )
+        _refuse_mask_value(mask, *((mask != 0) & (mask != 1)).nonzero()[0].tolist())
     if tokens_in_every_row:
-        raise InvalidInputError(
-            f"sample {int(np.flatnonzero(largest == 0)[0])} has no valid token (its attention_mask is all 0); "
-            f"drop empty samples before computing positions"
-        )
+        _refuse_empty_row(int(np.flatnonzero(largest == 0)[0]))
 
 
-def _all_ones(values: np.ndarray | torch.Tensor, is_bool: bool) -> bool:
-    """Every token valid, every value exactly 1: one pass over the mask. Padding shows at a
-    row's first or last token in most batches, so those are read first."""
-    if not values[:, :: max(values.shape[1] - 1, 1)].all():  # the first and last columns
+def _refuse_mask_value(mask: torch.Tensor, sample: int, position: int) -> None:
+    raise InvalidInputError(
+        f"attention_mask must hold only 0 and 1; sample {sample}, position {position} holds "
+        f"{int(mask[sample, position])}. For packed rows use segment ids or cu_seqlens, not mask values"
+    )
+
+
+def _refuse_empty_row(sample: int) -> None:
+    raise InvalidInputError(
+        f"sample {sample} has no valid token (its attention_mask is all 0); "
+        f"drop empty samples before computing positions"
+    )
+
+
+def _all_ones(mask: torch.Tensor) -> bool:
+    """Every token valid, every value exactly 1. Padding shows at a row's first or last token in
+    most batches, so those are read first."""
+    if not mask[:, :: max(mask.shape[1] - 1, 1)].all():  # the first and last columns
         return False
-    return bool(values.all() if is_bool else (values == 1).all())
+    return bool(mask.all() if mask.dtype == torch.bool else (mask == 1).all())
 
 
-def _largest_per_row(values: np.ndarray | torch.Tensor) -> np.ndarray:
+def _largest_per_row(mask: torch.Tensor) -> np.ndarray:
     """Each row's largest value, negative values counting as larger than any other."""
-    if isinstance(values, np.ndarray):
-        # read as unsigned, negative values are huge: one reduction checks both ends
-        return values.view(f"u{values.itemsize}").max(axis=1)
-    if values.dtype == torch.bool:
-        return values.view(torch.uint8).amax(dim=1).cpu().numpy()
-    low, high = torch.aminmax(values, dim=1)
+    if mask.dtype == torch.bool:
+        return mask.view(torch.uint8).amax(dim=1).cpu().numpy()
+    low, high = torch.aminmax(mask, dim=1)
     return np.where(low.cpu().numpy() < 0, 2, high.cpu().numpy())
 
 

@@ -6,12 +6,12 @@ previous run left off; a media run places its tokens on a ``(t, h, w)`` grid sta
 current position, and the text after it continues ``max(h, w) // merge`` past that start, the
 rule of transformers' Qwen2-VL family.
 
-No Python loop runs over tokens, samples or media. Per token there are a few whole-batch
-passes: the runs are read off the places where the token type changes (in numpy for CPU
-tensors, whose byte comparisons are several times faster than torch's; in torch on other
-devices), and each row of positions is one torch cumsum of a counter row. What is per run or
-per grid line (where runs start, the steps the counters take there) is a few hundred numbers,
-worked out in numpy, whose small operations cost a fraction of torch's.
+No Python loop runs over tokens, samples or media. Per token there are a few passes: the runs
+are read off the places where the token type changes, and each row of positions is the running
+sum of a counter row. On the CPU those passes are compiled loops (``mmrope_core._native``) that
+read and write each token once; on other devices, torch operations over the batch. What is per
+run or per grid line (where runs start, the steps the counters take there) is a few hundred
+numbers, worked out in numpy, whose small operations cost a fraction of torch's.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
+from .. import _native
 from ..errors import InvalidInputError
 from ._media import MediaGrids, MediaKind, TokenTypeMap
 from ._mismatch import explain, match, segment_cut
@@ -146,15 +147,13 @@ def _small_int(token_types: torch.Tensor) -> torch.Tensor:
 
 
 def _coded(token_types: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """The token types with -1 at masked tokens: ``type * valid + valid - 1``."""
+    """The token types with -1 at masked tokens (``type * valid + valid - 1``)."""
     if mask is None:
         return token_types
-    if mask.device.type == "cpu":  # numpy's byte arithmetic costs a fraction of torch's here
-        types, valid = token_types.numpy(), mask.numpy().view(np.int8)
-        code = types * valid
-        code += valid
-        code -= 1
-        return torch.from_numpy(code)
+    if mask.device.type == "cpu":
+        code = torch.empty(token_types.shape, dtype=torch.int8)
+        _native.coded(token_types.numpy(), mask.contiguous().numpy(), code.numpy())
+        return code
     valid = mask.view(torch.int8)
     return torch.addcmul(valid - 1, token_types, valid)
 

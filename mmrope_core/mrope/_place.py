@@ -1,8 +1,9 @@
 """Positions from matched runs: three counter rows (four with the text row), the steps they take
-where positions do not simply count on, and one cumsum.
+where positions do not simply count on, and their running sum.
 
-The counters and the cumsum are torch operations on the device of the batch; the steps (a few
-per run and one per grid line) are worked out in numpy, and on the CPU written in numpy too.
+The steps (a few per run and one per grid line) are worked out in numpy. On the CPU each row is
+then written once by a compiled loop; on other devices the counters, the steps and a cumsum are
+torch operations over the batch.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import dataclasses
 import numpy as np
 import torch
 
+from .. import _native
 from ._runs import Runs, Spans
 
 
@@ -64,6 +66,28 @@ def place(code: torch.Tensor, mask: torch.Tensor | None, runs: Runs, spans: Span
     layout = RunLayout.of(runs, grid, scaled, spans, merge)
     index, steps = _steps(runs, layout, spans, length, text_row)
     out = torch.empty((batch, 4, length) if text_row else (3, batch, length), dtype=torch.int64, device=device)
+    (_write_rows if device.type == "cpu" else _count_on)(out, code, mask, index, steps, text_row)
+    if text_row:
+        return out, None
+    row_max = layout.sample_end.copy()
+    np.maximum.at(row_max, runs.row, layout.largest)
+    return out, _tensor((row_max + 1 - spans.count)[:, None], device)
+
+
+def _write_rows(out: torch.Tensor, code: torch.Tensor, mask: torch.Tensor | None, index: np.ndarray,
+                steps: np.ndarray, text_row: bool) -> None:
+    """:func:`place`'s rows on the CPU: each row written once by a compiled loop (the counter is
+    read off the code, -1 exactly at masked tokens, so the mask itself is not needed)."""
+    order = index.argsort(kind="stable")
+    _native.place(code.numpy(), out.numpy(), index[order], np.ascontiguousarray(steps[:, order]), *code.shape,
+                  text_row, torch.get_num_threads())
+
+
+def _count_on(out: torch.Tensor, code: torch.Tensor, mask: torch.Tensor | None, index: np.ndarray,
+              steps: np.ndarray, text_row: bool) -> None:
+    """:func:`place`'s rows in torch passes over the whole batch (counters, steps, one cumsum), for
+    devices other than the CPU."""
+    batch, length = code.shape
     counters = out.transpose(0, 1) if text_row else out  # (rows, B, L)
     # the rows counting valid tokens (width, and the text row) and those counting valid text tokens
     counting_valid, counting_text = (counters[::3], counters[1:3]) if text_row else (counters[2:], counters[:2])
@@ -78,16 +102,8 @@ def place(code: torch.Tensor, mask: torch.Tensor | None, runs: Runs, spans: Span
     else:
         flat_index = index + np.arange(3)[:, None] * (batch * length)
     # a run starting a sample repeats that sample's first step, with the same value
-    if device.type == "cpu":
-        out.numpy().reshape(-1)[flat_index.ravel()] = steps.ravel()
-    else:
-        out.view(-1).scatter_(0, _tensor(flat_index.ravel(), device), _tensor(steps.ravel(), device))
+    out.view(-1).scatter_(0, _tensor(flat_index.ravel(), out.device), _tensor(steps.ravel(), out.device))
     out.cumsum_(-1)
-    if text_row:
-        return out, None
-    row_max = layout.sample_end.copy()
-    np.maximum.at(row_max, runs.row, layout.largest)
-    return out, _tensor((row_max + 1 - spans.count)[:, None], device)
 
 
 def _steps(runs: Runs, layout: RunLayout, spans: Spans, length: int,

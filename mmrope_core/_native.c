@@ -1,0 +1,639 @@
+/* mmrope_core._native: the loops over every token of a CPU batch, compiled.
+ *
+ * What the engine and the M-RoPE kernel do per token, each read or written once here:
+ * - read_mask: check an attention mask holds only 0 and 1, as bool;
+ * - token_types: each token id's media type;
+ * - coded: token types with -1 at padding, and changes: where that code changes;
+ * - place: the rows of positions, each the running sum of a counter (1 at a valid token, or at a
+ *   valid text token) with a step put in at the few tokens where positions do not count on.
+ * torch does each of these in several passes over the batch in memory (and its int64 cumsum is
+ * a scalar loop); what is per run or per grid line stays in numpy. The buffers are acquired and
+ * checked with the GIL held; the loops run without it, on threads started and joined within the
+ * call for large batches, so calls from several threads may overlap and a fork finds no pool.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_THREADS 64
+
+/* The loops over tokens compare 64-bit ids and mask values, which x86-64's baseline vector
+ * instructions cannot: where the loader can pick a function at run time (GNU ifunc), those
+ * loops are also built for AVX2 and used on CPUs that have it. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define VECTOR_CLONES
+#endif
+
+/* Run `task` on each of `workers` work items (`size` bytes apart): the first on this thread,
+ * the others on threads started for this call and joined before it returns, so nothing lingers
+ * (data-loader workers fork). A thread that cannot be started leaves its item to this thread. */
+static void
+run_workers(void *(*task)(void *), void *items, size_t size, Py_ssize_t workers)
+{
+    pthread_t started[MAX_THREADS];
+    int running[MAX_THREADS] = {0};
+    for (Py_ssize_t w = 1; w < workers; w++)
+        running[w] = pthread_create(&started[w], NULL, task, (char *)items + w * size) == 0;
+    task(items);
+    for (Py_ssize_t w = 1; w < workers; w++) {
+        if (running[w])
+            pthread_join(started[w], NULL);
+        else
+            task((char *)items + w * size);
+    }
+}
+
+/* The step table: `count` flat token indices (row * length + column), in increasing order
+ * (an index may repeat, with the same steps), and for each output row r its step at each
+ * index: steps[r * count + e]. */
+typedef struct {
+    const int64_t *index;
+    const int64_t *steps;
+    Py_ssize_t count;
+} StepTable;
+
+#define BYTES_OF_ONE 0x0101010101010101ULL
+
+/* Positions from `column` to `until`: the running position plus the counter. Eight tokens at a
+ * time, their code bytes read as one word: the counters are bits picked from each byte, and
+ * multiplying by 0x0101...01 sums them up to each byte, so the eight positions do not wait on
+ * one another. Returns the position at `until - 1`. */
+VECTOR_CLONES static int64_t
+count_on(int64_t *out, const int8_t *code, Py_ssize_t column, Py_ssize_t until, int64_t position, int counts_valid)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    for (; column + 8 <= until; column += 8) {
+        uint64_t bytes;
+        memcpy(&bytes, code + column, 8);
+        /* valid: sign bit clear; valid text: the byte is 0 (no bit set among its low seven,
+         * added to 0x7f, nor its sign bit) */
+        const uint64_t nonzero = ((bytes & 0x7f7f7f7f7f7f7f7fULL) + 0x7f7f7f7f7f7f7f7fULL) | bytes;
+        const uint64_t counters = (~(counts_valid ? bytes : nonzero) >> 7) & BYTES_OF_ONE;
+        const uint64_t sums = counters * BYTES_OF_ONE;
+#if defined(__GNUC__) && (defined(__clang__) || __GNUC__ >= 9)
+        /* widened all at once: one vector conversion and add, not eight shifts */
+        typedef uint8_t bytes8 __attribute__((vector_size(8)));
+        typedef int64_t words8 __attribute__((vector_size(64)));
+        bytes8 narrow;
+        memcpy(&narrow, &sums, 8);
+        const words8 wide = __builtin_convertvector(narrow, words8) + position;
+        memcpy(out + column, &wide, sizeof wide);
+#else
+        for (int k = 0; k < 8; k++)
+            out[column + k] = position + (int64_t)((sums >> (8 * k)) & 0xff);
+#endif
+        position += (int64_t)(sums >> 56);
+    }
+#endif
+    for (; column < until; column++) {
+        position += counts_valid ? code[column] >= 0 : code[column] == 0;
+        out[column] = position;
+    }
+    return position;
+}
+
+/* One row of positions for one sample. `counts_valid`: the counter is 1 at every valid token
+ * (code >= 0), else at every valid text token (code == 0). Returns where the next sample's
+ * steps begin. */
+static Py_ssize_t
+write_row(int64_t *out, const int8_t *code, Py_ssize_t length, int64_t row_start,
+          const StepTable *table, const int64_t *row_steps, Py_ssize_t e, int counts_valid)
+{
+    int64_t position = 0;
+    Py_ssize_t column = 0;
+    while (column < length) {
+        /* up to the next token with a step, the counter alone decides */
+        Py_ssize_t until = length;
+        if (e < table->count && table->index[e] - row_start < length)
+            until = (Py_ssize_t)(table->index[e] - row_start);
+        position = count_on(out, code, column, until, position, counts_valid);
+        column = until;
+        if (column == length)
+            break;
+        position += row_steps[e];
+        out[column] = position;
+        column++;
+        while (e < table->count && table->index[e] == row_start + column - 1)
+            e++;
+    }
+    return e;
+}
+
+static int
+acquire(PyObject *object, Py_buffer *view, int writable, Py_ssize_t itemsize, const char *name)
+{
+    if (PyObject_GetBuffer(object, view, writable ? PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS : PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    if (view->len % itemsize != 0) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd bytes is not a whole number of %zd-byte items", name, view->len, itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+typedef struct {
+    int64_t *out;
+    const int8_t *code;
+    StepTable table;
+    Py_ssize_t batch, length, rows;
+    int text_row;
+    Py_ssize_t first_chunk, chunk_stride;  /* this worker's chunks: first, first + stride, ... */
+} PlaceWork;
+
+/* The first step at or after flat index `at`. */
+static Py_ssize_t
+first_step_from(const StepTable *table, int64_t at)
+{
+    Py_ssize_t low = 0, high = table->count;
+    while (low < high) {
+        Py_ssize_t middle = low + (high - low) / 2;
+        if (table->index[middle] < at)
+            low = middle + 1;
+        else
+            high = middle;
+    }
+    return low;
+}
+
+static void *
+place_chunks(void *argument)
+{
+    const PlaceWork *work = argument;
+    const Py_ssize_t length = work->length, chunks = work->rows * work->batch;
+    for (Py_ssize_t chunk = work->first_chunk; chunk < chunks; chunk += work->chunk_stride) {
+        /* chunk = row r of sample b; (3, B, L): rows t, h count valid text, w every valid token;
+         * (B, 4, L): the text row and w count every valid token, t and h valid text */
+        const Py_ssize_t r = chunk / work->batch, b = chunk % work->batch;
+        const int counts_valid = work->text_row ? (r == 0 || r == 3) : (r == 2);
+        int64_t *row = work->out + (work->text_row ? (b * work->rows + r) * length : chunk * length);
+        write_row(row, work->code + b * length, length, b * length, &work->table,
+                  work->table.steps + r * work->table.count, first_step_from(&work->table, b * length), counts_valid);
+    }
+    return NULL;
+}
+
+/* Below this many positions (tokens, for the readings below) another thread costs more than it
+ * saves: starting and joining one takes some 20 microseconds. */
+#define POSITIONS_PER_THREAD (1 << 17)
+
+PyDoc_STRVAR(place_doc,
+"place(code, out, index, steps, batch, length, text_row, threads)\n\n"
+"Write positions into `out` (int64; (3, B, L), or (B, 4, L) with `text_row`) from `code`\n"
+"(int8 (B, L): -1 at padding, 0 text, > 0 media), the increasing flat token indices `index`\n"
+"(int64 (E,)) and `steps` (int64 (rows, E)): the cumsum along L of each row's counter with\n"
+"the step put in at each index. Large batches are shared among up to `threads` threads.");
+
+static PyObject *
+place(PyObject *module, PyObject *args)
+{
+    PyObject *code_obj, *out_obj, *index_obj, *steps_obj;
+    Py_ssize_t batch, length;
+    int text_row, threads;
+    if (!PyArg_ParseTuple(args, "OOOOnnpi:place", &code_obj, &out_obj, &index_obj, &steps_obj, &batch, &length,
+                          &text_row, &threads))
+        return NULL;
+    Py_buffer code, out, index, steps;
+    if (acquire(code_obj, &code, 0, 1, "code") < 0)
+        return NULL;
+    if (acquire(out_obj, &out, 1, 8, "out") < 0)
+        goto release_code;
+    if (acquire(index_obj, &index, 0, 8, "index") < 0)
+        goto release_out;
+    if (acquire(steps_obj, &steps, 0, 8, "steps") < 0)
+        goto release_index;
+
+    const Py_ssize_t rows = text_row ? 4 : 3, tokens = batch * length, count = index.len / 8;
+    if (batch < 0 || length < 0 || code.len != tokens || out.len / 8 != rows * tokens || steps.len / 8 != rows * count) {
+        PyErr_Format(PyExc_ValueError, "place: sizes do not fit a batch of %zd x %zd: code %zd, out %zd, "
+                     "index %zd, steps %zd items", batch, length, code.len, out.len / 8, count, steps.len / 8);
+        goto release_all;
+    }
+    const int64_t *flat = index.buf;
+    for (Py_ssize_t e = 0; e < count; e++) {
+        if (flat[e] < 0 || flat[e] >= tokens || (e && flat[e] < flat[e - 1])) {
+            PyErr_Format(PyExc_ValueError, "place: index %zd is %lld, not increasing within 0 to %zd",
+                         e, (long long)flat[e], tokens);
+            goto release_all;
+        }
+    }
+
+    Py_ssize_t workers = rows * tokens / POSITIONS_PER_THREAD;
+    if (workers > threads)
+        workers = threads;
+    if (workers > rows * batch)
+        workers = rows * batch;
+    if (workers < 1 || workers > MAX_THREADS)
+        workers = workers < 1 ? 1 : MAX_THREADS;
+    PlaceWork work[MAX_THREADS];
+    for (Py_ssize_t w = 0; w < workers; w++)
+        work[w] = (PlaceWork){out.buf, code.buf, {flat, steps.buf, count}, batch, length, rows, text_row, w, workers};
+    Py_BEGIN_ALLOW_THREADS
+    run_workers(place_chunks, work, sizeof(PlaceWork), workers);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&steps);
+    PyBuffer_Release(&index);
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&code);
+    Py_RETURN_NONE;
+
+release_all:
+    PyBuffer_Release(&steps);
+release_index:
+    PyBuffer_Release(&index);
+release_out:
+    PyBuffer_Release(&out);
+release_code:
+    PyBuffer_Release(&code);
+    return NULL;
+}
+
+/* Rows [first_row, end_row) of a batch, one range per worker. */
+typedef struct {
+    Py_ssize_t first_row, end_row;
+} RowRange;
+
+static Py_ssize_t
+split_rows(RowRange *ranges, Py_ssize_t batch, Py_ssize_t length, int threads, Py_ssize_t tokens_per_thread)
+{
+    Py_ssize_t workers = batch * length / tokens_per_thread;
+    if (workers > threads)
+        workers = threads;
+    if (workers > batch)
+        workers = batch;
+    if (workers > MAX_THREADS)
+        workers = MAX_THREADS;
+    if (workers < 1)
+        workers = 1;
+    for (Py_ssize_t w = 0; w < workers; w++)
+        ranges[w] = (RowRange){batch * w / workers, batch * (w + 1) / workers};
+    return workers;
+}
+
+/* Reading token ids: each id's media type, 0 for text. */
+#define MAX_MEDIA_TOKENS 16
+#define TOKENS_PER_THREAD (1 << 16)
+
+typedef struct {
+    RowRange rows;
+    const char *ids;
+    int8_t *types;
+    Py_ssize_t length, itemsize, count;
+    int64_t token[MAX_MEDIA_TOKENS];
+    int8_t type[MAX_MEDIA_TOKENS];
+} TypeWork;
+
+/* The ids of one worker's rows in blocks that stay in the first-level cache, each block read
+ * once per media token by a loop the compiler turns into vector compares. */
+#define TYPE_BLOCK 512
+
+#define TYPE_ROWS(NAME, ID)                                                                    \
+VECTOR_CLONES static void                                                                      \
+NAME(const ID *restrict ids, int8_t *restrict types, Py_ssize_t first, Py_ssize_t end,        \
+     const int64_t *token, const int8_t *type, Py_ssize_t count)                               \
+{                                                                                              \
+    for (Py_ssize_t block = first; block < end; block += TYPE_BLOCK) {                         \
+        const Py_ssize_t stop = end - block < TYPE_BLOCK ? end : block + TYPE_BLOCK;           \
+        memset(types + block, 0, (size_t)(stop - block));                                      \
+        for (Py_ssize_t k = 0; k < count; k++) {                                               \
+            const ID id = (ID)token[k]; /* token ids are below 2**31 */                        \
+            const int8_t media = type[k];                                                      \
+            for (Py_ssize_t i = block; i < stop; i++)                                          \
+                types[i] = ids[i] == id ? media : types[i];                                    \
+        }                                                                                      \
+    }                                                                                          \
+}
+
+TYPE_ROWS(type_rows_64, int64_t)
+TYPE_ROWS(type_rows_32, int32_t)
+
+static void *
+type_rows(void *argument)
+{
+    const TypeWork *work = argument;
+    const Py_ssize_t first = work->rows.first_row * work->length, end = work->rows.end_row * work->length;
+    if (work->itemsize == 8)
+        type_rows_64((const int64_t *)work->ids, work->types, first, end, work->token, work->type, work->count);
+    else
+        type_rows_32((const int32_t *)work->ids, work->types, first, end, work->token, work->type, work->count);
+    return NULL;
+}
+
+PyDoc_STRVAR(token_types_doc,
+"token_types(ids, itemsize, batch, length, tokens, types, out, threads)\n\n"
+"Write into `out` (int8 (B, L)) the media type of each token of `ids` (int64 or int32, by\n"
+"`itemsize`): types[k] where the id is tokens[k], 0 elsewhere.");
+
+static PyObject *
+token_types(PyObject *module, PyObject *args)
+{
+    PyObject *ids_obj, *tokens_obj, *types_obj, *out_obj;
+    Py_ssize_t itemsize, batch, length;
+    int threads;
+    if (!PyArg_ParseTuple(args, "OnnnOOOi:token_types", &ids_obj, &itemsize, &batch, &length, &tokens_obj, &types_obj,
+                          &out_obj, &threads))
+        return NULL;
+    TypeWork work[MAX_THREADS];
+    TypeWork *first = &work[0];
+    first->count = PySequence_Size(tokens_obj);
+    if (first->count < 0)
+        return NULL;
+    if (first->count > MAX_MEDIA_TOKENS || PySequence_Size(types_obj) != first->count || (itemsize != 8 && itemsize != 4)) {
+        PyErr_Format(PyExc_ValueError, "token_types: up to %d tokens, as many types, ids of 4 or 8 bytes",
+                     MAX_MEDIA_TOKENS);
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < first->count; k++) {
+        PyObject *token = PySequence_GetItem(tokens_obj, k), *type = PySequence_GetItem(types_obj, k);
+        first->token[k] = token ? PyLong_AsLongLong(token) : -1;
+        first->type[k] = (int8_t)(type ? PyLong_AsLong(type) : -1);
+        Py_XDECREF(token);
+        Py_XDECREF(type);
+        if (PyErr_Occurred())
+            return NULL;
+    }
+    Py_buffer ids, out;
+    if (acquire(ids_obj, &ids, 0, itemsize, "ids") < 0)
+        return NULL;
+    if (acquire(out_obj, &out, 1, 1, "out") < 0) {
+        PyBuffer_Release(&ids);
+        return NULL;
+    }
+    if (batch < 0 || length < 0 || ids.len != batch * length * itemsize || out.len != batch * length) {
+        PyErr_Format(PyExc_ValueError, "token_types: sizes do not fit a batch of %zd x %zd: ids %zd bytes, out %zd",
+                     batch, length, ids.len, out.len);
+        PyBuffer_Release(&out);
+        PyBuffer_Release(&ids);
+        return NULL;
+    }
+    RowRange ranges[MAX_THREADS];
+    const Py_ssize_t workers = split_rows(ranges, batch, length, threads, TOKENS_PER_THREAD);
+    first->ids = ids.buf;
+    first->types = out.buf;
+    first->length = length;
+    first->itemsize = itemsize;
+    for (Py_ssize_t w = 0; w < workers; w++) {
+        if (w)
+            work[w] = *first;
+        work[w].rows = ranges[w];
+    }
+    Py_BEGIN_ALLOW_THREADS
+    run_workers(type_rows, work, sizeof(TypeWork), workers);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&ids);
+    Py_RETURN_NONE;
+}
+
+/* Reading an attention mask: 0 and 1 only, as bool, and which rows hold a 1. */
+typedef struct {
+    RowRange rows;
+    const char *mask;
+    uint8_t *valid;
+    Py_ssize_t length, itemsize;
+    Py_ssize_t first_bad;  /* flat index of the first value other than 0 and 1, or -1 */
+    Py_ssize_t first_empty_row;  /* or -1 */
+    int all_ones;
+} MaskWork;
+
+/* One row of a mask: writes where it is 1, returns how many ones; `others` gathers the bits of
+ * any other value. */
+#define MASK_ROW(NAME, TYPE)                                                                     \
+VECTOR_CLONES static uint64_t                                                                    \
+NAME(const TYPE *restrict mask, uint8_t *restrict valid, Py_ssize_t length, uint64_t *others)    \
+{                                                                                                \
+    uint64_t ones = 0;                                                                           \
+    TYPE other = 0;                                                                              \
+    for (Py_ssize_t i = 0; i < length; i++) {                                                    \
+        const TYPE value = mask[i];                                                              \
+        ones += value == 1;                                                                      \
+        other |= value & (TYPE)~(TYPE)1;                                                         \
+        valid[i] = value == 1;                                                                   \
+    }                                                                                            \
+    *others |= other;                                                                            \
+    return ones;                                                                                 \
+}
+
+MASK_ROW(mask_row_8, uint8_t)
+MASK_ROW(mask_row_16, uint16_t)
+MASK_ROW(mask_row_32, uint32_t)
+MASK_ROW(mask_row_64, uint64_t)
+
+static uint64_t
+mask_value(const char *mask, Py_ssize_t itemsize, Py_ssize_t i)
+{
+    switch (itemsize) {
+    case 1: return ((const uint8_t *)mask)[i];
+    case 2: return ((const uint16_t *)mask)[i];
+    case 4: return ((const uint32_t *)mask)[i];
+    default: return ((const uint64_t *)mask)[i];
+    }
+}
+
+static void *
+mask_rows(void *argument)
+{
+    MaskWork *work = argument;
+    const Py_ssize_t length = work->length, itemsize = work->itemsize;
+    Py_ssize_t first_bad = -1, first_empty_row = -1;
+    int all_ones = 1;
+    for (Py_ssize_t b = work->rows.first_row; b < work->rows.end_row; b++) {
+        const char *row = work->mask + b * length * itemsize;
+        uint8_t *valid = work->valid + b * length;
+        uint64_t others = 0, ones;
+        switch (itemsize) {
+        case 1: ones = mask_row_8((const uint8_t *)row, valid, length, &others); break;
+        case 2: ones = mask_row_16((const uint16_t *)row, valid, length, &others); break;
+        case 4: ones = mask_row_32((const uint32_t *)row, valid, length, &others); break;
+        default: ones = mask_row_64((const uint64_t *)row, valid, length, &others);
+        }
+        if (others && first_bad < 0) {
+            Py_ssize_t i = 0;
+            while (mask_value(row, itemsize, i) <= 1)
+                i++;
+            first_bad = b * length + i;
+        }
+        if (ones == 0 && first_empty_row < 0)
+            first_empty_row = b;
+        all_ones &= ones == (uint64_t)length;
+    }
+    work->first_bad = first_bad;
+    work->first_empty_row = first_empty_row;
+    work->all_ones = all_ones;
+    return NULL;
+}
+
+PyDoc_STRVAR(read_mask_doc,
+"read_mask(mask, itemsize, batch, length, valid, threads) -> (all_ones, first_bad, first_empty_row)\n\n"
+"Write into `valid` (bool (B, L)) where `mask` (integers of `itemsize` bytes) is 1. Returns\n"
+"whether every value is 1, the flat index of the first value other than 0 and 1 (-1 if none)\n"
+"and the first row without a 1 (-1 if none).");
+
+static PyObject *
+read_mask(PyObject *module, PyObject *args)
+{
+    PyObject *mask_obj, *valid_obj;
+    Py_ssize_t itemsize, batch, length;
+    int threads;
+    if (!PyArg_ParseTuple(args, "OnnnOi:read_mask", &mask_obj, &itemsize, &batch, &length, &valid_obj, &threads))
+        return NULL;
+    if (itemsize != 1 && itemsize != 2 && itemsize != 4 && itemsize != 8) {
+        PyErr_Format(PyExc_ValueError, "read_mask: items of 1, 2, 4 or 8 bytes, not %zd", itemsize);
+        return NULL;
+    }
+    Py_buffer mask, valid;
+    if (acquire(mask_obj, &mask, 0, itemsize, "mask") < 0)
+        return NULL;
+    if (acquire(valid_obj, &valid, 1, 1, "valid") < 0) {
+        PyBuffer_Release(&mask);
+        return NULL;
+    }
+    if (batch < 0 || length < 0 || mask.len != batch * length * itemsize || valid.len != batch * length) {
+        PyErr_Format(PyExc_ValueError, "read_mask: sizes do not fit a batch of %zd x %zd: mask %zd bytes, valid %zd",
+                     batch, length, mask.len, valid.len);
+        PyBuffer_Release(&valid);
+        PyBuffer_Release(&mask);
+        return NULL;
+    }
+    RowRange ranges[MAX_THREADS];
+    MaskWork work[MAX_THREADS];
+    const Py_ssize_t workers = split_rows(ranges, batch, length, threads, TOKENS_PER_THREAD);
+    for (Py_ssize_t w = 0; w < workers; w++)
+        work[w] = (MaskWork){ranges[w], mask.buf, valid.buf, length, itemsize, -1, -1, 1};
+    Py_BEGIN_ALLOW_THREADS
+    run_workers(mask_rows, work, sizeof(MaskWork), workers);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&valid);
+    PyBuffer_Release(&mask);
+    Py_ssize_t first_bad = -1, first_empty_row = -1;
+    int all_ones = 1;
+    for (Py_ssize_t w = 0; w < workers; w++) {  /* in row order: the first found is the first */
+        if (first_bad < 0)
+            first_bad = work[w].first_bad;
+        if (first_empty_row < 0)
+            first_empty_row = work[w].first_empty_row;
+        all_ones &= work[w].all_ones;
+    }
+    return Py_BuildValue("Nnn", PyBool_FromLong(all_ones), first_bad, first_empty_row);
+}
+
+/* Reading token types: where they are masked, and where they change. */
+VECTOR_CLONES static void
+code_tokens(const int8_t *restrict types, const uint8_t *restrict valid, int8_t *restrict code, Py_ssize_t count)
+{
+    for (Py_ssize_t i = 0; i < count; i++)  /* valid is 0 or 1: no branch, so the loop vectorizes */
+        code[i] = (int8_t)(types[i] * valid[i] + valid[i] - 1);
+}
+
+PyDoc_STRVAR(coded_doc,
+"coded(types, valid, code)\n\n"
+"Write into `code` (int8) the token types `types` (int8) where `valid` (bool) holds, -1 elsewhere.");
+
+static PyObject *
+coded(PyObject *module, PyObject *args)
+{
+    PyObject *types_obj, *valid_obj, *code_obj;
+    if (!PyArg_ParseTuple(args, "OOO:coded", &types_obj, &valid_obj, &code_obj))
+        return NULL;
+    Py_buffer types, valid, code;
+    if (acquire(types_obj, &types, 0, 1, "types") < 0)
+        return NULL;
+    if (acquire(valid_obj, &valid, 0, 1, "valid") < 0)
+        goto release_types;
+    if (acquire(code_obj, &code, 1, 1, "code") < 0)
+        goto release_valid;
+    if (valid.len != types.len || code.len != types.len) {
+        PyErr_Format(PyExc_ValueError, "coded: %zd types, %zd valid, %zd code", types.len, valid.len, code.len);
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        code_tokens(types.buf, valid.buf, code.buf, types.len);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&code);
+release_valid:
+    PyBuffer_Release(&valid);
+release_types:
+    PyBuffer_Release(&types);
+    return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+}
+
+/* The places where a byte differs from the next, eight bytes at a time: most words equal the
+ * word one byte on, and cost one comparison. */
+static int
+append_changes(const uint8_t *bytes, Py_ssize_t count, int64_t **found, Py_ssize_t *size, Py_ssize_t *capacity)
+{
+    for (Py_ssize_t i = 0; i + 1 < count;) {
+        if (i + 9 <= count) {
+            uint64_t here, next;
+            memcpy(&here, bytes + i, 8);
+            memcpy(&next, bytes + i + 1, 8);
+            if (here == next) {
+                i += 8;
+                continue;
+            }
+        }
+        const Py_ssize_t stop = i + 8 < count - 1 ? i + 8 : count - 1;
+        for (; i < stop; i++) {
+            if (bytes[i] == bytes[i + 1])
+                continue;
+            if (*size == *capacity) {
+                const Py_ssize_t grown = *capacity ? 2 * *capacity : 256;
+                int64_t *moved = PyMem_RawRealloc(*found, (size_t)grown * sizeof(int64_t));
+                if (!moved)
+                    return -1;
+                *found = moved;
+                *capacity = grown;
+            }
+            (*found)[(*size)++] = i;
+        }
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(changes_doc,
+"changes(values) -> bytes\n\n"
+"The indices p (int64, as bytes) where the byte values[p] differs from values[p + 1].");
+
+static PyObject *
+changes(PyObject *module, PyObject *values_obj)
+{
+    Py_buffer values;
+    if (acquire(values_obj, &values, 0, 1, "values") < 0)
+        return NULL;
+    int64_t *found = NULL;
+    Py_ssize_t size = 0, capacity = 0;
+    int failed;
+    Py_BEGIN_ALLOW_THREADS
+    failed = append_changes(values.buf, values.len, &found, &size, &capacity);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&values);
+    PyObject *result = failed ? PyErr_NoMemory() : PyBytes_FromStringAndSize((const char *)found, size * (Py_ssize_t)sizeof(int64_t));
+    PyMem_RawFree(found);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"coded", coded, METH_VARARGS, coded_doc},
+    {"changes", changes, METH_O, changes_doc},
+    {"place", place, METH_VARARGS, place_doc},
+    {"token_types", token_types, METH_VARARGS, token_types_doc},
+    {"read_mask", read_mask, METH_VARARGS, read_mask_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_native", "The loops over every token of a CPU batch, compiled.", -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__native(void)
+{
+    PyObject *created = PyModule_Create(&module);
+    if (created && PyModule_AddIntConstant(created, "MAX_MEDIA_TOKENS", MAX_MEDIA_TOKENS) < 0)
+        Py_CLEAR(created);
+    return created;
+}
