@@ -177,9 +177,10 @@ place_chunks(void *argument)
     return NULL;
 }
 
-/* Below this many positions (tokens, for the readings below) another thread costs more than it
- * saves: starting and joining one takes some 20 microseconds. */
-#define POSITIONS_PER_THREAD (1 << 17)
+/* Below this many positions written (or tokens read) per thread, another thread costs more
+ * than it saves: starting and joining one takes some 20 microseconds, the work itself well
+ * under a nanosecond per item. */
+#define ITEMS_PER_THREAD (1 << 17)
 
 PyDoc_STRVAR(place_doc,
 "place(code, out, index, steps, batch, length, text_row, threads)\n\n"
@@ -222,7 +223,7 @@ place(PyObject *module, PyObject *args)
         }
     }
 
-    Py_ssize_t workers = rows * tokens / POSITIONS_PER_THREAD;
+    Py_ssize_t workers = rows * tokens / ITEMS_PER_THREAD;
     if (workers > threads)
         workers = threads;
     if (workers > rows * batch)
@@ -252,15 +253,37 @@ release_code:
     return NULL;
 }
 
+/* What the readings below take: a (B, L) input of `itemsize`-byte items and the (B, L) bytes
+ * they write, both acquired and checked; on failure neither is held. */
+static int
+acquire_reading(const char *name, PyObject *input_obj, Py_ssize_t itemsize, PyObject *output_obj,
+                Py_ssize_t batch, Py_ssize_t length, Py_buffer *input, Py_buffer *output)
+{
+    if (acquire(input_obj, input, 0, itemsize, name) < 0)
+        return -1;
+    if (acquire(output_obj, output, 1, 1, name) < 0) {
+        PyBuffer_Release(input);
+        return -1;
+    }
+    if (batch < 0 || length < 0 || input->len != batch * length * itemsize || output->len != batch * length) {
+        PyErr_Format(PyExc_ValueError, "%s: sizes do not fit a batch of %zd x %zd: input %zd bytes, output %zd",
+                     name, batch, length, input->len, output->len);
+        PyBuffer_Release(output);
+        PyBuffer_Release(input);
+        return -1;
+    }
+    return 0;
+}
+
 /* Rows [first_row, end_row) of a batch, one range per worker. */
 typedef struct {
     Py_ssize_t first_row, end_row;
 } RowRange;
 
 static Py_ssize_t
-split_rows(RowRange *ranges, Py_ssize_t batch, Py_ssize_t length, int threads, Py_ssize_t tokens_per_thread)
+split_rows(RowRange *ranges, Py_ssize_t batch, Py_ssize_t length, int threads)
 {
-    Py_ssize_t workers = batch * length / tokens_per_thread;
+    Py_ssize_t workers = batch * length / ITEMS_PER_THREAD;
     if (workers > threads)
         workers = threads;
     if (workers > batch)
@@ -276,7 +299,6 @@ split_rows(RowRange *ranges, Py_ssize_t batch, Py_ssize_t length, int threads, P
 
 /* Reading token ids: each id's media type, 0 for text. */
 #define MAX_MEDIA_TOKENS 16
-#define TOKENS_PER_THREAD (1 << 16)
 
 typedef struct {
     RowRange rows;
@@ -357,21 +379,10 @@ token_types(PyObject *module, PyObject *args)
             return NULL;
     }
     Py_buffer ids, out;
-    if (acquire(ids_obj, &ids, 0, itemsize, "ids") < 0)
+    if (acquire_reading("token_types", ids_obj, itemsize, out_obj, batch, length, &ids, &out) < 0)
         return NULL;
-    if (acquire(out_obj, &out, 1, 1, "out") < 0) {
-        PyBuffer_Release(&ids);
-        return NULL;
-    }
-    if (batch < 0 || length < 0 || ids.len != batch * length * itemsize || out.len != batch * length) {
-        PyErr_Format(PyExc_ValueError, "token_types: sizes do not fit a batch of %zd x %zd: ids %zd bytes, out %zd",
-                     batch, length, ids.len, out.len);
-        PyBuffer_Release(&out);
-        PyBuffer_Release(&ids);
-        return NULL;
-    }
     RowRange ranges[MAX_THREADS];
-    const Py_ssize_t workers = split_rows(ranges, batch, length, threads, TOKENS_PER_THREAD);
+    const Py_ssize_t workers = split_rows(ranges, batch, length, threads);
     first->ids = ids.buf;
     first->types = out.buf;
     first->length = length;
@@ -486,22 +497,11 @@ read_mask(PyObject *module, PyObject *args)
         return NULL;
     }
     Py_buffer mask, valid;
-    if (acquire(mask_obj, &mask, 0, itemsize, "mask") < 0)
+    if (acquire_reading("read_mask", mask_obj, itemsize, valid_obj, batch, length, &mask, &valid) < 0)
         return NULL;
-    if (acquire(valid_obj, &valid, 1, 1, "valid") < 0) {
-        PyBuffer_Release(&mask);
-        return NULL;
-    }
-    if (batch < 0 || length < 0 || mask.len != batch * length * itemsize || valid.len != batch * length) {
-        PyErr_Format(PyExc_ValueError, "read_mask: sizes do not fit a batch of %zd x %zd: mask %zd bytes, valid %zd",
-                     batch, length, mask.len, valid.len);
-        PyBuffer_Release(&valid);
-        PyBuffer_Release(&mask);
-        return NULL;
-    }
     RowRange ranges[MAX_THREADS];
     MaskWork work[MAX_THREADS];
-    const Py_ssize_t workers = split_rows(ranges, batch, length, threads, TOKENS_PER_THREAD);
+    const Py_ssize_t workers = split_rows(ranges, batch, length, threads);
     for (Py_ssize_t w = 0; w < workers; w++)
         work[w] = (MaskWork){ranges[w], mask.buf, valid.buf, length, itemsize, -1, -1, 1};
     Py_BEGIN_ALLOW_THREADS

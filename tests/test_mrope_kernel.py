@@ -138,14 +138,7 @@ def test_packed_steps_write_each_token_once_or_alike():
     rng = random.Random("packed steps")
     for index in range(100):
         if index:
-            segments, grids = [], ([], [], [])
-            while len(segments) < 4:
-                drawn = ([], [], [])
-                segment = random_segment(rng, *drawn)
-                if not (segments and segments[-1][-1] and segments[-1][-1] == segment[0]):
-                    segments.append(segment)
-                    for kept, more in zip(grids, drawn):
-                        kept += more
+            segments, grids = random_packed_row(rng, 4)
         else:  # the row of test_packed_segments_restart_where_they_lie
             segments = [[1] * 4 + [0, 0], [2] * 4, [0] + [1] * 4, [2] * 4 + [0]]
             grids = ([(1, 4, 4)] * 2, [(2, 2, 4)] * 2, [1.0, 1.0])
@@ -157,6 +150,20 @@ def test_packed_steps_write_each_token_once_or_alike():
         where, steps = _steps(runs, layout, spans, row.shape[1])
         for token in np.unique(where):
             assert len({tuple(step) for step in steps[:, where == token].T}) == 1, f"row {index}, token {token}"
+
+
+def random_packed_row(rng, count):
+    """``count`` segments of :func:`random_segment`, none beginning with a run of the kind the
+    previous one ends with, and their grids."""
+    segments, grids = [], ([], [], [])
+    while len(segments) < count:
+        drawn = ([], [], [])
+        segment = random_segment(rng, *drawn)
+        if not (segments and segments[-1][-1] and segments[-1][-1] == segment[0]):
+            segments.append(segment)
+            for kept, more in zip(grids, drawn):
+                kept += more
+    return segments, grids
 
 
 def random_segment(rng, image_grids, video_grids, scales):

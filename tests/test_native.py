@@ -14,7 +14,17 @@ from mmrope_core.inputs import _read_cpu_mask, _read_device_mask, as_batch
 from mmrope_core.mrope import TokenTypeMap, _coded, _compact, _in_segments, _small_int
 from mmrope_core.mrope._place import RunLayout, _count_on, _steps, _write_rows
 from mmrope_core.mrope._runs import change_points, grids_of_runs, scan
-from test_mrope_kernel import KINDS, generated, media, random_segment
+from test_mrope_kernel import KINDS, generated, media, random_packed_row
+
+
+@pytest.fixture
+def four_threads():
+    """Calls that read ``torch.get_num_threads()`` share long batches among four threads, on
+    machines of any size."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(4)
+    yield
+    torch.set_num_threads(before)
 
 
 def step_table(types, mask, grids, *, text_row, cu_seqlens=None):
@@ -57,14 +67,7 @@ def test_rows_written_once_equal_the_torch_passes(mask_style, text_row):
 def test_packed_rows_written_once_equal_the_torch_passes(text_row):
     rng = random.Random(f"native packed {text_row}")
     for index in range(150):
-        segments, grids = [], ([], [], [])
-        while len(segments) < rng.randint(1, 6):
-            drawn = ([], [], [])
-            segment = random_segment(rng, *drawn)
-            if not (segments and segments[-1][-1] and segments[-1][-1] == segment[0]):
-                segments.append(segment)
-                for kept, more in zip(grids, drawn):
-                    kept += more
+        segments, grids = random_packed_row(rng, rng.randint(1, 6))
         row = torch.tensor([[t for segment in segments for t in segment]], dtype=torch.int8)
         cu_seqlens = torch.tensor([0, *map(len, segments)]).cumsum(0)
         table = step_table(row, None, media(*grids), text_row=text_row, cu_seqlens=cu_seqlens)
@@ -107,7 +110,7 @@ def test_rows_shared_among_threads_equal_one_thread(text_row):
     assert all(torch.equal(result, passes) for result in results)
 
 
-def test_calls_from_several_threads_at_once_do_not_mix():
+def test_calls_from_several_threads_at_once_do_not_mix(four_threads):
     """The loops run without the GIL; each call writes only its own output."""
     batches = [step_table(*long_batch(3, 30_000 + 1000 * k), text_row=False) for k in range(4)]
     expected = [both_ways(*batch, False)[1] for batch in batches]
@@ -162,13 +165,13 @@ def by_comparison(ids, types):
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.uint8])
 @pytest.mark.parametrize("tokens", [1, 3, 16, 20])
-def test_token_types_equal_a_comparison_per_token(dtype, tokens):
+def test_token_types_equal_a_comparison_per_token(dtype, tokens, four_threads):
     """int64 and int32 ids are read by the compiled loop (up to its 16 tokens), others by numpy."""
     rng = random.Random(f"types {dtype} {tokens}")
     top = 250 if dtype == torch.uint8 else 30_000
     types = {token: rng.randint(1, 127) for token in rng.sample(range(top), tokens)}
     generator = torch.Generator().manual_seed(tokens)
-    for shape in [(1, 1), (3, 17), (2, 70_001), (5,), (2, 3, 9)]:
+    for shape in [(1, 1), (3, 17), (4, 70_001), (5,), (2, 3, 9)]:
         ids = torch.randint(0, top, shape, generator=generator).to(dtype)
         ids.view(-1)[:: 3] = torch.tensor(list(types))[torch.arange(ids.numel())[:: 3] % tokens].to(dtype)
         found = TokenTypeMap(types)(ids)
@@ -228,7 +231,7 @@ def masks(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64])
 @pytest.mark.parametrize("tokens_in_every_row", [False, True])
-def test_masks_read_once_equal_the_torch_reading(dtype, tokens_in_every_row):
+def test_masks_read_once_equal_the_torch_reading(dtype, tokens_in_every_row, four_threads):
     for mask in masks(dtype):
         before = mask.clone()
         outcomes = []
@@ -245,7 +248,7 @@ def test_masks_read_once_equal_the_torch_reading(dtype, tokens_in_every_row):
         assert torch.equal(mask, before)
 
 
-def test_a_mask_value_is_named_where_it_first_occurs():
+def test_a_mask_value_is_named_where_it_first_occurs(four_threads):
     mask = torch.ones(3, 200_000, dtype=torch.int64)
     mask[2, 5] = 3
     mask[1, 199_990] = -1
