@@ -1,15 +1,15 @@
 /* mmrope_core._native: the loops over every token of a CPU batch, compiled.
  *
- * What the engine and the M-RoPE kernel do per token, each read or written once here:
+ * What the engine and the M-RoPE kernel do per token, each token read or written once here:
  * - read_mask: check an attention mask holds only 0 and 1, as bool;
  * - token_types: each token id's media type;
  * - coded: token types with -1 at padding, and changes: where that code changes;
- * - place: the rows of positions, each the running sum of a counter (1 at a valid token, or at a
- *   valid text token) with a step put in at the few tokens where positions do not count on.
- * torch does each of these in several passes over the batch in memory (and its int64 cumsum is
- * a scalar loop); what is per run or per grid line stays in numpy. The buffers are acquired and
- * checked with the GIL held; the loops run without it, on threads started and joined within the
- * call for large batches, so calls from several threads may overlap and a fork finds no pool.
+ * - positions: the rows of positions, written from the media runs the changes give.
+ * torch does each of these in several passes over the batch in memory; what is per run or per
+ * frame (the runs, their grids, temporal ids) is worked out in numpy. The buffers are acquired
+ * and checked with the GIL held; the loops run without it, on threads started and joined within
+ * the call for large batches, so calls from several threads may overlap and a fork finds no
+ * pool.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -47,82 +47,6 @@ run_workers(void *(*task)(void *), void *items, size_t size, Py_ssize_t workers)
     }
 }
 
-/* The step table: `count` flat token indices (row * length + column), in increasing order
- * (an index may repeat, with the same steps), and for each output row r its step at each
- * index: steps[r * count + e]. */
-typedef struct {
-    const int64_t *index;
-    const int64_t *steps;
-    Py_ssize_t count;
-} StepTable;
-
-#define BYTES_OF_ONE 0x0101010101010101ULL
-
-/* Positions from `column` to `until`: the running position plus the counter. Eight tokens at a
- * time, their code bytes read as one word: the counters are bits picked from each byte, and
- * multiplying by 0x0101...01 sums them up to each byte, so the eight positions do not wait on
- * one another. Returns the position at `until - 1`. */
-VECTOR_CLONES static int64_t
-count_on(int64_t *out, const int8_t *code, Py_ssize_t column, Py_ssize_t until, int64_t position, int counts_valid)
-{
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    for (; column + 8 <= until; column += 8) {
-        uint64_t bytes;
-        memcpy(&bytes, code + column, 8);
-        /* valid: sign bit clear; valid text: the byte is 0 (no bit set among its low seven,
-         * added to 0x7f, nor its sign bit) */
-        const uint64_t nonzero = ((bytes & 0x7f7f7f7f7f7f7f7fULL) + 0x7f7f7f7f7f7f7f7fULL) | bytes;
-        const uint64_t counters = (~(counts_valid ? bytes : nonzero) >> 7) & BYTES_OF_ONE;
-        const uint64_t sums = counters * BYTES_OF_ONE;
-#if defined(__GNUC__) && (defined(__clang__) || __GNUC__ >= 9)
-        /* widened all at once: one vector conversion and add, not eight shifts */
-        typedef uint8_t bytes8 __attribute__((vector_size(8)));
-        typedef int64_t words8 __attribute__((vector_size(64)));
-        bytes8 narrow;
-        memcpy(&narrow, &sums, 8);
-        const words8 wide = __builtin_convertvector(narrow, words8) + position;
-        memcpy(out + column, &wide, sizeof wide);
-#else
-        for (int k = 0; k < 8; k++)
-            out[column + k] = position + (int64_t)((sums >> (8 * k)) & 0xff);
-#endif
-        position += (int64_t)(sums >> 56);
-    }
-#endif
-    for (; column < until; column++) {
-        position += counts_valid ? code[column] >= 0 : code[column] == 0;
-        out[column] = position;
-    }
-    return position;
-}
-
-/* One row of positions for one sample. `counts_valid`: the counter is 1 at every valid token
- * (code >= 0), else at every valid text token (code == 0). Returns where the next sample's
- * steps begin. */
-static Py_ssize_t
-write_row(int64_t *out, const int8_t *code, Py_ssize_t length, int64_t row_start,
-          const StepTable *table, const int64_t *row_steps, Py_ssize_t e, int counts_valid)
-{
-    int64_t position = 0;
-    Py_ssize_t column = 0;
-    while (column < length) {
-        /* up to the next token with a step, the counter alone decides */
-        Py_ssize_t until = length;
-        if (e < table->count && table->index[e] - row_start < length)
-            until = (Py_ssize_t)(table->index[e] - row_start);
-        position = count_on(out, code, column, until, position, counts_valid);
-        column = until;
-        if (column == length)
-            break;
-        position += row_steps[e];
-        out[column] = position;
-        column++;
-        while (e < table->count && table->index[e] == row_start + column - 1)
-            e++;
-    }
-    return e;
-}
-
 static int
 acquire(PyObject *object, Py_buffer *view, int writable, Py_ssize_t itemsize, const char *name)
 {
@@ -136,122 +60,10 @@ acquire(PyObject *object, Py_buffer *view, int writable, Py_ssize_t itemsize, co
     return 0;
 }
 
-typedef struct {
-    int64_t *out;
-    const int8_t *code;
-    StepTable table;
-    Py_ssize_t batch, length, rows;
-    int text_row;
-    Py_ssize_t first_chunk, chunk_stride;  /* this worker's chunks: first, first + stride, ... */
-} PlaceWork;
-
-/* The first step at or after flat index `at`. */
-static Py_ssize_t
-first_step_from(const StepTable *table, int64_t at)
-{
-    Py_ssize_t low = 0, high = table->count;
-    while (low < high) {
-        Py_ssize_t middle = low + (high - low) / 2;
-        if (table->index[middle] < at)
-            low = middle + 1;
-        else
-            high = middle;
-    }
-    return low;
-}
-
-static void *
-place_chunks(void *argument)
-{
-    const PlaceWork *work = argument;
-    const Py_ssize_t length = work->length, chunks = work->rows * work->batch;
-    for (Py_ssize_t chunk = work->first_chunk; chunk < chunks; chunk += work->chunk_stride) {
-        /* chunk = row r of sample b; (3, B, L): rows t, h count valid text, w every valid token;
-         * (B, 4, L): the text row and w count every valid token, t and h valid text */
-        const Py_ssize_t r = chunk / work->batch, b = chunk % work->batch;
-        const int counts_valid = work->text_row ? (r == 0 || r == 3) : (r == 2);
-        int64_t *row = work->out + (work->text_row ? (b * work->rows + r) * length : chunk * length);
-        write_row(row, work->code + b * length, length, b * length, &work->table,
-                  work->table.steps + r * work->table.count, first_step_from(&work->table, b * length), counts_valid);
-    }
-    return NULL;
-}
-
 /* Below this many positions written (or tokens read) per thread, another thread costs more
  * than it saves: starting and joining one takes some 20 microseconds, the work itself well
  * under a nanosecond per item. */
 #define ITEMS_PER_THREAD (1 << 17)
-
-PyDoc_STRVAR(place_doc,
-"place(code, out, index, steps, batch, length, text_row, threads)\n\n"
-"Write positions into `out` (int64; (3, B, L), or (B, 4, L) with `text_row`) from `code`\n"
-"(int8 (B, L): -1 at padding, 0 text, > 0 media), the increasing flat token indices `index`\n"
-"(int64 (E,)) and `steps` (int64 (rows, E)): the cumsum along L of each row's counter with\n"
-"the step put in at each index. Large batches are shared among up to `threads` threads.");
-
-static PyObject *
-place(PyObject *module, PyObject *args)
-{
-    PyObject *code_obj, *out_obj, *index_obj, *steps_obj;
-    Py_ssize_t batch, length;
-    int text_row, threads;
-    if (!PyArg_ParseTuple(args, "OOOOnnpi:place", &code_obj, &out_obj, &index_obj, &steps_obj, &batch, &length,
-                          &text_row, &threads))
-        return NULL;
-    Py_buffer code, out, index, steps;
-    if (acquire(code_obj, &code, 0, 1, "code") < 0)
-        return NULL;
-    if (acquire(out_obj, &out, 1, 8, "out") < 0)
-        goto release_code;
-    if (acquire(index_obj, &index, 0, 8, "index") < 0)
-        goto release_out;
-    if (acquire(steps_obj, &steps, 0, 8, "steps") < 0)
-        goto release_index;
-
-    const Py_ssize_t rows = text_row ? 4 : 3, tokens = batch * length, count = index.len / 8;
-    if (batch < 0 || length < 0 || code.len != tokens || out.len / 8 != rows * tokens || steps.len / 8 != rows * count) {
-        PyErr_Format(PyExc_ValueError, "place: sizes do not fit a batch of %zd x %zd: code %zd, out %zd, "
-                     "index %zd, steps %zd items", batch, length, code.len, out.len / 8, count, steps.len / 8);
-        goto release_all;
-    }
-    const int64_t *flat = index.buf;
-    for (Py_ssize_t e = 0; e < count; e++) {
-        if (flat[e] < 0 || flat[e] >= tokens || (e && flat[e] < flat[e - 1])) {
-            PyErr_Format(PyExc_ValueError, "place: index %zd is %lld, not increasing within 0 to %zd",
-                         e, (long long)flat[e], tokens);
-            goto release_all;
-        }
-    }
-
-    Py_ssize_t workers = rows * tokens / ITEMS_PER_THREAD;
-    if (workers > threads)
-        workers = threads;
-    if (workers > rows * batch)
-        workers = rows * batch;
-    if (workers < 1 || workers > MAX_THREADS)
-        workers = workers < 1 ? 1 : MAX_THREADS;
-    PlaceWork work[MAX_THREADS];
-    for (Py_ssize_t w = 0; w < workers; w++)
-        work[w] = (PlaceWork){out.buf, code.buf, {flat, steps.buf, count}, batch, length, rows, text_row, w, workers};
-    Py_BEGIN_ALLOW_THREADS
-    run_workers(place_chunks, work, sizeof(PlaceWork), workers);
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&steps);
-    PyBuffer_Release(&index);
-    PyBuffer_Release(&out);
-    PyBuffer_Release(&code);
-    Py_RETURN_NONE;
-
-release_all:
-    PyBuffer_Release(&steps);
-release_index:
-    PyBuffer_Release(&index);
-release_out:
-    PyBuffer_Release(&out);
-release_code:
-    PyBuffer_Release(&code);
-    return NULL;
-}
 
 /* What the readings below take: a (B, L) input of `itemsize`-byte items and the (B, L) bytes
  * they write, both acquired and checked; on failure neither is held. */
@@ -273,6 +85,244 @@ acquire_reading(const char *name, PyObject *input_obj, Py_ssize_t itemsize, PyOb
         return -1;
     }
     return 0;
+}
+
+/* Positions written from the runs themselves: each sample's tokens in order, text counting on
+ * from where the previous run left off, a media run on its (t, h, w) grid from its start, the
+ * text after it `max(h, w)` past that start (merged grid lines). No counters, no steps. */
+typedef struct {
+    const int64_t *first, *count;  /* samples: flat index of the first token, number of tokens */
+    Py_ssize_t samples;
+    const int64_t *start, *length, *height, *width, *frames;  /* runs, in reading order */
+    const int64_t *temporal;  /* each frame's temporal id, run after run */
+    /* worked out by lay_out: */
+    int64_t *position;  /* each run's first position */
+    int64_t *frame_start;  /* where each run's temporal ids begin in `temporal` */
+    Py_ssize_t *first_run;  /* the runs of sample s: first_run[s] to first_run[s + 1] */
+} Layout;
+
+enum { TEXT_ROW, T_ROW, H_ROW, W_ROW };
+
+VECTOR_CLONES static void
+fill(int64_t *restrict out, Py_ssize_t count, int64_t value)
+{
+    for (Py_ssize_t i = 0; i < count; i++)
+        out[i] = value;
+}
+
+VECTOR_CLONES static void
+ramp(int64_t *restrict out, Py_ssize_t count, int64_t value)
+{
+    for (Py_ssize_t i = 0; i < count; i++)
+        out[i] = value + i;
+}
+
+/* One media run's tokens, frame by frame, line by line. */
+static void
+write_run(int64_t *out, const Layout *layout, Py_ssize_t r, int kind)
+{
+    const int64_t position = layout->position[r], height = layout->height[r], width = layout->width[r];
+    const int64_t *temporal = layout->temporal + layout->frame_start[r];
+    for (int64_t frame = 0; frame < layout->frames[r]; frame++) {
+        if (kind == T_ROW) {
+            fill(out, height * width, position + temporal[frame]);
+            out += height * width;
+            continue;
+        }
+        for (int64_t line = 0; line < height; line++, out += width) {
+            if (kind == H_ROW)
+                fill(out, width, position + line);
+            else
+                ramp(out, width, position);
+        }
+    }
+}
+
+/* Row `kind` of batch row `b`: padding (1 in the text row, 0 in the others) around its samples. */
+static void
+write_batch_row(int64_t *out, const Layout *layout, Py_ssize_t b, Py_ssize_t length, int kind)
+{
+    const int64_t row_start = (int64_t)b * length, padding = kind == TEXT_ROW;
+    Py_ssize_t s = 0, high = layout->samples;
+    while (s < high) {  /* the first sample of this row */
+        const Py_ssize_t middle = s + (high - s) / 2;
+        if (layout->first[middle] < row_start)
+            s = middle + 1;
+        else
+            high = middle;
+    }
+    int64_t column = 0;
+    for (; s < layout->samples && layout->first[s] < row_start + length; s++) {
+        const int64_t begin = layout->first[s] - row_start, end = begin + layout->count[s];
+        fill(out + column, begin - column, padding);
+        if (kind == TEXT_ROW) {
+            ramp(out + begin, end - begin, 0);
+        } else {
+            int64_t at = begin, position = 0;
+            for (Py_ssize_t r = layout->first_run[s]; r < layout->first_run[s + 1]; r++) {
+                const int64_t run_begin = layout->start[r] - row_start;
+                ramp(out + at, run_begin - at, layout->position[r] - (run_begin - at));
+                write_run(out + run_begin, layout, r, kind);
+                at = run_begin + layout->length[r];
+                position = layout->position[r] + (layout->height[r] > layout->width[r] ? layout->height[r] : layout->width[r]);
+            }
+            ramp(out + at, end - at, position);
+        }
+        column = end;
+    }
+    fill(out + column, length - column, padding);
+}
+
+typedef struct {
+    int64_t *out;
+    const Layout *layout;
+    Py_ssize_t batch, length;
+    int text_row;
+    Py_ssize_t first_chunk, chunk_stride;
+} PositionWork;
+
+static void *
+position_chunks(void *argument)
+{
+    const PositionWork *work = argument;
+    const Py_ssize_t rows = work->text_row ? 4 : 3, chunks = rows * work->batch, length = work->length;
+    for (Py_ssize_t chunk = work->first_chunk; chunk < chunks; chunk += work->chunk_stride) {
+        const Py_ssize_t r = chunk / work->batch, b = chunk % work->batch;
+        int64_t *row = work->out + (work->text_row ? (b * rows + r) * length : chunk * length);
+        write_batch_row(row, work->layout, b, length, work->text_row ? (int)r : (int)r + T_ROW);
+    }
+    return NULL;
+}
+
+/* Each run's first position and each sample's delta (its largest position + 1 - its tokens),
+ * after checking the layout hangs together; -1 with an exception set where it does not. */
+static int
+lay_out(Layout *layout, Py_ssize_t runs, const int64_t *run_sample, Py_ssize_t frames_given, Py_ssize_t batch,
+        Py_ssize_t length, int64_t *deltas)
+{
+    const Py_ssize_t tokens = batch * length;
+    int64_t *position = layout->position, *frame_start = layout->frame_start;
+    Py_ssize_t *first_run = layout->first_run;
+    Py_ssize_t r = 0;
+    int64_t frames_seen = 0, previous_end = 0;
+    for (Py_ssize_t s = 0; s < layout->samples; s++) {
+        const int64_t first = layout->first[s], end = first + layout->count[s];
+        if (layout->count[s] < 0 || first < previous_end || end > tokens ||
+            (end > first && first / length != (end - 1) / length)) {
+            PyErr_Format(PyExc_ValueError, "positions: sample %zd (%lld, %lld tokens) overlaps another, or leaves "
+                         "its row", s, (long long)first, (long long)layout->count[s]);
+            return -1;
+        }
+        previous_end = end;
+        first_run[s] = r;
+        int64_t at = first, position_now = 0, largest = -1;
+        for (; r < runs && run_sample[r] == s; r++) {
+            const int64_t start = layout->start[r], frames = layout->frames[r];
+            if (start < at || start + layout->length[r] > end || frames < 1 || layout->height[r] < 1 ||
+                layout->width[r] < 1 || frames * layout->height[r] * layout->width[r] != layout->length[r] ||
+                frames_seen + frames > frames_given) {
+                PyErr_Format(PyExc_ValueError, "positions: run %zd does not fit its sample %zd", r, s);
+                return -1;
+            }
+            position[r] = position_now + (start - at);
+            frame_start[r] = frames_seen;
+            const int64_t last_temporal = position[r] + layout->temporal[frames_seen + frames - 1];
+            largest = last_temporal > largest ? last_temporal : largest;
+            frames_seen += frames;
+            position_now = position[r] + (layout->height[r] > layout->width[r] ? layout->height[r] : layout->width[r]);
+            at = start + layout->length[r];
+        }
+        position_now += end - at;
+        if (deltas)
+            deltas[s] = (position_now - 1 > largest ? position_now - 1 : largest) + 1 - layout->count[s];
+    }
+    first_run[layout->samples] = r;
+    if (r != runs) {
+        PyErr_Format(PyExc_ValueError, "positions: run %zd belongs to no sample in order", r);
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(positions_doc,
+"positions(out, batch, length, text_row, first, count, start, length_, sample, height, width, frames,\n"
+"          temporal, deltas, threads)\n\n"
+"Write positions into `out` (int64; (3, B, L), or (B, 4, L) with `text_row`, whose row 0\n"
+"counts each sample's tokens from 0). Samples (int64 (S,)): `first` flat token, `count`\n"
+"tokens, in order, one row each at most; outside them is padding (0, and 1 in the text row).\n"
+"Media runs (int64 (R,), in reading order): flat `start`, `length_`, `sample`, merged grid\n"
+"`height` x `width`, `frames`; `temporal` (int64) holds every run's frames' temporal ids in\n"
+"turn. `deltas` (int64 (S,), or None) receives each sample's largest position + 1 - count.");
+
+static PyObject *
+positions(PyObject *module, PyObject *args)
+{
+    PyObject *out_obj, *deltas_obj, *objects[9];
+    Py_ssize_t batch, length;
+    int text_row, threads;
+    if (!PyArg_ParseTuple(args, "OnnpOOOOOOOOOOi:positions", &out_obj, &batch, &length, &text_row, &objects[0],
+                          &objects[1], &objects[2], &objects[3], &objects[4], &objects[5], &objects[6], &objects[7],
+                          &objects[8], &deltas_obj, &threads))
+        return NULL;
+    static const char *names[9] = {"first", "count", "start", "length", "sample", "height", "width", "frames", "temporal"};
+    Py_buffer views[9], out, deltas = {0};
+    int held = 0;
+    PyObject *result = NULL;
+    Py_ssize_t *first_run = NULL;
+    int64_t *scratch = NULL;
+    for (; held < 9; held++)
+        if (acquire(objects[held], &views[held], 0, 8, names[held]) < 0)
+            goto release;
+    if (acquire(out_obj, &out, 1, 8, "out") < 0)
+        goto release;
+    if (deltas_obj != Py_None && acquire(deltas_obj, &deltas, 1, 8, "deltas") < 0) {
+        PyBuffer_Release(&out);
+        goto release;
+    }
+    const Py_ssize_t samples = views[0].len / 8, runs = views[2].len / 8, rows = text_row ? 4 : 3;
+    int sizes_fit = batch >= 0 && length >= 0 && out.len / 8 == rows * batch * length && views[1].len / 8 == samples &&
+                    (deltas_obj == Py_None || deltas.len / 8 == samples);
+    for (int k = 3; k < 8; k++)
+        sizes_fit &= views[k].len / 8 == runs;
+    if (!sizes_fit) {
+        PyErr_Format(PyExc_ValueError, "positions: sizes do not fit a batch of %zd x %zd", batch, length);
+        goto release_outputs;
+    }
+    first_run = PyMem_Malloc((size_t)(samples + 1) * sizeof(Py_ssize_t));
+    scratch = PyMem_Malloc((size_t)(2 * runs + 1) * sizeof(int64_t));
+    if (!first_run || !scratch) {
+        PyErr_NoMemory();
+        goto release_outputs;
+    }
+    Layout layout = {views[0].buf, views[1].buf, samples, views[2].buf, views[3].buf, views[5].buf,
+                     views[6].buf, views[7].buf, views[8].buf, scratch, scratch + runs, first_run};
+    if (lay_out(&layout, runs, views[4].buf, views[8].len / 8, batch, length,
+                deltas_obj == Py_None ? NULL : deltas.buf) < 0)
+        goto release_outputs;
+    Py_ssize_t workers = rows * batch * length / ITEMS_PER_THREAD;
+    if (workers > threads)
+        workers = threads;
+    if (workers > rows * batch)
+        workers = rows * batch;
+    if (workers < 1 || workers > MAX_THREADS)
+        workers = workers < 1 ? 1 : MAX_THREADS;
+    PositionWork work[MAX_THREADS];
+    for (Py_ssize_t w = 0; w < workers; w++)
+        work[w] = (PositionWork){out.buf, &layout, batch, length, text_row, w, workers};
+    Py_BEGIN_ALLOW_THREADS
+    run_workers(position_chunks, work, sizeof(PositionWork), workers);
+    Py_END_ALLOW_THREADS
+    result = Py_NewRef(Py_None);
+release_outputs:
+    if (deltas_obj != Py_None)
+        PyBuffer_Release(&deltas);
+    PyBuffer_Release(&out);
+release:
+    PyMem_Free(first_run);
+    PyMem_Free(scratch);
+    while (held > 0)
+        PyBuffer_Release(&views[--held]);
+    return result;
 }
 
 /* Rows [first_row, end_row) of a batch, one range per worker. */
@@ -619,7 +669,7 @@ changes(PyObject *module, PyObject *values_obj)
 static PyMethodDef methods[] = {
     {"coded", coded, METH_VARARGS, coded_doc},
     {"changes", changes, METH_O, changes_doc},
-    {"place", place, METH_VARARGS, place_doc},
+    {"positions", positions, METH_VARARGS, positions_doc},
     {"token_types", token_types, METH_VARARGS, token_types_doc},
     {"read_mask", read_mask, METH_VARARGS, read_mask_doc},
     {NULL, NULL, 0, NULL},

@@ -12,7 +12,7 @@ import torch
 from mmrope_core import InvalidInputError, _native
 from mmrope_core.inputs import _read_cpu_mask, _read_device_mask, as_batch
 from mmrope_core.mrope import TokenTypeMap, _coded, _compact, _in_segments, _small_int
-from mmrope_core.mrope._place import RunLayout, _count_on, _steps, _write_rows
+from mmrope_core.mrope._place import counted_on, written_from_runs
 from mmrope_core.mrope._runs import change_points, grids_of_runs, scan
 from test_mrope_kernel import KINDS, generated, media, random_packed_row
 
@@ -27,8 +27,8 @@ def four_threads():
     torch.set_num_threads(before)
 
 
-def step_table(types, mask, grids, *, text_row, cu_seqlens=None):
-    """What ``place`` is handed for a batch: the code, the mask and the steps."""
+def matched_runs(types, mask, grids, cu_seqlens=None):
+    """What ``place`` is handed for a batch: its code and mask, runs, spans and matched grids."""
     types = _small_int(types)
     code = _coded(types, mask)
     runs, spans = scan(code, padded=mask is not None)
@@ -38,45 +38,45 @@ def step_table(types, mask, grids, *, text_row, cu_seqlens=None):
         runs, spans = scan(code)
     if cu_seqlens is not None:
         runs, spans = _in_segments(runs, code.shape, mask, cu_seqlens)
-    matched = grids_of_runs(runs, KINDS, grids, 2)
-    layout = RunLayout.of(runs, matched.grid, matched.scaled, spans, 2)
-    index, steps = _steps(runs, layout, spans, code.shape[1], text_row)
-    return code, mask, index, steps
+    return code, mask, runs, spans, grids_of_runs(runs, KINDS, grids, 2)
 
 
-def both_ways(code, mask, index, steps, text_row):
-    batch, length = code.shape
-    shape = (batch, 4, length) if text_row else (3, batch, length)
-    compiled, passes = torch.full(shape, -7), torch.full(shape, -7)
-    _write_rows(compiled, code, mask, index, steps, text_row)
-    _count_on(passes, code, mask, index, steps, text_row)
-    return compiled, passes
+def both_ways(code, mask, runs, spans, matched, text_row):
+    """Positions and deltas written from the runs (the CPU's way), and counted on in torch passes
+    (other devices' way, run here on the CPU)."""
+    written = written_from_runs(runs, spans, matched.grid, matched.scaled, 2, code.shape, text_row=text_row)
+    counted = counted_on(code, mask, runs, spans, matched.grid, matched.scaled, 2, text_row=text_row)
+    return written, counted
+
+
+def assert_same(written, counted, where):
+    (positions, deltas), (expected, expected_deltas) = written, counted
+    assert torch.equal(positions, expected), where
+    assert (deltas is None and expected_deltas is None) or torch.equal(deltas, expected_deltas), where
 
 
 @pytest.mark.parametrize("text_row", [False, True])
 @pytest.mark.parametrize("mask_style", ["padded", "none", "holes"])
-def test_rows_written_once_equal_the_torch_passes(mask_style, text_row):
+def test_positions_written_from_runs_equal_the_torch_passes(mask_style, text_row):
     rng = random.Random(f"native rows {mask_style} {text_row}")
     for index in range(150):
         types, mask, grids = generated(rng, mask_style)
-        compiled, passes = both_ways(*step_table(types, mask, grids, text_row=text_row), text_row)
-        assert torch.equal(compiled, passes), f"batch {index}"
+        assert_same(*both_ways(*matched_runs(types, mask, grids), text_row), f"batch {index}")
 
 
 @pytest.mark.parametrize("text_row", [False, True])
-def test_packed_rows_written_once_equal_the_torch_passes(text_row):
+def test_packed_positions_written_from_runs_equal_the_torch_passes(text_row):
     rng = random.Random(f"native packed {text_row}")
     for index in range(150):
         segments, grids = random_packed_row(rng, rng.randint(1, 6))
         row = torch.tensor([[t for segment in segments for t in segment]], dtype=torch.int8)
         cu_seqlens = torch.tensor([0, *map(len, segments)]).cumsum(0)
-        table = step_table(row, None, media(*grids), text_row=text_row, cu_seqlens=cu_seqlens)
-        compiled, passes = both_ways(*table, text_row)
-        assert torch.equal(compiled, passes), f"row {index}"
+        assert_same(*both_ways(*matched_runs(row, None, media(*grids), cu_seqlens), text_row), f"row {index}")
 
 
 def long_batch(rows, length):
-    """Rows of ``length`` tokens, each a generated sample's types repeated along the row."""
+    """Rows of ``length`` tokens, images and videos (scaled temporal ids) all along, every other
+    row padded at its end."""
     rng = random.Random(f"long {rows} {length}")
     types = torch.zeros(rows, length, dtype=torch.int8)
     grids = {1: [], 2: []}
@@ -97,63 +97,78 @@ def long_batch(rows, length):
 
 
 @pytest.mark.parametrize("text_row", [False, True])
-def test_rows_shared_among_threads_equal_one_thread(text_row):
-    code, mask, index, steps = step_table(*long_batch(5, 40_000), text_row=text_row)
-    order = index.argsort(kind="stable")
-    results = []
-    for threads in (1, 2, 3, 8):
-        out = torch.full((5, 4, 40_000) if text_row else (3, 5, 40_000), -7)
-        _native.place(code.numpy(), out.numpy(), index[order], np.ascontiguousarray(steps[:, order]), 5, 40_000,
-                      text_row, threads)
-        results.append(out)
-    _, passes = both_ways(code, mask, index, steps, text_row)
-    assert all(torch.equal(result, passes) for result in results)
+def test_rows_shared_among_threads_equal_the_torch_passes(text_row):
+    batch = matched_runs(*long_batch(5, 40_000))
+    counted = both_ways(*batch, text_row)[1]
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3, 8):
+            torch.set_num_threads(threads)
+            assert_same(both_ways(*batch, text_row)[0], counted, f"{threads} threads")
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_calls_from_several_threads_at_once_do_not_mix(four_threads):
     """The loops run without the GIL; each call writes only its own output."""
-    batches = [step_table(*long_batch(3, 30_000 + 1000 * k), text_row=False) for k in range(4)]
+    batches = [matched_runs(*long_batch(3, 30_000 + 1000 * k)) for k in range(4)]
     expected = [both_ways(*batch, False)[1] for batch in batches]
     found = [[] for _ in batches]
 
     def work(k):
+        code, _, runs, spans, matched = batches[k]
         for _ in range(5):
-            out = torch.empty_like(expected[k])
-            _write_rows(out, *batches[k], False)
-            found[k].append(out)
+            found[k].append(written_from_runs(runs, spans, matched.grid, matched.scaled, 2, code.shape))
 
     threads = [threading.Thread(target=work, args=(k,)) for k in range(len(batches))]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert all(torch.equal(out, expected[k]) for k in range(len(batches)) for out in found[k])
+    for k in range(len(batches)):
+        for written in found[k]:
+            assert_same(written, expected[k], f"batch {k}")
 
 
-@pytest.mark.parametrize("problem, message", [
-    ("short out", "sizes do not fit"),
-    ("steps of another count", "sizes do not fit"),
-    ("index decreasing", "not increasing"),
-    ("index past the batch", "not increasing within 0 to 12"),
-    ("out read-only", "read-only"),
+def layout_arrays(**changes):
+    """The arguments of ``_native.positions`` for a 2 x 6 batch: a sample per row, an image run of
+    2 x 2 merged tokens in the first."""
+    arrays = dict(first=[0, 6], count=[6, 6], start=[1], length=[4], sample=[0], height=[2], width=[2], frames=[1],
+                  temporal=[0])
+    arrays.update(changes)
+    return [np.array(arrays[name], dtype=np.int64) for name in
+            ("first", "count", "start", "length", "sample", "height", "width", "frames", "temporal")]
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({}, None),
+    (dict(first=[0, 3]), "sample 1 .* overlaps another"),
+    (dict(count=[6, 7]), "sample 1 .* leaves its row"),
+    (dict(first=[4, 6]), "sample 0 .* leaves its row"),
+    (dict(start=[4]), "run 0 does not fit its sample 0"),
+    (dict(length=[3]), "run 0 does not fit"),
+    (dict(frames=[2]), "run 0 does not fit"),
+    (dict(temporal=[]), "run 0 does not fit"),
+    (dict(sample=[1]), "run 0 does not fit its sample 1"),
+    (dict(sample=[2]), "run 0 belongs to no sample"),
+    (dict(height=[2, 2]), "sizes do not fit"),
 ])
-def test_place_refuses_arguments_that_do_not_fit(problem, message):
-    code = np.zeros((2, 6), dtype=np.int8)
-    out = np.empty((3, 2, 6), dtype=np.int64)
-    index = np.array([0, 6])
-    steps = np.zeros((3, 2), dtype=np.int64)
-    if problem == "short out":
-        out = out[:2]
-    elif problem == "steps of another count":
-        steps = np.zeros((3, 3), dtype=np.int64)
-    elif problem == "index decreasing":
-        index = np.array([6, 0])
-    elif problem == "index past the batch":
-        index = np.array([0, 12])
+def test_positions_refuse_a_layout_that_does_not_hang_together(changes, message):
+    out, deltas = np.empty((3, 2, 6), dtype=np.int64), np.empty(2, dtype=np.int64)
+    arguments = (out, 2, 6, False, *layout_arrays(**changes), deltas, 1)
+    if message is None:
+        _native.positions(*arguments)
+        assert out[2, 0].tolist() == [0, 1, 2, 1, 2, 3] and deltas.tolist() == [-2, 0]
     else:
-        out.flags.writeable = False
-    with pytest.raises((ValueError, BufferError), match=message):
-        _native.place(code, out, index, steps, 2, 6, False, 1)
+        with pytest.raises(ValueError, match=message):
+            _native.positions(*arguments)
+
+
+def test_positions_refuse_outputs_they_cannot_write():
+    out = np.empty((3, 2, 6), dtype=np.int64)
+    out.flags.writeable = False
+    with pytest.raises((ValueError, BufferError), match="read-only"):
+        _native.positions(out, 2, 6, False, *layout_arrays(), None, 1)
 
 
 def by_comparison(ids, types):

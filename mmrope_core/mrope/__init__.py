@@ -7,10 +7,11 @@ current position, and the text after it continues ``max(h, w) // merge`` past th
 rule of transformers' Qwen2-VL family.
 
 No Python loop runs over tokens, samples or media. Per token there are a few passes: the runs
-are read off the places where the token type changes, and each row of positions is the running
-sum of a counter row. On the CPU those passes are compiled loops (``mmrope_core._native``) that
-read and write each token once; on other devices, torch operations over the batch. What is per
-run or per grid line (where runs start, the steps the counters take there) is a few hundred
+are read off the places where the token type changes, and the rows of positions are written.
+On the CPU those passes are compiled loops (``mmrope_core._native``) that read or write each
+token once, the positions written from the runs themselves; on other devices, torch operations
+over the batch, each row of positions the cumsum of a counter row with steps put in where
+positions do not count on. What is per run, per frame or per grid line is a few hundred
 numbers, worked out in numpy, whose small operations cost a fraction of torch's.
 """
 

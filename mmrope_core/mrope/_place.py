@@ -1,9 +1,9 @@
-"""Positions from matched runs: three counter rows (four with the text row), the steps they take
-where positions do not simply count on, and their running sum.
+"""Positions from matched runs.
 
-The steps (a few per run and one per grid line) are worked out in numpy. On the CPU each row is
-then written once by a compiled loop; on other devices the counters, the steps and a cumsum are
-torch operations over the batch.
+On the CPU a compiled loop writes them from the runs: each sample's tokens in order, once per
+row of the output. On other devices, three counter rows (four with the text row), the steps
+they take where positions do not simply count on (a few per run and one per grid line, worked
+out in numpy) and one cumsum, in torch passes over the batch.
 """
 
 from __future__ import annotations
@@ -55,32 +55,59 @@ class RunLayout:
 def place(code: torch.Tensor, mask: torch.Tensor | None, runs: Runs, spans: Spans, grid: np.ndarray, scaled,
           merge: int, *, text_row: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Positions ``(3, B, L)`` and deltas ``(B, 1)``; with ``text_row``, positions ``(B, 4, L)``
-    whose row 0 counts each sample's valid tokens from 0 (1 at padding), and no deltas.
+    whose row 0 counts each sample's valid tokens from 0 (1 at padding), and no deltas. On the
+    CPU they are written from the runs (:func:`written_from_runs`), on other devices by torch
+    passes over the batch (:func:`counted_on`)."""
+    if code.device.type == "cpu":
+        return written_from_runs(runs, spans, grid, scaled, merge, code.shape, text_row=text_row)
+    return counted_on(code, mask, runs, spans, grid, scaled, merge, text_row=text_row)
 
-    Each row of the positions is the cumsum of a counter: 1 at every valid text token (in the
-    width row and the text row, at every valid media token too), 0 at padding, overwritten by the
-    step to take at the few tokens where positions do not simply count on (see :func:`_steps`).
-    """
+
+def written_from_runs(runs: Runs, spans: Spans, grid: np.ndarray, scaled, merge: int, shape: tuple[int, int], *,
+                      text_row: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`place` on the CPU: a compiled loop writes each sample's tokens in order, text
+    counting on, each media run on its grid, once per row of the output."""
+    batch, length = shape
+    frames = np.ascontiguousarray(grid[:, 0])
+    out = torch.empty((batch, 4, length) if text_row else (3, batch, length), dtype=torch.int64)
+    deltas = None if text_row else np.empty(spans.count.size, dtype=np.int64)
+    _native.positions(out.numpy(), batch, length, text_row, spans.first, spans.count, runs.start, runs.length,
+                      runs.row, grid[:, 1] // merge, grid[:, 2] // merge, frames, _temporal_ids(frames, scaled),
+                      deltas, torch.get_num_threads())
+    return out, None if deltas is None else torch.from_numpy(deltas[:, None])
+
+
+def _temporal_ids(frames: np.ndarray, scaled) -> np.ndarray:
+    """Each run's frames' temporal ids, run after run: the frame number, or for scaled runs
+    ``trunc(frame * scale)`` (see :func:`_temporal`)."""
+    run_of_frame = np.arange(frames.size).repeat(frames)
+    ids = np.arange(run_of_frame.size) - (np.add.accumulate(frames) - frames)[run_of_frame]
+    for kind_runs, scale in scaled:
+        scale_of_run = np.full(frames.size, -1)
+        scale_of_run[kind_runs] = np.arange(len(scale))
+        frame_scale = scale_of_run[run_of_frame]
+        selected = (frame_scale >= 0).nonzero()[0]
+        ids[selected] = _temporal(ids[selected], scale[frame_scale[selected]])
+    return ids
+
+
+def counted_on(code: torch.Tensor, mask: torch.Tensor | None, runs: Runs, spans: Spans, grid: np.ndarray, scaled,
+               merge: int, *, text_row: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`place` in torch passes over the batch, for devices other than the CPU. Each row of
+    the positions is the cumsum of a counter: 1 at every valid text token (in the width row and
+    the text row, at every valid media token too), 0 at padding, overwritten by the step to take
+    at the few tokens where positions do not simply count on (see :func:`_steps`)."""
     batch, length = code.shape
     device = code.device
     layout = RunLayout.of(runs, grid, scaled, spans, merge)
     index, steps = _steps(runs, layout, spans, length, text_row)
     out = torch.empty((batch, 4, length) if text_row else (3, batch, length), dtype=torch.int64, device=device)
-    (_write_rows if device.type == "cpu" else _count_on)(out, code, mask, index, steps, text_row)
+    _count_on(out, code, mask, index, steps, text_row)
     if text_row:
         return out, None
     row_max = layout.sample_end.copy()
     np.maximum.at(row_max, runs.row, layout.largest)
     return out, _tensor((row_max + 1 - spans.count)[:, None], device)
-
-
-def _write_rows(out: torch.Tensor, code: torch.Tensor, mask: torch.Tensor | None, index: np.ndarray,
-                steps: np.ndarray, text_row: bool) -> None:
-    """:func:`place`'s rows on the CPU: each row written once by a compiled loop (the counter is
-    read off the code, -1 exactly at masked tokens, so the mask itself is not needed)."""
-    order = index.argsort(kind="stable")
-    _native.place(code.numpy(), out.numpy(), index[order], np.ascontiguousarray(steps[:, order]), *code.shape,
-                  text_row, torch.get_num_threads())
 
 
 def _count_on(out: torch.Tensor, code: torch.Tensor, mask: torch.Tensor | None, index: np.ndarray,
