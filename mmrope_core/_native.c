@@ -19,9 +19,10 @@
 
 #define MAX_THREADS 64
 
-/* The loops over tokens compare 64-bit ids and mask values, which x86-64's baseline vector
- * instructions cannot: where the loader can pick a function at run time (GNU ifunc), those
- * loops are also built for AVX2 and used on CPUs that have it. */
+/* The loops over tokens compare 64-bit ids and mask values and write 64-bit positions, which
+ * x86-64's baseline vector instructions do two at a time at best: where the loader can pick a
+ * function at run time (GNU ifunc), those loops are also built for AVX2 and used on CPUs that
+ * have it. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
 #else

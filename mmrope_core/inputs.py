@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import InvalidInputError
 from . import _native
+from .errors import InvalidInputError
 
 
 def as_batch(
