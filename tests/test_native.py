@@ -2,6 +2,7 @@
 in for, which devices other than the CPU still take: same positions, token types, change points
 and mask readings, the same errors, whatever the number of threads."""
 
+import multiprocessing
 import random
 import threading
 
@@ -128,6 +129,29 @@ def test_calls_from_several_threads_at_once_do_not_mix(four_threads):
     for k in range(len(batches)):
         for written in found[k]:
             assert_same(written, expected[k], f"batch {k}")
+
+
+def positions_and_token_types(threads):
+    """A long batch's positions, and the token types of long rows read by ``threads`` threads."""
+    code, _, runs, spans, matched = matched_runs(*long_batch(4, 40_000))
+    ids = torch.arange(4 * 70_000).reshape(4, 70_000) % 1000
+    types = torch.empty(ids.shape, dtype=torch.int8)
+    _native.token_types(ids.numpy(), 8, 4, 70_000, (7, 11), (1, 2), types.numpy(), threads)
+    return written_from_runs(runs, spans, matched.grid, matched.scaled, 2, code.shape)[0], types
+
+
+def in_a_data_loader_worker(threads):
+    torch.set_num_threads(1)  # as torch's data-loader workers do first: torch's own pool does not survive a fork
+    return positions_and_token_types(threads)
+
+
+def test_a_forked_process_computes_positions_after_its_parent_did(four_threads):
+    """Data-loader workers fork the trainer: the threads of a call are gone when it returns, so a
+    child can start its own."""
+    in_parent = positions_and_token_types(4)
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        in_child = pool.apply_async(in_a_data_loader_worker, (4,)).get(timeout=120)
+    assert all(torch.equal(child, parent) for child, parent in zip(in_child, in_parent))
 
 
 def layout_arrays(**changes):
