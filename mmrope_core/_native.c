@@ -66,6 +66,20 @@ acquire(PyObject *object, Py_buffer *view, int writable, Py_ssize_t itemsize, co
  * under a nanosecond per item. */
 #define ITEMS_PER_THREAD (1 << 17)
 
+/* How many workers share `items` cut into `parts` (rows of a batch, rows of the output). */
+static Py_ssize_t
+worker_count(Py_ssize_t items, Py_ssize_t parts, int threads)
+{
+    Py_ssize_t workers = items / ITEMS_PER_THREAD;
+    if (workers > threads)
+        workers = threads;
+    if (workers > parts)
+        workers = parts;
+    if (workers > MAX_THREADS)
+        workers = MAX_THREADS;
+    return workers < 1 ? 1 : workers;
+}
+
 /* What the readings below take: a (B, L) input of `itemsize`-byte items and the (B, L) bytes
  * they write, both acquired and checked; on failure neither is held. */
 static int
@@ -103,6 +117,14 @@ typedef struct {
 } Layout;
 
 enum { TEXT_ROW, T_ROW, H_ROW, W_ROW };
+
+/* Where the text after run r goes on: `max(h, w)` past the run's first position. */
+static int64_t
+after_run(const Layout *layout, Py_ssize_t r)
+{
+    const int64_t height = layout->height[r], width = layout->width[r];
+    return layout->position[r] + (height > width ? height : width);
+}
 
 VECTOR_CLONES static void
 fill(int64_t *restrict out, Py_ssize_t count, int64_t value)
@@ -165,7 +187,7 @@ write_batch_row(int64_t *out, const Layout *layout, Py_ssize_t b, Py_ssize_t len
                 ramp(out + at, run_begin - at, layout->position[r] - (run_begin - at));
                 write_run(out + run_begin, layout, r, kind);
                 at = run_begin + layout->length[r];
-                position = layout->position[r] + (layout->height[r] > layout->width[r] ? layout->height[r] : layout->width[r]);
+                position = after_run(layout, r);
             }
             ramp(out + at, end - at, position);
         }
@@ -230,7 +252,7 @@ lay_out(Layout *layout, Py_ssize_t runs, const int64_t *run_sample, Py_ssize_t f
             const int64_t last_temporal = position[r] + layout->temporal[frames_seen + frames - 1];
             largest = last_temporal > largest ? last_temporal : largest;
             frames_seen += frames;
-            position_now = position[r] + (layout->height[r] > layout->width[r] ? layout->height[r] : layout->width[r]);
+            position_now = after_run(layout, r);
             at = start + layout->length[r];
         }
         position_now += end - at;
@@ -300,13 +322,7 @@ positions(PyObject *module, PyObject *args)
     if (lay_out(&layout, runs, views[4].buf, views[8].len / 8, batch, length,
                 deltas_obj == Py_None ? NULL : deltas.buf) < 0)
         goto release_outputs;
-    Py_ssize_t workers = rows * batch * length / ITEMS_PER_THREAD;
-    if (workers > threads)
-        workers = threads;
-    if (workers > rows * batch)
-        workers = rows * batch;
-    if (workers < 1 || workers > MAX_THREADS)
-        workers = workers < 1 ? 1 : MAX_THREADS;
+    const Py_ssize_t workers = worker_count(rows * batch * length, rows * batch, threads);
     PositionWork work[MAX_THREADS];
     for (Py_ssize_t w = 0; w < workers; w++)
         work[w] = (PositionWork){out.buf, &layout, batch, length, text_row, w, workers};
@@ -334,15 +350,7 @@ typedef struct {
 static Py_ssize_t
 split_rows(RowRange *ranges, Py_ssize_t batch, Py_ssize_t length, int threads)
 {
-    Py_ssize_t workers = batch * length / ITEMS_PER_THREAD;
-    if (workers > threads)
-        workers = threads;
-    if (workers > batch)
-        workers = batch;
-    if (workers > MAX_THREADS)
-        workers = MAX_THREADS;
-    if (workers < 1)
-        workers = 1;
+    const Py_ssize_t workers = worker_count(batch * length, batch, threads);
     for (Py_ssize_t w = 0; w < workers; w++)
         ranges[w] = (RowRange){batch * w / workers, batch * (w + 1) / workers};
     return workers;

@@ -56,7 +56,6 @@ class TokenTypeMap:
         if any(not isinstance(token, int) or not 0 <= token < 2**31 for token in types):
             raise ValueError(f"token ids must be between 0 and 2**31 - 1, got {list(types)}")
         self.types = dict(types)
-        self._tokens, self._media_types = tuple(self.types), tuple(self.types.values())
 
     def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
         if not self.types:
@@ -78,12 +77,12 @@ class TokenTypeMap:
         return types.to(torch.int8)
 
     def _on_cpu(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if input_ids.dtype in _NATIVE_IDS and len(self._tokens) <= _native.MAX_MEDIA_TOKENS:  # each id read once
+        if input_ids.dtype in _NATIVE_IDS and len(self.types) <= _native.MAX_MEDIA_TOKENS:  # each id read once
             ids = input_ids.contiguous().numpy()
             types = torch.empty(input_ids.shape, dtype=torch.int8)
             batch, length = ids.shape if ids.ndim == 2 else (1, ids.size)
-            _native.token_types(ids, ids.itemsize, batch, length, self._tokens, self._media_types, types.numpy(),
-                                torch.get_num_threads())
+            _native.token_types(ids, ids.itemsize, batch, length, tuple(self.types), tuple(self.types.values()),
+                                types.numpy(), torch.get_num_threads())
             return types
         ids = input_ids.numpy()  # numpy compares several times faster than torch, each id read once per token
         types = None
