@@ -217,19 +217,15 @@ def _text_row(index, steps, runs, spans, length, started, tail_applies, at_first
 def _line_steps(runs: Runs, layout: RunLayout) -> tuple[np.ndarray, np.ndarray]:
     """The first token of every grid line but a run's first, and the ``(3, N)`` step into it."""
     further = layout.frames * layout.height - 1
-    per_run = np.array((np.add.accumulate(further) - further, layout.height, layout.width, runs.start))
-    first_line, height, width, start = per_run.repeat(further, axis=1)
+    first_frame = np.add.accumulate(layout.frames) - layout.frames  # of each run, among all runs' frames
+    per_run = np.array((np.add.accumulate(further) - further, layout.height, layout.width, runs.start, first_frame))
+    first_line, height, width, start, frames_before = per_run.repeat(further, axis=1)
     line = np.arange(1, first_line.size + 1) - first_line
     frame = line // height
     new_frame = line == frame * height
-    temporal = new_frame.astype(np.int64)
-    for kind_runs, scale in layout.scaled:
-        scale_of_run = np.full(runs.count, -1)
-        scale_of_run[kind_runs] = np.arange(len(scale))
-        line_scale = scale_of_run.repeat(further)
-        selected = ((line_scale >= 0) & new_frame).nonzero()[0]
-        frame_of, scale_of = frame[selected], scale[line_scale[selected]]
-        temporal[selected] = _temporal(frame_of, scale_of) - _temporal(frame_of - 1, scale_of)
+    temporal = np.zeros(line.size, dtype=np.int64)  # a frame's first line steps on to its temporal id
+    ids, entered = _temporal_ids(layout.frames, layout.scaled), (frames_before + frame)[new_frame]
+    temporal[new_frame] = ids[entered] - ids[entered - 1]
     steps = np.array((temporal, 1 - new_frame * height, 1 - width))
     return start + line * width, steps
 
