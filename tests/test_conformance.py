@@ -12,11 +12,6 @@ from mmrope_core.testing import check_plugin
 pytest_plugins = ["pytester"]
 
 
-@pytest.mark.parametrize("name", ["qwen_vl", "gemma4", "qwen3_omni", "paddleocr_vl"])
-def test_every_installed_plugin_conforms(name, mmrope_conformance):
-    mmrope_conformance(name)
-
-
 def test_the_test_toy_plugin_conforms(make_manager):
     assert check_plugin("toy", manager=make_manager(MMROPE_LOAD_PLUGINS="toy")) == []
 
@@ -44,9 +39,9 @@ def test_a_plugin_that_does_not_load_is_reported(make_manager):
 
 def test_mmrope_check_command():
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(DISTS), os.environ.get("PYTHONPATH", "")])}
-    good = subprocess.run([sys.executable, "-m", "mmrope_core.cli", "check", "gemma4"],
+    good = subprocess.run([sys.executable, "-m", "mmrope_core.cli", "check", "toy"],
                           capture_output=True, text=True, env=environment)
-    assert good.returncode == 0 and "gemma4: conforms" in good.stdout
+    assert good.returncode == 0 and "toy: conforms" in good.stdout, good.stdout + good.stderr
     bad = subprocess.run([sys.executable, "-m", "mmrope_core.cli", "check", "nonconforming"],
                          capture_output=True, text=True, env=environment)
     assert bad.returncode == 1 and "plugin nonconforming: get_rope_index_kwargs broke rule" in bad.stdout

@@ -1,5 +1,9 @@
 """pytest fixtures for mmrope plugin authors; registered through the ``pytest11`` entry point
-(or ``pytest -p mmrope_core.testing.pytest_plugin``). Loading it imports nothing heavy."""
+(or ``pytest -p mmrope_core.testing.pytest_plugin``).
+
+Every pytest run of a machine with mmrope-core installed loads this module, so it imports only
+pytest: mmrope, torch and the plugins load when a test asks for a fixture.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "differential: compares a fast implementation with the installed transformers reference "
+        "(run on every supported transformers)",
+    )
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import mmrope_core.errors as errors
 from mmrope_core import PluginManager, RopeEngine
 from mmrope_core.collate import collate
 
-CATALOGUE = Path(__file__).parent.parent / "docs" / "errors.md"
+CATALOGUE = Path(__file__).parents[2] / "docs" / "errors.md"
 ROW = re.compile(r"^\| `([\w-]+)` \| .* \| `(\w+)` \| `(.+)` \| .* \|$")
 
 
@@ -114,6 +114,7 @@ TRIGGERS = {
     "placeholder-in-text-only": qwen2("t[iiii]t", "ttiit", image_grid_thw=GRID),
     "truncated-run": qwen2("t[iii", image_grid_thw=GRID),
     "touching-runs": qwen2("t[iiiiiiii]t", image_grid_thw=GRID.repeat(2, 1)),
+    "grids-out-of-step": qwen2("t[iiii]t", image_grid_thw=torch.tensor([[1, 2, 2], [1, 4, 4]])),
     "video-without-grid": qwen2("t[vvvv]t"),
     "seconds-length": qwen25_seconds(torch.tensor([0.5, 1.0])),
     "seconds-nonfinite": qwen25_seconds(torch.tensor([float("inf")])),
@@ -134,6 +135,8 @@ TRIGGERS = {
     "unsupported-processor": lambda: RopeEngine.from_processor(MysteryProcessor(), plugin_manager=manager()),
     "rope-index-1d": lambda: engine("Gemma4").get_rope_index(torch.tensor([[1, 2, 3]])),
     "unknown-impl": lambda: engine("Qwen2-VL", impl="turbo"),
+    "unknown-option": lambda: RopeEngine.from_processor(engine("Qwen2-VL").processor, engine("Qwen2-VL").config,
+                                                        plugin_manager=manager(), implementaton="reference"),
     "collate-shapes": lambda: collate([{"input_features": torch.ones(1, 4, 3)}, {"input_features": torch.ones(1, 4, 5)}]),
     "collate-types": lambda: collate([{"metadata": "x"}, {"metadata": {"fps": 2}}]),
 }

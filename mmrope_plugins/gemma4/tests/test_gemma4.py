@@ -135,3 +135,15 @@ def test_from_pretrained_round_trip(manager, tmp_path):
     assert type(engine.processor).__name__ == "Gemma4Processor" and engine.rope_kind == "1d"
     mask = torch.tensor([[0, 1, 1, 1], [1, 1, 0, 0]])
     assert torch.equal(engine.compute_position_ids(torch.ones(2, 4, dtype=torch.long), mask), one_d(mask))
+
+
+def test_the_plugin_conforms(mmrope_conformance):
+    mmrope_conformance("gemma4")
+
+
+def test_mmrope_check_command():
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "mmrope_core", "check", "gemma4"], capture_output=True, text=True)
+    assert result.returncode == 0 and "gemma4: conforms" in result.stdout, result.stdout + result.stderr

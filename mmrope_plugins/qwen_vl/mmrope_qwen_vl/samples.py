@@ -6,7 +6,7 @@ import random
 
 import torch
 
-from mmrope_qwen_vl.families import family_of
+from .families import family_of
 
 SECONDS = (0.5, 1.0, 2.0, 1 / 3, 0.77, 1.25, 0.1)
 

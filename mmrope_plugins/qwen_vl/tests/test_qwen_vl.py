@@ -11,7 +11,7 @@ import transformers
 
 from mmrope_core import InvalidInputError, PlaceholderMismatchError, PluginManager, RopeEngine
 from mmrope_core.tiny import processors_without_torchvision
-from qwen_vl_inputs import random_batch
+from mmrope_qwen_vl.samples import random_batch
 
 # (example family, config model_type): every model class the plugin binds
 MODELS = [
@@ -397,3 +397,7 @@ def test_bad_second_per_grid_ts(manager, impl, seconds, message):
     ids = torch.tensor([[start] + [processor.video_token_id] * 8 + [end]])
     with pytest.raises(InvalidInputError, match=message):
         engine.get_rope_index(ids, video_grid_thw=torch.tensor([[2, 4, 4]]), second_per_grid_ts=seconds)
+
+
+def test_the_plugin_conforms(mmrope_conformance):
+    mmrope_conformance("qwen_vl")

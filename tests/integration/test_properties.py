@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mmrope_core import PluginManager, RopeEngine
-from qwen_vl_inputs import random_batch as qwen_vl_batch
+from mmrope_qwen_vl.samples import random_batch as qwen_vl_batch
 
 SETTINGS = settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 MROPE_FAMILIES = ["Qwen2-VL", "Qwen2.5-VL", "Qwen3-VL", "GLM-4V", "Qwen3-Omni", "Qwen2.5-Omni"]

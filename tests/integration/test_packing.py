@@ -204,7 +204,7 @@ def test_packed_rows_are_placed_where_they_lie(name):
     import copy
     import dataclasses
 
-    from qwen_vl_inputs import random_batch
+    from mmrope_qwen_vl.samples import random_batch
 
     fast, _ = engines(name)
     calls = []
@@ -359,7 +359,7 @@ def test_packed_rows_with_padding_are_placed_where_they_lie(name):
     fast binding places the segments' tokens as one packed row, and the result equals the
     segments unpacked into a padded batch. Segments apart in the batch (padding or a row's end
     between them) whose placeholder runs would meet in one row take the unpacked batch."""
-    from qwen_vl_inputs import random_batch
+    from mmrope_qwen_vl.samples import random_batch
 
     fast, _ = engines(name)
     placed, unpacked, calls = _counting_and_unpacked(fast)

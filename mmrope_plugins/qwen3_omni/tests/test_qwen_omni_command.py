@@ -1,0 +1,16 @@
+"""The plugin as the ``mmrope`` command and the conformance suite see it."""
+
+import subprocess
+import sys
+
+
+def test_the_plugin_conforms(mmrope_conformance):
+    mmrope_conformance("qwen3_omni")
+
+
+def test_check_takes_a_distribution_name_and_prints_no_transformers_warnings():
+    result = subprocess.run([sys.executable, "-m", "mmrope_core", "check", "mmrope-qwen3-omni"], capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "qwen3_omni: conforms"
+    assert "[transformers]" not in result.stdout + result.stderr

@@ -1,0 +1,27 @@
+"""``mmrope demo`` over the families installed here."""
+
+import os
+import subprocess
+import sys
+
+from conftest import DISTS
+
+
+def test_demo_shows_every_installed_family():
+    environment = {**os.environ, "MMROPE_LOAD_PLUGINS": "qwen_vl,gemma4"}
+    result = subprocess.run([sys.executable, "-m", "mmrope_core.cli", "demo"], capture_output=True, text=True, env=environment)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for family in ("Qwen2-VL", "Qwen2.5-VL", "Qwen3-VL", "Qwen3.5", "GLM-4V", "Gemma4"):
+        assert f"=== {family} " in result.stdout
+    assert result.stdout.count("equal to the transformers reference: yes") == 5
+    assert "6 of 6 families shown." in result.stdout
+    assert "[transformers]" not in result.stdout + result.stderr
+
+
+def test_demo_reports_a_broken_example_and_goes_on():
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(DISTS), os.environ.get("PYTHONPATH", "")]),
+                   "MMROPE_LOAD_PLUGINS": "toy,gemma4"}
+    result = subprocess.run([sys.executable, "-m", "mmrope_core", "demo"], capture_output=True, text=True, env=environment)
+    assert result.returncode == 1
+    assert "=== Toy " in result.stdout and "failed:" in result.stdout
+    assert "1 of 2 families shown." in result.stdout
