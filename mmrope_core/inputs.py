@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import _native
+from ._compiled import native
 from .errors import InvalidInputError
 
 
@@ -54,7 +54,8 @@ def as_batch(
         raise InvalidInputError(f"attention_mask must be bool or integer 0/1, got dtype {mask.dtype}")
     if mask.dtype == torch.bool and not tokens_in_every_row:
         return ids, mask
-    return ids, (_read_cpu_mask if mask.is_cpu else _read_device_mask)(mask, tokens_in_every_row)
+    read = _read_cpu_mask if mask.is_cpu and native is not None else _read_device_mask
+    return ids, read(mask, tokens_in_every_row)
 
 
 def _read_device_mask(mask: torch.Tensor, tokens_in_every_row: bool) -> torch.Tensor | None:
@@ -73,7 +74,7 @@ def _read_cpu_mask(mask: torch.Tensor, tokens_in_every_row: bool) -> torch.Tenso
     batch, length = mask.shape
     values = mask.contiguous().numpy()
     valid = torch.empty(mask.shape, dtype=torch.bool)
-    all_ones, first_bad, first_empty_row = _native.read_mask(values, values.itemsize, batch, length, valid.numpy(),
+    all_ones, first_bad, first_empty_row = native.read_mask(values, values.itemsize, batch, length, valid.numpy(),
                                                               torch.get_num_threads())
     if first_bad >= 0:
         _refuse_mask_value(mask, *divmod(first_bad, length))

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from .. import _native
+from .._compiled import native
 from ..errors import InvalidInputError
 from ._media import MediaGrids, MediaKind, TokenTypeMap
 from ._mismatch import explain, match, segment_cut
@@ -151,9 +151,9 @@ def _coded(token_types: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor
     """The token types with -1 at masked tokens (``type * valid + valid - 1``)."""
     if mask is None:
         return token_types
-    if mask.device.type == "cpu":
+    if mask.device.type == "cpu" and native is not None:
         code = torch.empty(token_types.shape, dtype=torch.int8)
-        _native.coded(token_types.numpy(), mask.contiguous().numpy(), code.numpy())
+        native.coded(token_types.numpy(), mask.contiguous().numpy(), code.numpy())
         return code
     valid = mask.view(torch.int8)
     return torch.addcmul(valid - 1, token_types, valid)

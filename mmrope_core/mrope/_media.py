@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from .. import _native
+from .._compiled import native
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,11 +77,11 @@ class TokenTypeMap:
         return types.to(torch.int8)
 
     def _on_cpu(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if input_ids.dtype in _NATIVE_IDS and len(self.types) <= _native.MAX_MEDIA_TOKENS:  # each id read once
+        if native is not None and input_ids.dtype in _NATIVE_IDS and len(self.types) <= native.MAX_MEDIA_TOKENS:  # each id read once
             ids = input_ids.contiguous().numpy()
             types = torch.empty(input_ids.shape, dtype=torch.int8)
             batch, length = ids.shape if ids.ndim == 2 else (1, ids.size)
-            _native.token_types(ids, ids.itemsize, batch, length, tuple(self.types), tuple(self.types.values()),
+            native.token_types(ids, ids.itemsize, batch, length, tuple(self.types), tuple(self.types.values()),
                                 types.numpy(), torch.get_num_threads())
             return types
         ids = input_ids.numpy()  # numpy compares several times faster than torch, each id read once per token

@@ -13,7 +13,7 @@ import dataclasses
 import numpy as np
 import torch
 
-from .. import _native
+from .._compiled import native
 from ._runs import Runs, Spans
 
 
@@ -58,7 +58,7 @@ def place(code: torch.Tensor, mask: torch.Tensor | None, runs: Runs, spans: Span
     whose row 0 counts each sample's valid tokens from 0 (1 at padding), and no deltas. On the
     CPU they are written from the runs (:func:`written_from_runs`), on other devices by torch
     passes over the batch (:func:`counted_on`)."""
-    if code.device.type == "cpu":
+    if code.device.type == "cpu" and native is not None:
         return written_from_runs(runs, spans, grid, scaled, merge, code.shape, text_row=text_row)
     return counted_on(code, mask, runs, spans, grid, scaled, merge, text_row=text_row)
 
@@ -71,7 +71,7 @@ def written_from_runs(runs: Runs, spans: Spans, grid: np.ndarray, scaled, merge:
     frames = np.ascontiguousarray(grid[:, 0])
     out = torch.empty((batch, 4, length) if text_row else (3, batch, length), dtype=torch.int64)
     deltas = None if text_row else np.empty(spans.count.size, dtype=np.int64)
-    _native.positions(out.numpy(), batch, length, text_row, spans.first, spans.count, runs.start, runs.length,
+    native.positions(out.numpy(), batch, length, text_row, spans.first, spans.count, runs.start, runs.length,
                       runs.row, grid[:, 1] // merge, grid[:, 2] // merge, frames, _temporal_ids(frames, scaled),
                       deltas, torch.get_num_threads())
     return out, None if deltas is None else torch.from_numpy(deltas[:, None])

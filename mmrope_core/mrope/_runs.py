@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from .. import _native
+from .._compiled import native
 from ._media import MediaGrids, MediaKind
 
 
@@ -86,8 +86,8 @@ def scan(code: torch.Tensor, padded: bool = True) -> tuple[Runs, Spans | None]:
 def change_points(flat: np.ndarray | torch.Tensor) -> np.ndarray:
     """The indices p where ``flat[p] != flat[p + 1]``, which are few."""
     if isinstance(flat, np.ndarray):
-        if flat.itemsize == 1:  # most words of eight bytes hold no change, and cost one comparison
-            return np.frombuffer(_native.changes(flat), dtype=np.int64)
+        if flat.itemsize == 1 and native is not None:  # most words of eight bytes hold no change: one comparison each
+            return np.frombuffer(native.changes(flat), dtype=np.int64)
         return (flat[1:] != flat[:-1]).nonzero()[0]
     return numpy(torch.nonzero(flat[1:] != flat[:-1]).squeeze(1))
 
