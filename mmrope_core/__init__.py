@@ -1,48 +1,82 @@
 """mmrope: multimodal RoPE position ids for trainers, computed by plugins per model family.
 
-Importing this package loads no plugin; plugins are discovered when the first engine is built.
+Importing this package imports nothing else: each public name is loaded on first use, so
+``import mmrope_core`` (and the pytest plugin it registers) costs nothing until an engine is
+built, and loads no plugin.
 """
 
-from .engine import RopeEngine
-from .errors import (
-    CollateError,
-    InvalidInputError,
-    MmropeError,
-    PlaceholderMismatchError,
-    PluginConflictError,
-    PluginContractError,
-    PluginError,
-    PluginHookError,
-    PluginLoadError,
-    PluginLoadWarning,
-    RopeIndexUnavailableError,
-    UnsupportedProcessorError,
-)
-from .hookspecs import hookimpl
-from .manager import PluginInfo, PluginManager, get_plugin_manager
-from .types import ExampleCase, RopeBinding, ValidationPolicy
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "CollateError",
-    "ExampleCase",
-    "InvalidInputError",
-    "MmropeError",
-    "PlaceholderMismatchError",
-    "PluginConflictError",
-    "PluginContractError",
-    "PluginError",
-    "PluginHookError",
-    "PluginInfo",
-    "PluginLoadError",
-    "PluginLoadWarning",
-    "PluginManager",
-    "RopeBinding",
-    "RopeEngine",
-    "RopeIndexUnavailableError",
-    "UnsupportedProcessorError",
-    "ValidationPolicy",
-    "get_plugin_manager",
-    "hookimpl",
-]
+# public name -> the module that defines it
+_PUBLIC = {
+    "RopeEngine": "engine",
+    "hookimpl": "hookspecs",
+    "PluginInfo": "manager",
+    "PluginManager": "manager",
+    "get_plugin_manager": "manager",
+    "ExampleCase": "types",
+    "RopeBinding": "types",
+    "ValidationPolicy": "types",
+    **dict.fromkeys(
+        (
+            "CollateError",
+            "CompiledLoopsWarning",
+            "InvalidInputError",
+            "MmropeError",
+            "PlaceholderMismatchError",
+            "PluginConflictError",
+            "PluginContractError",
+            "PluginError",
+            "PluginHookError",
+            "PluginLoadError",
+            "PluginLoadWarning",
+            "RopeIndexUnavailableError",
+            "UnknownOptionError",
+            "UnsupportedProcessorError",
+        ),
+        "errors",
+    ),
+}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mmrope_core' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+if TYPE_CHECKING:
+    from .engine import RopeEngine
+    from .errors import (
+        CollateError,
+        CompiledLoopsWarning,
+        InvalidInputError,
+        MmropeError,
+        PlaceholderMismatchError,
+        PluginConflictError,
+        PluginContractError,
+        PluginError,
+        PluginHookError,
+        PluginLoadError,
+        PluginLoadWarning,
+        RopeIndexUnavailableError,
+        UnknownOptionError,
+        UnsupportedProcessorError,
+    )
+    from .hookspecs import hookimpl
+    from .manager import PluginInfo, PluginManager, get_plugin_manager
+    from .types import ExampleCase, RopeBinding, ValidationPolicy

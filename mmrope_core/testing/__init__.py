@@ -4,8 +4,24 @@
 
     def test_my_plugin_conforms():
         assert_conforms("my_vl")          # the plugin's own example cases
+
+Importing this package imports nothing heavy; the suite loads on first use.
 """
 
-from .conformance import Violation, assert_conforms, check_plugin
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 __all__ = ["Violation", "assert_conforms", "check_plugin"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        raise AttributeError(f"module 'mmrope_core.testing' has no attribute {name!r}")
+    from . import conformance
+
+    return getattr(conformance, name)
+
+
+if TYPE_CHECKING:
+    from .conformance import Violation, assert_conforms, check_plugin
