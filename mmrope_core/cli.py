@@ -1,7 +1,7 @@
-"""``mmrope`` command line: list plugins, show positions for each installed family.
+"""``mmrope`` command line: list plugins, check one, show positions for each installed family.
 
-Nothing is imported from plugins until a subcommand needs them, so ``mmrope --help`` works
-whatever state the plugins are in.
+Nothing is imported from plugins until a subcommand needs them, so ``mmrope --help`` and
+``mmrope --version`` work whatever state the plugins are in.
 """
 
 from __future__ import annotations
@@ -11,28 +11,49 @@ import json
 import sys
 from collections.abc import Sequence
 
+from . import __version__
+
+# what the tiny offline processors of `demo` and `check` are built with, and where it comes from
+_DEMO_MODULES = {"PIL": "Pillow", "tokenizers": "tokenizers"}
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mmrope", description="Multimodal RoPE position ids from plugins.")
+    parser.add_argument("--version", action="version", version=f"mmrope {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     plugins = commands.add_parser("plugins", help="list installed plugins, their state and hooks")
     plugins.add_argument("--json", action="store_true", help="print JSON instead of a table")
     demo = commands.add_parser("demo", help="build tiny processors of every installed family and show their positions")
     demo.add_argument("--seed", type=int, default=0, help="seed of the generated prompts and images")
     check = commands.add_parser("check", help="run the conformance checks on an installed plugin")
-    check.add_argument("name", help="the plugin's entry-point name (see `mmrope plugins`)")
+    check.add_argument("name", help="the plugin's entry-point name or its distribution (see `mmrope plugins`)")
     check.add_argument("--seed", type=int, default=0, help="seed of the generated samples")
     args = parser.parse_args(argv)
     if args.command == "plugins":
         return _plugins(args.json)
+    missing = _missing_demo_modules()
+    if missing:
+        print(f"mmrope {args.command} builds tiny processors offline and needs {' and '.join(missing)}: "
+              f"pip install 'mmrope-core[demo]'", file=sys.stderr)
+        return 2
+    _quiet_transformers()
     if args.command == "check":
         return _check(args.name, args.seed)
     return _demo(args.seed)
 
 
 def _check(name: str, seed: int) -> int:
+    from .manager import get_plugin_manager
     from .testing import check_plugin
 
+    infos = get_plugin_manager().plugins()
+    by_distribution = {info.distribution: info.name for info in infos if info.distribution}
+    name = by_distribution.get(name, by_distribution.get(name.replace("_", "-"), name))
+    if name not in {info.name for info in infos}:
+        installed = ", ".join(f"{info.name} ({info.distribution})" if info.distribution else info.name
+                              for info in infos) or "none"
+        print(f"no installed mmrope plugin is named {name!r}. Installed: {installed}", file=sys.stderr)
+        return 2
     violations = check_plugin(name, seed=seed)
     for violation in violations:
         print(violation)
@@ -41,23 +62,26 @@ def _check(name: str, seed: int) -> int:
 
 
 def _plugins(as_json: bool) -> int:
-    from .manager import get_plugin_manager
+    from .manager import get_plugin_manager, strict_plugins
 
     infos = get_plugin_manager().plugins()
+    failed = any(info.status == "failed" for info in infos)
     if as_json:
         print(json.dumps([info.as_dict() for info in infos], indent=2))
-        return 0
-    if not infos:
+    elif not infos:
         print("No mmrope plugins installed (entry-point group 'mmrope').")
-        return 0
-    rows = [("NAME", "DISTRIBUTION", "VERSION", "STATUS", "HOOKS", "PROCESSORS")]
-    for info in infos:
-        status = info.status if info.status == "active" else f"{info.status}: {info.reason}"
-        rows.append((info.name, info.distribution or "-", info.version or "-", status,
-                     ", ".join(info.hooks) or "-", ", ".join(info.processors) or "-"))
-    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]) - 1)]
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
+    else:
+        rows = [("NAME", "DISTRIBUTION", "VERSION", "STATUS", "HOOKS", "PROCESSORS")]
+        for info in infos:
+            status = info.status if info.status == "active" else f"{info.status}: {info.reason}"
+            rows.append((info.name, info.distribution or "-", info.version or "-", status,
+                         ", ".join(info.hooks) or "-", ", ".join(info.processors) or "-"))
+        widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]) - 1)]
+        for row in rows:
+            print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
+    if failed and strict_plugins():
+        print("error: a plugin failed to load and MMROPE_STRICT_PLUGINS is set", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -65,6 +89,23 @@ def _demo(seed: int) -> int:
     from .demo import run
 
     return run(seed, out=sys.stdout)
+
+
+def _missing_demo_modules() -> list[str]:
+    missing = []
+    for module, distribution in _DEMO_MODULES.items():
+        try:
+            __import__(module)
+        except ImportError:
+            missing.append(distribution)
+    return missing
+
+
+def _quiet_transformers() -> None:
+    # the tiny vocabularies trip transformers' range checks of unrelated token ids in default configs
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.set_verbosity_error()
 
 
 if __name__ == "__main__":

@@ -62,8 +62,10 @@ def _env_names(env: Mapping[str, str], key: str) -> frozenset[str] | None:
     return frozenset(part.strip() for part in value.split(",") if part.strip())
 
 
-def _env_flag(env: Mapping[str, str], key: str) -> bool:
-    return env.get(key, "").strip().lower() in ("1", "true", "yes", "on")
+def strict_plugins(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``MMROPE_STRICT_PLUGINS`` is set (in ``env``, default the process environment)."""
+    value = (os.environ if env is None else env).get("MMROPE_STRICT_PLUGINS", "")
+    return value.strip().lower() in ("1", "true", "yes", "on")
 
 
 class PluginManager:
@@ -80,25 +82,29 @@ class PluginManager:
         self._shadowed: list[PluginInfo] = []
         self._lock = threading.RLock()
         self._loaded = not load_entry_points
+        self._failures: list[tuple[PluginInfo, BaseException | None]] = []
         # per hook: (plugin, function, argument names) in call order; cleared when plugins change
         self._callers: dict[str, tuple[tuple[PluginInfo, Any, tuple[str, ...]], ...]] = {}
 
     # -- loading -----------------------------------------------------------------------------
 
     def load(self) -> None:
-        """Import the entry points of group ``mmrope`` once; later calls do nothing."""
+        """Import the entry points of group ``mmrope`` once; later calls do nothing but, with
+        ``MMROPE_STRICT_PLUGINS`` set, raise again for a plugin that failed to load."""
         with self._lock:
-            if self._loaded:
-                return
-            self._loaded = True
-            allow = _env_names(self._env, "MMROPE_LOAD_PLUGINS")
-            block = _env_names(self._env, "MMROPE_DISABLE_PLUGINS") or frozenset()
-            strict = _env_flag(self._env, "MMROPE_STRICT_PLUGINS")
-            for entry_point in importlib_metadata.entry_points(group=ENTRY_POINT_GROUP):
-                self._load_one(entry_point, allow, block, strict)
-            self._callers.clear()
+            if not self._loaded:
+                self._loaded = True
+                allow = _env_names(self._env, "MMROPE_LOAD_PLUGINS")
+                block = _env_names(self._env, "MMROPE_DISABLE_PLUGINS") or frozenset()
+                for entry_point in importlib_metadata.entry_points(group=ENTRY_POINT_GROUP):
+                    self._load_one(entry_point, allow, block)
+                self._callers.clear()
+            if self._failures and strict_plugins(self._env):
+                info, exc = self._failures[0]
+                raise PluginLoadError(f"mmrope plugin {info.label} failed to load: {info.reason} "
+                                      f"(MMROPE_STRICT_PLUGINS is set)") from exc
 
-    def _load_one(self, entry_point: Any, allow: frozenset[str] | None, block: frozenset[str], strict: bool) -> None:
+    def _load_one(self, entry_point: Any, allow: frozenset[str] | None, block: frozenset[str]) -> None:
         name = entry_point.name
         dist = entry_point.dist
         dist_name = dist.metadata["Name"] if dist is not None else None
@@ -113,27 +119,27 @@ class PluginManager:
                 f"entry point name {name!r} is provided by both {other.distribution} {other.version} "
                 f"and {dist_name} {version}; uninstall one of them"
             )
-            self._fail(PluginInfo(name, dist_name, version, "failed", reason=reason), None, strict)
+            self._fail(PluginInfo(name, dist_name, version, "failed", reason=reason), None)
             return
         try:
             plugin = entry_point.load()
             self._register_checked(plugin, name)
         except Exception as exc:  # a broken plugin must never take the host down
             reason = f"{type(exc).__name__}: {exc}"
-            self._fail(PluginInfo(name, dist_name, version, "failed", reason=reason), exc, strict)
+            self._fail(PluginInfo(name, dist_name, version, "failed", reason=reason), exc)
             return
         self._infos[name] = self._describe(plugin, name, dist_name, version)
 
-    def _fail(self, info: PluginInfo, exc: BaseException | None, strict: bool) -> None:
+    def _fail(self, info: PluginInfo, exc: BaseException | None) -> None:
         if info.name in self._infos:  # a second distribution reusing an active plugin's name
             self._shadowed.append(info)
         else:
             self._infos[info.name] = info
-        message = f"mmrope plugin {info.label} failed to load: {info.reason}"
-        if strict:
-            raise PluginLoadError(message + " (MMROPE_STRICT_PLUGINS is set)") from exc
-        warnings.warn(message + "; it is skipped. Set MMROPE_DISABLE_PLUGINS=" + info.name + " to silence this.",
-                      PluginLoadWarning, stacklevel=4)
+        self._failures.append((info, exc))
+        if strict_plugins(self._env):
+            return  # raised by load(), once every entry point has been read
+        warnings.warn(f"mmrope plugin {info.label} failed to load: {info.reason}; it is skipped. Set "
+                      f"MMROPE_DISABLE_PLUGINS={info.name} to silence this.", PluginLoadWarning, stacklevel=5)
 
     def _register_checked(self, plugin: Any, name: str) -> None:
         self._pm.register(plugin, name=name)  # validates hookimpl signatures against the specs
@@ -180,12 +186,15 @@ class PluginManager:
     # -- queries -----------------------------------------------------------------------------
 
     def plugins(self) -> list[PluginInfo]:
-        """Every plugin seen: active, disabled and failed, sorted by name."""
-        self.load()
+        """Every plugin seen: active, disabled and failed, sorted by name. Listing never raises,
+        not even with ``MMROPE_STRICT_PLUGINS`` set: a failed plugin is listed with its reason."""
+        with contextlib.suppress(PluginLoadError):
+            self.load()
         return sorted([*self._infos.values(), *self._shadowed], key=lambda info: info.name)
 
     def info(self, name: str) -> PluginInfo:
-        self.load()
+        with contextlib.suppress(PluginLoadError):
+            self.load()
         return self._infos[name]
 
     @staticmethod

@@ -30,11 +30,18 @@ def test_a_plugin_that_fails_to_import_is_recorded_and_skipped(make_manager):
     assert plugins["toy"].status == "active"
 
 
-def test_strict_mode_turns_a_load_failure_into_an_error(make_manager):
-    manager = make_manager(MMROPE_LOAD_PLUGINS="broken_import", MMROPE_STRICT_PLUGINS="1")
-    with pytest.raises(PluginLoadError, match="broken_import .*MMROPE_STRICT_PLUGINS") as caught:
-        manager.plugins()
-    assert isinstance(caught.value.__cause__, ModuleNotFoundError)
+def test_strict_mode_turns_a_load_failure_into_an_error_on_every_use(make_manager):
+    manager = make_manager(MMROPE_LOAD_PLUGINS="toy,broken_import", MMROPE_STRICT_PLUGINS="1")
+    for _ in range(2):  # not only the first time: the manager must not go on with what did load
+        with pytest.raises(PluginLoadError, match="broken_import .*MMROPE_STRICT_PLUGINS") as caught:
+            list(manager.call_each("varlen_keys", processor=object()))
+        assert isinstance(caught.value.__cause__, ModuleNotFoundError)
+
+
+def test_strict_mode_still_lists_every_plugin(make_manager):
+    manager = make_manager(MMROPE_LOAD_PLUGINS="toy,broken_import", MMROPE_STRICT_PLUGINS="1")
+    plugins = by_name(manager)
+    assert plugins["broken_import"].status == "failed" and plugins["toy"].status == "active"
 
 
 def test_a_hook_with_an_unknown_name_fails_validation(make_manager):
