@@ -26,6 +26,7 @@ from .errors import (
 )
 from .inputs import ReadOnlyInputs, as_batch
 from .manager import PluginManager, get_plugin_manager
+from .options import EngineOptions
 from .mrope._mismatch import segment_cut
 from .mrope._runs import values_at
 from .packing import PackedLayout
@@ -77,8 +78,9 @@ class RopeEngine:
         plugins = plugin_manager or get_plugin_manager()
         frozen = types.MappingProxyType(dict(options)) if options else _NO_OPTIONS
         if processor is None:
+            EngineOptions(options).refuse_unread("a text-only engine (processor=None)")
             return cls(None, config, _TEXT_ONLY, STRICT, frozenset(), plugins, frozen)
-        binding = _bind(plugins, processor, config, frozen)
+        binding = _bind(plugins, processor, config, EngineOptions(options))
         policy = STRICT
         for info, result in plugins.call_each("validate_inputs_policy", processor=processor):
             _expect(isinstance(result, ValidationPolicy), info, "validate_inputs_policy", "a ValidationPolicy", result)
@@ -466,9 +468,10 @@ def _rebuild(processor: Any, config: Any, options: dict[str, Any]) -> RopeEngine
     return RopeEngine.from_processor(processor, config, **options)
 
 
-def _bind(plugins: PluginManager, processor: Any, config: Any, options: Mapping[str, Any]) -> RopeBinding:
+def _bind(plugins: PluginManager, processor: Any, config: Any, options: EngineOptions) -> RopeBinding:
     for info, result in plugins.call_each("bind_rope_index", processor=processor, config=config, options=options):
         _expect(isinstance(result, RopeBinding), info, "bind_rope_index", "a RopeBinding", result)
+        options.refuse_unread(f"plugin {info.label}, which binds {type(processor).__name__}")
         return result if result.plugin else _with_plugin(result, info.name)
     raise UnsupportedProcessorError(_unsupported_message(plugins, processor))
 

@@ -6,6 +6,16 @@ Every message says what went wrong, where (sample index, key, plugin) and how to
 from __future__ import annotations
 
 
+def counted(count: int, noun: str) -> str:
+    """``"1 image"``, ``"2 images"``: a count and its noun, for messages."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}es" if noun.endswith(("s", "x", "ch")) else f"{count} {noun}s"
+
+
+def a(noun: str) -> str:
+    """``"an image"``, ``"a video"``: a noun with its indefinite article, for messages."""
+    return f"an {noun}" if noun[:1].lower() in "aeio" else f"a {noun}"
+
+
 class MmropeError(Exception):
     """Base class of every error mmrope raises on purpose."""
 
@@ -20,6 +30,10 @@ class PlaceholderMismatchError(InvalidInputError):
 
 class UnsupportedProcessorError(MmropeError):
     """No installed plugin recognises the processor."""
+
+
+class UnknownOptionError(MmropeError, TypeError):
+    """An engine option that neither the engine nor the plugin binding the processor knows."""
 
 
 class RopeIndexUnavailableError(MmropeError):
@@ -48,6 +62,10 @@ class PluginContractError(PluginError):
 
 class PluginHookError(PluginError):
     """A hook raised an exception; the original is chained as ``__cause__``."""
+
+
+class CompiledLoopsWarning(UserWarning):
+    """mmrope's compiled CPU loops are not installed: positions are the same, computed more slowly."""
 
 
 class PluginLoadWarning(UserWarning):

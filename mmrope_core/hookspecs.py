@@ -39,7 +39,8 @@ def bind_rope_index(processor: Any, config: Any, options: Mapping[str, Any]) -> 
         config: the model config, or None. Plugins document the defaults they assume without it
             and unwrap nested configs (e.g. an Omni ``thinker_config``) themselves.
         options: read-only keyword options given to ``RopeEngine.from_processor``, e.g.
-            ``{"impl": "reference"}``. Ignore the ones you do not know.
+            ``{"impl": "reference"}``. Read the ones you know (``options.get("impl", "fast")``);
+            an option the binding plugin never reads is refused with ``UnknownOptionError``.
 
     Example::
 
