@@ -8,27 +8,31 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .errors import CollateError
+from .errors import CollateError, a
 
 
-def collate(samples: Sequence[Mapping[str, Any]], varlen_keys: Iterable[str] = ()) -> dict[str, Any]:
+def collate(samples: Sequence[Mapping[str, Any]], varlen_keys: Iterable[str] = (), *,
+            token_aligned: Iterable[str] = (), padding_side: str = "right") -> dict[str, Any]:
     """Merge per-sample multimodal inputs into one batch.
 
     Tensors of ``varlen_keys`` are zero-padded at the end of every dimension but the first to
     the largest sample (for ``(N, L)`` masks and token types: the last dimension; for ``(N, T, F)``
-    audio features: the time dimension too), then every tensor is concatenated on dim 0. A key missing from some samples (a text-only
-    sample has no ``pixel_values``) is concatenated over the samples that have it. Lists are
-    concatenated. Inputs are not modified.
+    audio features: the time dimension too), then every tensor is concatenated on dim 0. Keys in
+    ``token_aligned`` hold one value per token and are padded on ``padding_side``, as the tokens
+    are. A key missing from some samples (a text-only sample has no ``pixel_values``) is
+    concatenated over the samples that have it. Lists are concatenated. Inputs are not modified.
     """
     if isinstance(samples, Mapping) or not isinstance(samples, Sequence):
         raise CollateError(f"collate takes a list of per-sample dicts, got {type(samples).__name__}")
-    varlen = frozenset(varlen_keys)
+    if padding_side not in ("left", "right"):
+        raise CollateError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    varlen, aligned = frozenset(varlen_keys), frozenset(token_aligned)
     keys: dict[str, None] = {}
     for index, sample in enumerate(samples):
         if not isinstance(sample, Mapping):
-            raise CollateError(f"sample {index} is a {type(sample).__name__}, not a dict of multimodal inputs")
+            raise CollateError(f"sample {index} is {a(type(sample).__name__)}, not a dict of multimodal inputs")
         keys.update(dict.fromkeys(sample))
-    return {key: _merge(key, samples, key in varlen) for key in keys}
+    return {key: _merge(key, samples, key in varlen, padding_side == "left" and key in aligned) for key in keys}
 
 
 def batch_processor_outputs(
@@ -41,10 +45,13 @@ def batch_processor_outputs(
     """Batch the outputs of one processor call per sample, as trainers do.
 
     Returns ``(input_ids, attention_mask, multi_modal_inputs)``: ids padded with ``pad_token_id``
-    and masks with 0 on ``padding_side``, every other key through :func:`collate`.
+    and masks with 0 on ``padding_side``, every other key through :func:`collate`; varlen keys
+    holding one value per token (shaped like each sample's ``input_ids``) are padded on
+    ``padding_side`` too, so that they stay in line with the tokens.
     """
     if padding_side not in ("left", "right"):
         raise CollateError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    varlen_keys = frozenset(varlen_keys)
     rows = []
     for index, output in enumerate(outputs):
         if "input_ids" not in output:
@@ -63,14 +70,18 @@ def batch_processor_outputs(
         attention_mask[index, span] = mask
     rest = [{key: value for key, value in output.items() if key not in ("input_ids", "attention_mask")}
             for output in outputs]
-    return input_ids, attention_mask, collate(rest, varlen_keys)
+    # a varlen key shaped like every sample's input_ids (token types) is padded where its tokens are
+    aligned = [key for key in varlen_keys
+               if all(isinstance(extra.get(key), torch.Tensor) and extra[key].shape == output["input_ids"].shape
+                      for extra, output in zip(rest, outputs))]
+    return input_ids, attention_mask, collate(rest, varlen_keys, token_aligned=aligned, padding_side=padding_side)
 
 
-def _merge(key: str, samples: Sequence[Mapping[str, Any]], varlen: bool) -> Any:
+def _merge(key: str, samples: Sequence[Mapping[str, Any]], varlen: bool, pad_left: bool) -> Any:
     present = [(index, sample[key]) for index, sample in enumerate(samples) if key in sample]
     values = [value for _, value in present]
     if all(isinstance(value, torch.Tensor) for value in values):
-        return _cat(key, present, varlen)
+        return _cat(key, present, varlen, pad_left)
     if all(isinstance(value, (list, tuple)) for value in values):
         return [item for value in values for item in value]
     kinds = sorted({type(value).__name__ for value in values})
@@ -80,7 +91,7 @@ def _merge(key: str, samples: Sequence[Mapping[str, Any]], varlen: bool) -> Any:
     )
 
 
-def _cat(key: str, present: list[tuple[int, torch.Tensor]], varlen: bool) -> torch.Tensor:
+def _cat(key: str, present: list[tuple[int, torch.Tensor]], varlen: bool, pad_left: bool) -> torch.Tensor:
     tensors = [value for _, value in present]
     shapes = ", ".join(f"sample {index}: {tuple(value.shape)}" for index, value in present)
     if any(value.dim() == 0 for value in tensors):
@@ -89,7 +100,7 @@ def _cat(key: str, present: list[tuple[int, torch.Tensor]], varlen: bool) -> tor
         if len({value.dim() for value in tensors}) > 1:
             raise CollateError(f"varlen key {key!r} has tensors of different ranks ({shapes})")
         largest = [max(sizes) for sizes in zip(*(value.shape[1:] for value in tensors))]
-        tensors = [_pad_to(value, largest) for value in tensors]
+        tensors = [_pad_to(value, largest, pad_left) for value in tensors]
     try:
         return torch.cat(tensors, dim=0)
     except RuntimeError as exc:
@@ -97,8 +108,8 @@ def _cat(key: str, present: list[tuple[int, torch.Tensor]], varlen: bool) -> tor
         raise CollateError(f"cannot concatenate key {key!r} on dim 0 ({shapes}){hint}") from exc
 
 
-def _pad_to(value: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+def _pad_to(value: torch.Tensor, sizes: list[int], pad_left: bool = False) -> torch.Tensor:
     padding = []
     for have, want in zip(reversed(value.shape[1:]), reversed(sizes)):
-        padding += [0, want - have]
+        padding += [want - have, 0] if pad_left and not padding else [0, want - have]  # left: the last dim only
     return F.pad(value, padding) if any(padding) else value

@@ -48,7 +48,7 @@ def test_values_that_cannot_be_batched_are_named():
 def test_collate_takes_a_list_of_dicts():
     with pytest.raises(CollateError, match="list of per-sample dicts"):
         collate({"pixel_values": torch.ones(1)})
-    with pytest.raises(CollateError, match="sample 1 is a int"):
+    with pytest.raises(CollateError, match="sample 1 is an int"):
         collate([{}, 3])
 
 
@@ -59,3 +59,22 @@ def test_varlen_tensors_are_padded_in_every_dimension_but_the_batch_one():
     assert batch["input_features"].shape == (3, 5, 4)
     assert batch["input_features"][0, 3:].eq(0).all() and batch["input_features"][0, :3].eq(1).all()
     assert batch["input_features_mask"].tolist()[0] == [True, True, True, False, False]
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_token_types_are_padded_on_the_side_of_the_tokens(side):
+    from mmrope_core.collate import batch_processor_outputs
+
+    outputs = [{"input_ids": torch.tensor([[7, 8, 9]]), "mm_token_type_ids": torch.tensor([[0, 1, 0]]),
+                "input_features_mask": torch.ones(1, 5, dtype=torch.bool)},
+               {"input_ids": torch.tensor([[7, 9]]), "mm_token_type_ids": torch.tensor([[1, 1]]),
+                "input_features_mask": torch.ones(1, 2, dtype=torch.bool)}]
+    ids, mask, inputs = batch_processor_outputs(outputs, {"mm_token_type_ids", "input_features_mask"},
+                                                pad_token_id=5, padding_side=side)
+    types = inputs["mm_token_type_ids"]
+    assert types.shape == ids.shape
+    # every token keeps its own type, padding holds 0, whichever side the padding is on
+    assert torch.equal(types[mask.bool()], torch.tensor([0, 1, 0, 1, 1]))
+    assert types[~mask.bool()].eq(0).all()
+    # a varlen key not aligned with the tokens is padded at its end
+    assert inputs["input_features_mask"].tolist()[1] == [True, True, False, False, False]
