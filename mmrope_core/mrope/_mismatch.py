@@ -11,7 +11,7 @@ from typing import NoReturn
 
 import torch
 
-from ..errors import InvalidInputError, PlaceholderMismatchError
+from ..errors import InvalidInputError, PlaceholderMismatchError, a, counted
 from ._media import MediaGrids, MediaKind
 from ._runs import Runs
 
@@ -75,40 +75,47 @@ def _check_grid(
             first = int(wrong[0, 0])
             extra = runs.numel() > count and first + 1 < runs.numel() and bool(found[first + 1] == expected[first])
             if not extra:
-                raise _size_mismatch(kind, first, runs, found, expected, grid, seg_row)
+                raise _size_mismatch(kind, first, runs, found, expected, grid, seg_row, count)
             count = first  # the run at `first` is the one without a grid: the next run fits its grid
     if runs.numel() > count:
         run = runs[count]
         sample = int(seg_row[run])
         raise PlaceholderMismatchError(
-            f"sample {sample}: a run of {int(found[count])} {kind.token} tokens has no {kind.name} grid "
-            f"({kind.grid_key} has {grid.shape[0] if grid is not None else 0} rows for {runs.numel()} "
-            f"{kind.name} runs in the batch). "
+            f"sample {sample}: a run of {counted(int(found[count]), kind.token + ' token')} has no {kind.name} grid "
+            f"({kind.grid_key} has {counted(grid.shape[0] if grid is not None else 0, 'row')} for "
+            f"{counted(runs.numel(), kind.name + ' run')} in the batch). "
             f"A placeholder token was probably sampled in a response, or {kind.grid_key} misses this "
             f"sample's {kind.name}s; mask it out or pass the grids of every sample"
         )
     if count > runs.numel():
         raise PlaceholderMismatchError(
-            f"{kind.grid_key} has {count} rows but the batch holds only {runs.numel()} runs of {kind.token} "
+            f"{kind.grid_key} has {counted(count, 'row')} but the batch holds only "
+            f"{counted(runs.numel(), 'run')} of {kind.token} "
             f"(per sample: {torch.bincount(seg_row[runs], minlength=int(seg_row.max()) + 1 if seg_row.numel() else 0).tolist()}). "
-            f"The sequence was probably truncated before a {kind.name} (drop the grids of removed "
+            f"The sequence was probably truncated before {a(kind.name)} (drop the grids of removed "
             f"{kind.name}s), or the inputs come from another processor than the engine's"
         )
     return grid[: runs.numel()] if grid is not None else torch.zeros(0, 3, dtype=torch.int64, device=runs.device)
 
 
-def _size_mismatch(kind, index, runs, found, expected, grid, seg_row) -> PlaceholderMismatchError:
+def _size_mismatch(kind, index, runs, found, expected, grid, seg_row, count) -> PlaceholderMismatchError:
     sample = int(seg_row[runs[index]])
     nth = int((seg_row[runs[:index]] == sample).sum())
     need, got = int(expected[index]), int(found[index])
-    hint = (
-        "The sequence was probably truncated inside it; truncate before the placeholder run or drop it"
-        if got < need
-        else "Two placeholder runs touch (a separator token is missing) or extra placeholders were sampled"
-    )
+    if count > runs.numel() and index + 1 < count and got == int(expected[index + 1]):
+        # the run is the next grid's size, and there is a grid too many: an item before it is gone
+        hint = (
+            f"It fits the next grid {tuple(grid[index + 1].tolist())}: the grids and the placeholder runs are out "
+            f"of step, probably because an earlier {kind.name} was truncated away; drop the grids of removed "
+            f"{kind.name}s"
+        )
+    elif got < need:
+        hint = "The sequence was probably truncated inside it; truncate before the placeholder run or drop it"
+    else:
+        hint = "Two placeholder runs touch (a separator token is missing) or extra placeholders were sampled"
     return PlaceholderMismatchError(
-        f"sample {sample}, {kind.name} {nth}: the grid {tuple(grid[index].tolist())} needs {need} {kind.token} "
-        f"tokens after merging, found {got}. {hint}"
+        f"sample {sample}, {kind.name} {nth}: the grid {tuple(grid[index].tolist())} needs "
+        f"{counted(need, kind.token + ' token')} after merging, found {got}. {hint}"
     )
 
 
