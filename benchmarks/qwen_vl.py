@@ -13,27 +13,8 @@ import dataclasses
 import torch
 
 from mmrope_qwen_vl.examples import build
+from samples import batch_with_media
 from timing import engine, environment, timed
-
-
-def batch_with_media(processor, rows, length, media, grid, right_pad):
-    """Each row: text, then ``media`` runs of ``grid`` (start/end markers around), text, padding."""
-    tokenizer = processor.tokenizer
-    start, end = tokenizer.convert_tokens_to_ids([tokenizer.vision_start_token, tokenizer.vision_end_token])
-    token = processor.image_token_id if grid[0] == 1 else processor.video_token_id
-    per_run = grid[0] * grid[1] * grid[2] // 4
-    word = tokenizer.convert_tokens_to_ids("cat")
-    row = [word] * 16
-    for _ in range(media):
-        row += [start] + [token] * per_run + [end] + [word] * 32
-    valid = length - right_pad
-    row += [word] * (valid - len(row))
-    ids = torch.full((rows, length), tokenizer.pad_token_id, dtype=torch.long)
-    ids[:, :valid] = torch.tensor(row[:valid])
-    mask = torch.zeros(rows, length, dtype=torch.long)
-    mask[:, :valid] = 1
-    key = "image_grid_thw" if grid[0] == 1 else "video_grid_thw"
-    return ids, mask, {key: torch.tensor([grid] * (rows * media))}
 
 
 def as_trainers_call(reference, ids, mask, grids):
@@ -57,8 +38,8 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     cases = [
-        ("Qwen2-VL 32 x 8192, 4 images (1,28,28)/row", batch_with_media(processor, 32, 8192, 4, (1, 28, 28), 512)),
-        ("Qwen2-VL 8 x 32768, 1 video (16,36,36)/row", batch_with_media(processor, 8, 32768, 1, (16, 36, 36), 0)),
+        ("Qwen2-VL 32 x 8192, 4 images (1,28,28)/row", batch_with_media(processor, 32, 8192, [(1, 28, 28)] * 4, 512)),
+        ("Qwen2-VL 8 x 32768, 1 video (16,36,36)/row", batch_with_media(processor, 8, 32768, [(16, 36, 36)])),
     ]
     for name, (ids, mask, grids) in cases:
         kwargs = dict(grids)
@@ -81,7 +62,7 @@ def single_sample(processor, config, fast, reference, repeat) -> None:
     """The per-call trainer case: what the engine adds to the plugin's own work (its token types
     and kernel, called with the same tensors the engine is given), measured around the kernel
     and with a plugin that costs nothing."""
-    ids, mask, grids = batch_with_media(processor, 1, 4096, 2, (1, 28, 28), 100)
+    ids, mask, grids = batch_with_media(processor, 1, 4096, [(1, 28, 28)] * 2, 100)
     binding = fast.binding
     types_ = binding.token_types(ids)
     kernels = {"get_rope_index": binding.rope_index, "compute_position_ids": binding.position_ids}
