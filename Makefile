@@ -6,19 +6,27 @@ PLUGINS := $(patsubst %/pyproject.toml,%,$(wildcard mmrope_plugins/*/pyproject.t
 EDITABLE := -e . $(addprefix -e ./,$(PLUGINS))
 SOURCES := pyproject.toml mmrope_core/_native.c $(addsuffix /pyproject.toml,$(PLUGINS))
 
-.PHONY: demo test test-newest test-oldest bench clean
+.PHONY: demo test test-newest test-oldest test-without-compiled lint bench clean
 
 demo: .venv/.installed
 	.venv/bin/mmrope demo
 
-test: test-newest test-oldest
+test: lint test-newest test-without-compiled test-oldest
 
 test-newest: .venv/.installed
 	.venv/bin/python -m pytest -q -p no:cacheprovider
 
+# The differential tests again with the compiled CPU loops switched off: both paths stay equal.
+test-without-compiled: .venv/.installed
+	MMROPE_DISABLE_COMPILED=1 .venv/bin/python -m pytest -q -p no:cacheprovider -m differential
+
 # The differential tests again on the oldest supported transformers, whose semantics differ.
 test-oldest: .venv-oldest/.installed
 	.venv-oldest/bin/python -m pytest -q -p no:cacheprovider -m differential
+
+lint: .venv/.installed
+	.venv/bin/ruff check mmrope_core mmrope_plugins examples
+	.venv/bin/mypy
 
 bench: .venv/.installed
 	.venv/bin/python benchmarks/qwen_vl.py
