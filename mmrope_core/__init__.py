@@ -43,7 +43,30 @@ _PUBLIC = {
     ),
 }
 
-__all__ = sorted(_PUBLIC)
+__all__ = [
+    "CollateError",
+    "CompiledLoopsWarning",
+    "ExampleCase",
+    "InvalidInputError",
+    "MmropeError",
+    "PlaceholderMismatchError",
+    "PluginConflictError",
+    "PluginContractError",
+    "PluginError",
+    "PluginHookError",
+    "PluginInfo",
+    "PluginLoadError",
+    "PluginLoadWarning",
+    "PluginManager",
+    "RopeBinding",
+    "RopeEngine",
+    "RopeIndexUnavailableError",
+    "UnknownOptionError",
+    "UnsupportedProcessorError",
+    "ValidationPolicy",
+    "get_plugin_manager",
+    "hookimpl",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -26,9 +26,9 @@ from .errors import (
 )
 from .inputs import ReadOnlyInputs, as_batch
 from .manager import PluginManager, get_plugin_manager
-from .options import EngineOptions
 from .mrope._mismatch import segment_cut
 from .mrope._runs import values_at
+from .options import EngineOptions
 from .packing import PackedLayout
 from .positions import one_d_positions, text_positions
 from .types import STRICT, RopeBinding, ValidationPolicy

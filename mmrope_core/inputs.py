@@ -143,7 +143,7 @@ class ReadOnlyInputs(Mapping[str, Any]):
     the caller's data; tensors it never reads (pixel values) are never copied.
     """
 
-    __slots__ = ("_source", "_copies")
+    __slots__ = ("_copies", "_source")
 
     def __init__(self, source: Mapping[str, Any] | None) -> None:
         self._source = source if source is not None else {}

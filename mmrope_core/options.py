@@ -12,7 +12,7 @@ class EngineOptions(Mapping[str, Any]):
     """A read-only mapping that remembers which options were asked for: an option that no plugin
     asks for is a mistake (a typo, or an option of another family) and is refused by name."""
 
-    __slots__ = ("_values", "_asked")
+    __slots__ = ("_asked", "_values")
 
     def __init__(self, values: Mapping[str, Any]) -> None:
         self._values = dict(values)

@@ -67,8 +67,9 @@ class FastRopeIndex:
 
 class ReferenceRopeIndex(FastRopeIndex):
     def __init__(self, config: Any, image_token: str) -> None:
-        from mmrope_core.reference import config_only_model
         from transformers.models.paddleocr_vl.modeling_paddleocr_vl import PaddleOCRVLModel
+
+        from mmrope_core.reference import config_only_model
 
         super().__init__(config, image_token)
         self.model = config_only_model(PaddleOCRVLModel, config)
@@ -100,8 +101,9 @@ def _tokens() -> dict[str, str]:
 def build() -> tuple[Any, Any]:
     """A real ``PaddleOCRVLProcessor`` with a word-level vocabulary, and the default config."""
     import transformers
-    from mmrope_core.tiny import word_level_tokenizer
     from transformers.models.paddleocr_vl.image_processing_pil_paddleocr_vl import PaddleOCRVLImageProcessorPil
+
+    from mmrope_core.tiny import word_level_tokenizer
 
     processor = transformers.PaddleOCRVLProcessor(
         image_processor=PaddleOCRVLImageProcessorPil(min_pixels=56 * 56), tokenizer=word_level_tokenizer(_tokens())

@@ -153,7 +153,7 @@ def grids_of_runs(runs: Runs, kinds: Sequence[MediaKind], grids: Mapping[int, Me
         run_grid = np.empty_like(grid)
         run_grid[order] = grid
         bounds = list(itertools.accumulate((grid.shape[0] for grid, _ in given), initial=0))
-        kind_runs = [order[begin:end] for begin, end in zip(bounds[:-1], bounds[1:])]
+        kind_runs = [order[begin:end] for begin, end in itertools.pairwise(bounds)]
     if grid.min() <= 0 or (grid[:, 1:] % merge).any() or (found * (merge * merge) != tokens).any():
         return None
     scaled = [(runs_of_kind, _host_scale(scale)) for runs_of_kind, (_, scale) in zip(kind_runs, given) if scale is not None]

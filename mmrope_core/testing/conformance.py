@@ -6,7 +6,7 @@ import dataclasses
 import itertools
 import pickle
 import random
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -216,7 +216,7 @@ class _Checker:
                           f"got {tuple(positions.shape)} and {tuple(deltas.shape)}")
         try:
             # what an unpickled engine is rebuilt from, rebuilt here with this checker's plugins
-            rebuild, (processor, config, options) = pickle.loads(pickle.dumps(engine.__reduce__()))
+            _rebuild, (processor, config, options) = pickle.loads(pickle.dumps(engine.__reduce__()))
             clone = RopeEngine.from_processor(processor, config, plugin_manager=self.manager, **options)
             if not torch.equal(clone.compute_position_ids(*right), batched):
                 self.fail(hook, "the engine pickles", "the unpickled engine computes other positions")

@@ -51,7 +51,7 @@ def test_positions_are_1d_over_valid_tokens(engine, counts, side):
 
 
 def test_get_rope_index_is_not_offered(engine):
-    with pytest.raises(RopeIndexUnavailableError, match="Gemma4Processor uses 1-D RoPE .*compute_position_ids"):
+    with pytest.raises(RopeIndexUnavailableError, match=r"Gemma4Processor uses 1-D RoPE .*compute_position_ids"):
         engine.get_rope_index(torch.tensor([[1, 2, 3]]))
 
 

@@ -10,7 +10,7 @@ import torch
 import transformers
 
 from mmrope_core import InvalidInputError, PlaceholderMismatchError, PluginManager, RopeEngine
-from mmrope_core.tiny import processors_without_torchvision, random_image
+from mmrope_core.tiny import processors_without_torchvision
 
 FAMILIES = ["Qwen3-Omni", "Qwen2.5-Omni"]
 BATCHES_PER_MODE = 120
@@ -267,7 +267,7 @@ def test_use_audio_in_video_without_audio(qwen3_engine):
 
 
 def test_audio_in_video_without_the_flag(qwen3_engine):
-    processor, engine = qwen3_engine
+    _processor, engine = qwen3_engine
     batch = generated("Qwen3-Omni", random.Random(5), True, max_batch=1, max_items=1)
     ids, mask, kwargs = split(batch)
     if "video_grid_thw" not in kwargs:

@@ -265,13 +265,13 @@ def test_from_pretrained_reads_a_saved_processor_and_config(manager, tmp_path):
 
 def test_a_config_of_another_family_is_refused(manager):
     processor, _ = built("Qwen2-VL", "qwen2_vl")
-    with pytest.raises(InvalidInputError, match="Qwen2-VL.*model_type 'qwen3_vl'"):
+    with pytest.raises(InvalidInputError, match=r"Qwen2-VL.*model_type 'qwen3_vl'"):
         RopeEngine.from_processor(processor, transformers.AutoConfig.for_model("qwen3_vl"), plugin_manager=manager)
 
 
 def test_an_unknown_implementation_is_refused(manager):
     processor, config = built("Qwen2-VL", "qwen2_vl")
-    with pytest.raises(InvalidInputError, match="impl='turbo'.*'fast', 'reference'"):
+    with pytest.raises(InvalidInputError, match=r"impl='turbo'.*'fast', 'reference'"):
         RopeEngine.from_processor(processor, config, plugin_manager=manager, impl="turbo")
 
 
@@ -292,6 +292,35 @@ def test_a_fast_kernel_that_disagrees_falls_back_to_the_reference_with_one_warni
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert rope.agreeing_rule(family, config, reference) is None  # cached: no second warning
+
+
+def test_an_engine_on_a_transformers_whose_semantics_changed_uses_its_reference(monkeypatch, manager):
+    """No install-time cap on transformers: a release whose get_rope_index differs from the fast
+    kernel gets the reference, one warning, and that release's positions."""
+    from transformers.models.qwen2_vl import Qwen2VLModel
+
+    from mmrope_core import reference as probing
+
+    monkeypatch.setattr(probing, "_probed", {})
+    original = Qwen2VLModel.get_rope_index
+
+    def changed(self, *args, **kwargs):  # stands for a future release: text resumes one later after media
+        positions, deltas = original(self, *args, **kwargs)
+        return positions + (positions > 0), deltas
+
+    monkeypatch.setattr(Qwen2VLModel, "get_rope_index", changed)
+    processor, config = built("Qwen2-VL", "qwen2_vl")
+    with pytest.warns(RuntimeWarning, match="fast Qwen2-VL kernel does not reproduce transformers"):
+        engine = RopeEngine.from_processor(processor, config, plugin_manager=manager)
+    assert engine.implementation == "reference" and "disagrees" in engine.binding.description
+    batch = random_batch(processor, random.Random(3), max_videos=1)
+    ids, mask = batch.pop("input_ids"), batch.pop("attention_mask")
+    grids = {key: value for key, value in batch.items() if key.endswith("grid_thw") and value is not None}
+    positions, _ = engine.get_rope_index(ids, mask, **grids)
+    model = probing.config_only_model(Qwen2VLModel, config)
+    want, _ = model.get_rope_index(input_ids=ids, mm_token_type_ids=engine.binding.token_types(ids),
+                                   attention_mask=mask, **grids)
+    assert torch.equal(positions, want)
 
 
 # -- bad inputs: typed errors from both implementations ------------------------------------------
@@ -327,7 +356,7 @@ def test_a_placeholder_sampled_in_a_response_has_no_grid(qwen2_engine):
     processor, engine = qwen2_engine
     ids, mask, grids = image_batch(processor)
     ids[1, 1] = processor.image_token_id
-    with pytest.raises(PlaceholderMismatchError, match="sample 1: a run of 1 .* has no image grid"):
+    with pytest.raises(PlaceholderMismatchError, match=r"sample 1: a run of 1 .* has no image grid"):
         engine.get_rope_index(ids, mask, image_grid_thw=grids)
 
 
@@ -342,7 +371,7 @@ def test_video_tokens_without_video_grids(qwen2_engine):
     processor, engine = qwen2_engine
     ids, mask, grids = image_batch(processor)
     ids[0, 4:8] = processor.video_token_id
-    with pytest.raises(PlaceholderMismatchError, match="sample 0: a run of 4 .* has no video grid"):
+    with pytest.raises(PlaceholderMismatchError, match=r"sample 0: a run of 4 .* has no video grid"):
         engine.get_rope_index(ids, mask, image_grid_thw=grids[1:])
 
 

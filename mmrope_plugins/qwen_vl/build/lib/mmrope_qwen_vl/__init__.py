@@ -1,0 +1,49 @@
+"""mmrope plugin for the Qwen-VL family: Qwen2-VL, Qwen2.5-VL, Qwen3-VL (and MoE), Qwen3.5 (and
+MoE), GLM-4V (and MoE) and GLM-4.6V.
+
+Recognises processors by class (their own or a base class). transformers is imported only
+inside the hooks, so discovering this plugin is cheap.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mmrope_core import hookimpl
+
+from .families import FAMILIES, family_of
+
+PROCESSOR_CLASSES = tuple(FAMILIES)
+
+
+@hookimpl
+def bind_rope_index(processor: Any, config: Any, options: Any):
+    family = family_of(processor)
+    if family is None:
+        return None
+    from .rope import bind
+
+    return bind(family, processor, config, options)
+
+
+@hookimpl
+def get_rope_index_kwargs(processor: Any, multi_modal_inputs: Any):
+    family = family_of(processor)
+    if family is None:
+        return None
+    keys = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts") if family.timed_video else (
+        "image_grid_thw", "video_grid_thw")
+    return {key: value for key in keys if (value := multi_modal_inputs.get(key)) is not None}
+
+
+@hookimpl
+def varlen_keys(processor: Any):
+    # the processor returns one token type per token; the engine rebuilds them, trainers batch them
+    return {"mm_token_type_ids"} if family_of(processor) is not None else None
+
+
+@hookimpl
+def example_cases():
+    from .examples import example_cases as cases
+
+    return cases()

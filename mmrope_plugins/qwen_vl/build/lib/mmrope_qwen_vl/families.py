@@ -1,0 +1,62 @@
+"""The processors this plugin recognises and the model classes whose reference it matches."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from mmrope_core.recognition import class_name_in
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """What differs between members of the Qwen-VL family.
+
+    Attributes:
+        name: shown in listings and errors.
+        models: config ``model_type`` -> ``(transformers module, model class)`` of the reference.
+        timed_video: video temporal ids are scaled by ``tokens_per_second * second_per_grid_ts``.
+        per_frame_video: each video frame is its own placeholder run (timestamps between frames).
+        video_inside_markers: videos reuse the image token between begin/end-of-video markers.
+    """
+
+    name: str
+    models: dict[str, tuple[str, str]]
+    timed_video: bool = False
+    per_frame_video: bool = False
+    video_inside_markers: bool = False
+
+    @property
+    def default_model_type(self) -> str:
+        return next(iter(self.models))
+
+
+_QWEN3 = {
+    "qwen3_vl": ("qwen3_vl", "Qwen3VLModel"),
+    "qwen3_vl_moe": ("qwen3_vl_moe", "Qwen3VLMoeModel"),
+    "qwen3_5": ("qwen3_5", "Qwen3_5Model"),
+    "qwen3_5_moe": ("qwen3_5_moe", "Qwen3_5MoeModel"),
+}
+
+FAMILIES: dict[str, Family] = {
+    "Qwen2VLProcessor": Family("Qwen2-VL", {"qwen2_vl": ("qwen2_vl", "Qwen2VLModel")}),
+    "Qwen2_5_VLProcessor": Family(
+        "Qwen2.5-VL", {"qwen2_5_vl": ("qwen2_5_vl", "Qwen2_5_VLModel")}, timed_video=True
+    ),
+    "Qwen3VLProcessor": Family("Qwen3-VL", _QWEN3, per_frame_video=True),
+    "Glm4vProcessor": Family(
+        "GLM-4V",
+        {"glm4v": ("glm4v", "Glm4vModel"), "glm4v_moe": ("glm4v_moe", "Glm4vMoeModel")},
+        per_frame_video=True,
+        video_inside_markers=True,
+    ),
+    "Glm46VProcessor": Family(
+        "GLM-4.6V", {"glm46v": ("glm46v", "Glm46VModel")}, per_frame_video=True, video_inside_markers=True
+    ),
+}
+
+
+def family_of(processor: Any) -> Family | None:
+    """The family of ``processor`` by its class or the first base class this plugin knows."""
+    name = class_name_in(processor, FAMILIES)
+    return None if name is None else FAMILIES[name]
