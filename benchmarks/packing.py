@@ -45,7 +45,7 @@ def main() -> None:
     args = parser.parse_args()
     processor, config = build("Qwen2.5-VL")
     fast = engine(processor, config, "qwen_vl")
-    reference = engine(processor, config, "qwen_vl", impl="reference")
+    reference = engine(processor, config, "qwen_vl", implementation="reference")
     print(f"{environment()}\n")
     print("Qwen2.5-VL packed samples, images + videos: the reference called per segment")
     print(f"{'segments':<18}{'call':<24}{'reference':>12}{'fast':>12}{'ref/fast':>10}")

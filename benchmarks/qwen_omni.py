@@ -40,7 +40,7 @@ def main() -> None:
     args = parser.parse_args()
     processor, config = build("Qwen3-Omni")
     fast = engine(processor, config, "qwen3_omni")
-    reference = engine(processor, config, "qwen3_omni", impl="reference")
+    reference = engine(processor, config, "qwen3_omni", implementation="reference")
     ids, kwargs = audio_in_video_sample(processor, config.thinker_config)
     got, want = fast.get_rope_index(ids, **kwargs), reference.get_rope_index(ids, **kwargs)
     assert all(torch.equal(a, b) for a, b in zip(got, want))

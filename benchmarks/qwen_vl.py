@@ -32,7 +32,7 @@ def main() -> None:
     torch.set_num_threads(torch.get_num_threads())
     processor, config = build("Qwen2-VL")
     fast = engine(processor, config, "qwen_vl")
-    reference = engine(processor, config, "qwen_vl", impl="reference")
+    reference = engine(processor, config, "qwen_vl", implementation="reference")
     print(f"{environment()}, best of {args.repeat} rounds of 5 calls\n")
     header = f"{'case':<44}{'reference':>12}{'fast':>12}{'fill only':>12}{'ref/fast':>10}{'fast/fill':>11}"
     print(header)

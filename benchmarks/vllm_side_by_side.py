@@ -13,7 +13,7 @@ separate audio then, so such samples are drawn again). Prints how many samples v
 and deltas equal the reference's, and, for the others, where the first difference is (the token
 there and the media item before it) and by how much vLLM is shifted (vLLM - reference, the
 temporal row, or (t, h, w) when the rows differ).
-(b) Times, with one torch thread, the reference (``impl="reference"``), vLLM (its
+(b) Times, with one torch thread, the reference (``implementation="reference"``), vLLM (its
 ``get_mrope_input_positions`` on the features its input processor builds, a Python loop over rows)
 and mmrope (``engine.get_rope_index``; ``engine.compute_position_ids`` in its own column). Machines
 are noisy: compare the ratios, measured in the same run.
@@ -83,7 +83,7 @@ class Side:
         self.processor, self.config = processor, config
         plugin = "qwen3_omni" if self.omni else "qwen_vl"
         self.fast = engine(processor, config, plugin)
-        self.reference = engine(processor, config, plugin, impl="reference")
+        self.reference = engine(processor, config, plugin, implementation="reference")
         self.model = anchor.model(name, config, self.tokens)
 
     # -- (a) equality -----------------------------------------------------------------------------

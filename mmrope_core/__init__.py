@@ -21,6 +21,7 @@ _PUBLIC = {
     "get_plugin_manager": "manager",
     "ExampleCase": "types",
     "RopeBinding": "types",
+    "RopeKernel": "kernel",
     "ValidationPolicy": "types",
     **dict.fromkeys(
         (
@@ -36,6 +37,7 @@ _PUBLIC = {
             "PluginLoadError",
             "PluginLoadWarning",
             "RopeIndexUnavailableError",
+            "SegmentCutError",
             "UnknownOptionError",
             "UnsupportedProcessorError",
         ),
@@ -61,6 +63,8 @@ __all__ = [
     "RopeBinding",
     "RopeEngine",
     "RopeIndexUnavailableError",
+    "RopeKernel",
+    "SegmentCutError",
     "UnknownOptionError",
     "UnsupportedProcessorError",
     "ValidationPolicy",
@@ -97,9 +101,11 @@ if TYPE_CHECKING:
         PluginLoadError,
         PluginLoadWarning,
         RopeIndexUnavailableError,
+        SegmentCutError,
         UnknownOptionError,
         UnsupportedProcessorError,
     )
     from .hookspecs import hookimpl
+    from .kernel import RopeKernel
     from .manager import PluginInfo, PluginManager, get_plugin_manager
     from .types import ExampleCase, RopeBinding, ValidationPolicy

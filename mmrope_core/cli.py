@@ -79,6 +79,9 @@ def _plugins(as_json: bool) -> int:
         widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]) - 1)]
         for row in rows:
             print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
+        for processor, claiming in get_plugin_manager().conflicts().items():
+            print(f"conflict: {processor} is claimed by {', '.join(info.label for info in claiming)}; the first "
+                  f"that binds it wins. Disable the others with MMROPE_DISABLE_PLUGINS")
     if failed and strict_plugins():
         print("error: a plugin failed to load and MMROPE_STRICT_PLUGINS is set", file=sys.stderr)
         return 1

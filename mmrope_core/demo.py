@@ -18,7 +18,7 @@ _COLUMNS = 12
 
 def run(seed: int, out: TextIO) -> int:
     manager = get_plugin_manager()
-    cases = [(info, case) for info, result in manager.call_each("example_cases") for case in result]
+    cases = [(info, case) for info, result in manager.results("example_cases") for case in result]
     if not cases:
         print("No installed plugin offers example processors; `mmrope plugins` lists what is installed.", file=out)
         return 1
@@ -47,10 +47,10 @@ def _show(case: Any, rng: random.Random, out: TextIO) -> None:
           f"in {elapsed * 1e3:.2f} ms", file=out)
     if engine.rope_kind == "mrope":
         try:
-            reference = RopeEngine.from_processor(processor, config, impl="reference")
+            reference = RopeEngine.from_processor(processor, config, implementation="reference")
         except UnknownOptionError:
             reference = None
-            print("  no transformers reference to compare with: the plugin offers no impl='reference'", file=out)
+            print("  no transformers reference to compare with: the plugin offers no implementation='reference'", file=out)
     if engine.rope_kind == "mrope" and reference is not None:
         expected = reference.compute_position_ids(input_ids, attention_mask, multi_modal_inputs)
         same = torch.equal(positions, expected)

@@ -1,41 +1,37 @@
-"""What the trainer calls: positions for a batch, from the binding a plugin made."""
+"""What the trainer calls: positions for a batch, from the kernel a plugin bound."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import functools
 import types
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
+from . import _guard
 from .collate import batch_processor_outputs
 from .collate import collate as _collate
 from .errors import (
     InvalidInputError,
-    MmropeError,
     PluginConflictError,
     PluginContractError,
-    PluginHookError,
     RopeIndexUnavailableError,
+    SegmentCutError,
     UnsupportedProcessorError,
 )
 from .inputs import ReadOnlyInputs, as_batch
-from .manager import PluginManager, get_plugin_manager
-from .mrope._mismatch import segment_cut
-from .mrope._runs import values_at
+from .manager import PluginInfo, PluginManager, get_plugin_manager
 from .options import EngineOptions
 from .packing import PackedLayout
-from .positions import one_d_positions, text_positions
+from .positions import one_d_positions
 from .types import STRICT, RopeBinding, ValidationPolicy
 
 _TEXT_ONLY = RopeBinding(kind="1d", implementation="mask", description="no processor: 1-D positions")
-_NO_OPTIONS: Mapping[str, Any] = types.MappingProxyType({})
 _NO_INPUTS = ReadOnlyInputs(None)  # empty, so it never holds a copy of anything
+_OUTSIDE_SEGMENTS = (1, 0, 0, 0)  # what tokens outside every segment hold in the four rows
 
 
 class RopeEngine:
@@ -46,23 +42,17 @@ class RopeEngine:
     worker rebuilds it from the processor and config with its own installed plugins).
     """
 
-    def __init__(
-        self,
-        processor: Any,
-        config: Any,
-        binding: RopeBinding,
-        policy: ValidationPolicy,
-        varlen_keys: frozenset[str],
-        plugins: PluginManager,
-        options: Mapping[str, Any],
-    ) -> None:
+    def __init__(self, processor: Any, config: Any, binding: RopeBinding, *, plugin: PluginInfo | None = None,
+                 policy: ValidationPolicy = STRICT, varlen_keys: frozenset[str] = frozenset(),
+                 plugins: PluginManager | None = None, options: Mapping[str, Any] | None = None) -> None:
         self.processor = processor
         self.config = config
         self.binding = binding
+        self.plugin = plugin
         self.validation_policy = policy
         self.varlen_keys = varlen_keys
-        self._plugins = plugins
-        self._options = options
+        self._plugins = plugins or get_plugin_manager()
+        self._options = types.MappingProxyType(dict(options or {}))
 
     # -- building ----------------------------------------------------------------------------
 
@@ -73,27 +63,25 @@ class RopeEngine:
         """Ask the installed plugins how to compute positions for ``processor``.
 
         ``processor=None`` (a text-only model) gives 1-D positions. ``options`` are passed to the
-        plugins' ``bind_rope_index`` (e.g. ``impl="reference"``).
+        plugins' ``bind_rope_index`` (e.g. ``implementation="reference"``); one that the plugin
+        binding the processor does not read raises :class:`~mmrope_core.UnknownOptionError`.
         """
         plugins = plugin_manager or get_plugin_manager()
-        frozen = types.MappingProxyType(dict(options)) if options else _NO_OPTIONS
         if processor is None:
             EngineOptions(options).refuse_unread("a text-only engine (processor=None)")
-            return cls(None, config, _TEXT_ONLY, STRICT, frozenset(), plugins, frozen)
-        binding = _bind(plugins, processor, config, EngineOptions(options))
+            return cls(None, config, _TEXT_ONLY, plugins=plugins)
+        plugin, binding = _bind(plugins, processor, config, EngineOptions(options))
         policy = STRICT
-        for info, result in plugins.call_each("validate_inputs_policy", processor=processor):
+        for info, result in plugins.results("validate_inputs_policy", processor=processor):
             _expect(isinstance(result, ValidationPolicy), info, "validate_inputs_policy", "a ValidationPolicy", result)
             policy = result
-            break
         keys: set[str] = set()
-        for info, result in plugins.call_each("varlen_keys", processor=processor):
-            _expect(
-                isinstance(result, Iterable) and not isinstance(result, (str, bytes)),
-                info, "varlen_keys", "an iterable of key names", result,
-            )
+        for info, result in plugins.results("varlen_keys", processor=processor):
+            _expect(isinstance(result, Iterable) and not isinstance(result, (str, bytes)),
+                    info, "varlen_keys", "an iterable of key names", result)
             keys.update(result)
-        return cls(processor, config, binding, policy, frozenset(keys), plugins, frozen)
+        return cls(processor, config, binding, plugin=plugin, policy=policy, varlen_keys=frozenset(keys),
+                   plugins=plugins, options=options)
 
     @classmethod
     def from_pretrained(cls, path: str, *, plugin_manager: PluginManager | None = None, **options: Any) -> RopeEngine:
@@ -117,18 +105,21 @@ class RopeEngine:
     @property
     def plugin_name(self) -> str | None:
         """The entry-point name of the plugin that bound the processor (None for text-only)."""
-        return self.binding.plugin or None
+        return None if self.plugin is None else self.plugin.name
 
     @property
     def implementation(self) -> str:
         return self.binding.implementation
 
+    @property
+    def position_dtype(self) -> torch.dtype:
+        """The dtype of :meth:`compute_position_ids`."""
+        return torch.int64 if self.binding.kernel is None else self.binding.kernel.position_dtype
+
     def __repr__(self) -> str:
         processor = type(self.processor).__name__ if self.processor is not None else None
-        return (
-            f"RopeEngine(processor={processor}, plugin={self.plugin_name}, kind={self.rope_kind}, "
-            f"implementation={self.implementation})"
-        )
+        return (f"RopeEngine(processor={processor}, plugin={self.plugin_name}, kind={self.rope_kind}, "
+                f"implementation={self.implementation}: {self.binding.description or '-'})")
 
     # -- positions ---------------------------------------------------------------------------
 
@@ -155,35 +146,16 @@ class RopeEngine:
         Returns:
             For M-RoPE, ``(B, 4, L)``: row 0 counts valid tokens 0..n-1 (1 at padding), rows 1..3
             are the family's ``(t, h, w)`` positions (padding holds what the family's reference
-            puts there). For 1-D RoPE, ``(B, L)`` ``clip(cumsum(mask) - 1, 0)``. The dtype is
-            ``binding.position_dtype`` (int64 unless the family documents otherwise). Packed rows
-            restart at 0 in every segment and hold 0 (row 0: 1) outside segments.
+            puts there). The model takes its transpose, ``(4, B, L)``. For 1-D RoPE, ``(B, L)``
+            ``clip(cumsum(mask) - 1, 0)``. The dtype is :attr:`position_dtype`. Packed rows restart
+            at 0 in every segment and hold 0 (row 0: 1) outside segments.
         """
-        packed = cu_seqlens is not None or segment_ids is not None
-        ids, mask = as_batch(input_ids, attention_mask, tokens_in_every_row=self.binding.kind == "mrope" and not packed)
-        layout = _packed_layout(ids, mask, cu_seqlens, segment_ids)
-        if self.binding.kind == "1d":
+        mrope = self.binding.kind == "mrope"
+        ids, mask, layout = _read_batch(input_ids, attention_mask, cu_seqlens, segment_ids, mrope=mrope)
+        if not mrope:
             return one_d_positions(ids, mask) if layout is None else layout.offsets()
-        kwargs = self.rope_index_kwargs(multi_modal_inputs, mm_processor_kwargs)
-        if layout is None and self.binding.position_ids is not None:
-            return self._position_ids(ids, mask, kwargs)
-        if layout is not None and self.binding.packed_position_ids is not None:
-            placed = self._packed_position_ids(ids, layout, kwargs)
-            if placed is not None:
-                return placed
-        if layout is None:
-            positions, _ = self._rope_index(ids, mask, kwargs)
-        elif self.binding.packed_position_ids is not None:  # its packed row cannot be placed: nor can packed_rope_index's
-            positions, _ = self._unpacked_rope_index(ids, layout, kwargs)
-        else:
-            positions, _ = self._packed_rope_index(ids, layout, kwargs)
-        out = torch.empty(ids.shape[0], 4, ids.shape[1], dtype=self.binding.position_dtype, device=ids.device)
-        if layout is None:
-            text_positions(mask, out=out[:, 0])
-        else:
-            out[:, 0] = layout.offsets(outside=1)  # tokens outside every segment hold 1 in the text row
-        out[:, 1:] = positions.transpose(0, 1)
-        return out
+        return self._positions(ids, mask, layout, self.rope_index_kwargs(multi_modal_inputs, mm_processor_kwargs),
+                               four_rows=True)
 
     def get_rope_index(
         self,
@@ -192,13 +164,14 @@ class RopeEngine:
         *,
         cu_seqlens: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
-        **kwargs: Any,
+        **inputs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Drop-in for the model's ``get_rope_index``: ``(3, B, L)`` positions and ``(B, 1)`` deltas.
 
-        Keyword arguments are those of the family's reference (``image_grid_thw``, ...);
-        ``mm_token_type_ids`` is rebuilt from ``input_ids``. With ``cu_seqlens`` or
-        ``segment_ids`` (see :meth:`compute_position_ids`) the deltas are per segment, ``(K, 1)``.
+        Keyword arguments are those of the family's reference (``image_grid_thw``, ...); a
+        caller's ``mm_token_type_ids`` is ignored: the kernel builds its own from ``input_ids``.
+        With ``cu_seqlens`` or ``segment_ids`` (see :meth:`compute_position_ids`) the deltas are
+        per segment, ``(K, 1)``.
         """
         if self.binding.kind == "1d":
             raise RopeIndexUnavailableError(
@@ -206,111 +179,21 @@ class RopeEngine:
                 f"uses 1-D RoPE (plugin {self.plugin_name}): there is no get_rope_index. "
                 f"Use engine.compute_position_ids, which returns (B, L) positions"
             )
-        packed = cu_seqlens is not None or segment_ids is not None
-        ids, mask = as_batch(input_ids, attention_mask, tokens_in_every_row=not packed)
-        kwargs.pop("mm_token_type_ids", None)
-        layout = _packed_layout(ids, mask, cu_seqlens, segment_ids)
-        if layout is not None:
-            return self._packed_rope_index(ids, layout, kwargs)
-        return self._rope_index(ids, mask, kwargs)
-
-    def _packed_rope_index(
-        self, ids: torch.Tensor, layout: PackedLayout, kwargs: dict[str, Any]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each segment computed as the sample it was, in one call: on the segments unpacked into a
-        batch, or, for segments of different lengths, on their tokens as one packed row when the
-        binding places packed rows (unpacking would pad every segment to the longest). Segments of
-        one length unpack by reshaping, into a batch whose many rows the kernel's passes share out
-        better among threads than one long row."""
-        if self.binding.packed_rope_index is not None and not layout.uniform:
-            placed = self._in_place(self.binding.packed_rope_index, "packed rope index", ids, layout, kwargs)
-            if placed is not None:
-                positions, deltas = placed
-                self._check_packed_result(positions, deltas, (3, 1, layout.size), (layout.segments, 1))
-                return layout.place(positions.reshape(3, -1)), deltas
-        return self._unpacked_rope_index(ids, layout, kwargs)
-
-    def _unpacked_rope_index(
-        self, ids: torch.Tensor, layout: PackedLayout, kwargs: dict[str, Any]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The segments unpacked into a batch, the binding's ``rope_index`` on it, packed back."""
-        segments = layout.unpack(ids)
-        token_types, _ = self._segment_token_types(segments, layout, np.arange(layout.segments) * segments.shape[1])
-        mask = None if layout.uniform else layout.unpacked_mask()  # segments of one length fill every slot
-        with _segments_as_samples():
-            positions, deltas = self._rope_index(segments, mask, kwargs, token_types)
-        return layout.pack(positions), deltas
-
-    def _packed_position_ids(self, ids: torch.Tensor, layout: PackedLayout, kwargs: dict[str, Any]) -> torch.Tensor | None:
-        """``compute_position_ids`` of packed rows from their segments' tokens placed as one row, or
-        None where that row cannot be placed (see :meth:`_in_place`)."""
-        positions = self._in_place(self.binding.packed_position_ids, "packed position ids", ids, layout, kwargs)
-        if positions is None:
-            return None
-        self._check_position_ids("packed_position_ids", positions, (1, 4, layout.size))
-        if layout.gaps is None:  # the rows were placed as one: each row's four rows follow one another again
-            return positions.reshape(4, *layout.shape).transpose(0, 1).contiguous()
-        out = positions.new_empty(layout.shape[0], 4, layout.shape[1])
-        layout.place(positions.reshape(4, -1), (1, 0, 0, 0), out=out.transpose(0, 1))  # outside segments, 1 in the text row
-        return out
-
-    def _in_place(self, function: Any, name: str, ids: torch.Tensor, layout: PackedLayout, kwargs: dict[str, Any]) -> Any:
-        """``function`` called on the segments' tokens as one ``(1, N)`` row, with its ``cu_seqlens``.
-        None, without calling it, when two segments that do not follow each other in the batch
-        (across padding, or a row's end) end and begin with placeholders of one kind: in one row
-        those would read as one run. The unpacked batch keeps them apart."""
-        row, bounds = layout.packed_row(ids), layout.packed_row_bounds()
-        cu_seqlens = torch.from_numpy(bounds)
-        token_types, joined = self._segment_token_types(row, layout, bounds[:-1], cu_seqlens)
-        if joined:
-            return None
-        kwargs["cu_seqlens"] = cu_seqlens
-        with _segments_as_samples():
-            return self._call_plugin(function, name, row, None, kwargs, token_types)
-
-    def _segment_token_types(self, segments: torch.Tensor, layout: PackedLayout, firsts: np.ndarray,
-                             cu_seqlens: torch.Tensor | None = None) -> tuple[Any, bool]:
-        """The binding's token types for ``segments`` (an unpacked batch, or with ``cu_seqlens`` one
-        packed row), after checking no segment starts inside a placeholder run; ``firsts``: the flat
-        index of each segment's first token in them. Also whether segments apart in the batch end
-        and begin with placeholders of one kind."""
-        if self.binding.token_types is None:
-            return None, False
-        if cu_seqlens is not None and self.binding.packed_token_types is not None:
-            token_types = self._token_types(self.binding.packed_token_types, "packed_token_types", segments, cu_seqlens)
-        else:
-            token_types = self._token_types(self.binding.token_types, "token_types", segments)
-        return token_types, _check_segment_boundaries(layout, token_types.reshape(-1), firsts)
-
-    def _token_types(self, function: Any, name: str, ids: torch.Tensor, *args: Any) -> torch.Tensor:
-        """The binding's token types for ``ids``, one per token, or an error naming the plugin."""
-        try:
-            token_types = function(ids, *args)
-        except MmropeError:
-            raise
-        except Exception as exc:
-            raise self._plugin_raised(name, exc) from exc
-        if not isinstance(token_types, torch.Tensor) or token_types.shape != ids.shape:
-            found = f"shape {tuple(token_types.shape)}" if isinstance(token_types, torch.Tensor) else type(token_types).__name__
-            raise PluginContractError(
-                f"the {name} of plugin {self._plugin_label()} returned {found} for input_ids of shape "
-                f"{tuple(ids.shape)}; expected one token type per token"
-            )
-        return token_types
+        inputs.pop("mm_token_type_ids", None)
+        ids, mask, layout = _read_batch(input_ids, attention_mask, cu_seqlens, segment_ids, mrope=True)
+        return self._positions(ids, mask, layout, inputs, four_rows=False)
 
     def rope_index_kwargs(
         self, multi_modal_inputs: Mapping[str, Any] | None, mm_processor_kwargs: Mapping[str, Any] | None = None
     ) -> dict[str, Any]:
         """The keyword arguments the plugins derive from one batch's inputs, merged."""
-        inputs = ReadOnlyInputs(multi_modal_inputs)
-        processor_kwargs = _NO_INPUTS if mm_processor_kwargs is None else ReadOnlyInputs(mm_processor_kwargs)
         merged: dict[str, Any] = {}
-        givers: dict[str, Any] = {}
-        for info, result in self._plugins.call_each(
+        givers: dict[str, PluginInfo] = {}
+        for info, result in self._plugins.results(
             "get_rope_index_kwargs",
             processor=self.processor,
-            multi_modal_inputs=inputs,
-            mm_processor_kwargs=processor_kwargs,
+            multi_modal_inputs=ReadOnlyInputs(multi_modal_inputs),
+            mm_processor_kwargs=_NO_INPUTS if mm_processor_kwargs is None else ReadOnlyInputs(mm_processor_kwargs),
         ):
             _expect(isinstance(result, Mapping), info, "get_rope_index_kwargs", "a dict", result)
             for key, value in result.items():
@@ -323,61 +206,68 @@ class RopeEngine:
                 givers.setdefault(key, info)
         return merged
 
-    def _rope_index(
-        self, ids: torch.Tensor, mask: torch.Tensor | None, kwargs: dict[str, Any], token_types: Any = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``token_types``: ``binding.token_types(ids)`` when the caller has already built them.
-        Every row of ``mask`` holds a token (checked by :func:`as_batch`, or a packed layout's)."""
-        return self._call_plugin(self.binding.rope_index, "rope index", ids, mask, kwargs, token_types)
+    def _positions(self, ids: torch.Tensor, mask: torch.Tensor | None, layout: PackedLayout | None,
+                   inputs: dict[str, Any], *, four_rows: bool) -> Any:
+        """Where the layout is decided: the batch as it is; packed rows joined into one row for a
+        kernel that places them, or else unpacked into a batch of segments; then laid back out
+        as the caller's batch."""
+        if layout is None:
+            return self._kernel(ids, mask, inputs, four_rows)
+        with _segments_as_samples():
+            if self.binding.kernel.places_packed_rows:  # type: ignore[union-attr]
+                return self._joined(ids, layout, inputs, four_rows)
+            segments = layout.unpack(ids)
+            result = self._kernel(segments, None if layout.uniform else layout.unpacked_mask(), inputs, four_rows)
+        if four_rows:
+            out = result.new_empty(layout.shape[0], 4, layout.shape[1])
+            layout.pack(result.transpose(0, 1), _OUTSIDE_SEGMENTS, out=out.transpose(0, 1))
+            return out
+        positions, deltas = result
+        return layout.pack(positions), deltas
 
-    def _position_ids(self, ids: torch.Tensor, mask: torch.Tensor | None, kwargs: dict[str, Any]) -> torch.Tensor:
-        positions = self._call_plugin(self.binding.position_ids, "position_ids", ids, mask, kwargs)
-        self._check_position_ids("position_ids", positions, (ids.shape[0], 4, ids.shape[1]))
-        return positions
-
-    def _check_position_ids(self, name: str, positions: Any, expected: tuple[int, ...]) -> None:
-        if not isinstance(positions, torch.Tensor) or positions.shape != expected or positions.dtype != self.binding.position_dtype:
-            found = f"{positions.dtype} {tuple(positions.shape)}" if isinstance(positions, torch.Tensor) else type(positions).__name__
-            raise PluginContractError(
-                f"the {name} of plugin {self._plugin_label()} returned {found}; expected a "
-                f"{self.binding.position_dtype} tensor of shape {expected}"
-            )
-
-    def _check_packed_result(self, positions: Any, deltas: Any, shape: tuple[int, ...], deltas_shape: tuple[int, int]) -> None:
-        if not (isinstance(positions, torch.Tensor) and positions.shape == shape
-                and isinstance(deltas, torch.Tensor) and deltas.shape == deltas_shape):
-            found = " and ".join(f"{name} {tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__}"
-                                 for name, value in (("positions", positions), ("deltas", deltas)))
-            raise PluginContractError(
-                f"the packed_rope_index of plugin {self._plugin_label()} returned {found}; expected positions of "
-                f"shape {shape} and deltas of shape {deltas_shape}"
-            )
-
-    def _call_plugin(
-        self, function: Any, name: str, ids: torch.Tensor, mask: torch.Tensor | None, kwargs: dict[str, Any],
-        token_types: Any = None,
-    ) -> Any:
-        if self.binding.token_types is not None:
-            kwargs["mm_token_type_ids"] = (token_types if token_types is not None
-                                           else self._token_types(self.binding.token_types, "token_types", ids))
+    def _joined(self, ids: torch.Tensor, layout: PackedLayout, inputs: dict[str, Any], four_rows: bool) -> Any:
+        """The packed rows' segments' tokens as one row, computed by the kernel in one call."""
+        bounds = torch.from_numpy(layout.joined_bounds())
         try:
-            return function(ids, attention_mask=mask, **kwargs)
-        except MmropeError:
-            raise
-        except Exception as exc:
-            raise self._plugin_raised(name, exc) from exc
+            result = self._kernel(layout.joined(ids), None, inputs, four_rows, cu_seqlens=bounds)
+        except SegmentCutError as cut:  # say where the segment starts in the caller's batch
+            row, column = divmod(int(layout.starts[cut.segments[0]]), layout.shape[1])
+            raise SegmentCutError(cut.segments, f"row {row}, token {column}") from None
+        if four_rows:
+            if layout.gaps is None:  # the joined row is the batch: each row's four rows follow one another again
+                return result.reshape(4, *layout.shape).transpose(0, 1).contiguous()
+            out = result.new_empty(layout.shape[0], 4, layout.shape[1])
+            layout.spread(result.reshape(4, -1), _OUTSIDE_SEGMENTS, out=out.transpose(0, 1))
+            return out
+        positions, deltas = result
+        return layout.spread(positions.reshape(3, -1)), deltas
 
-    def _plugin_raised(self, name: str, exc: Exception) -> PluginHookError:
-        return PluginHookError(
-            f"the {name} of plugin {self._plugin_label()} ({self.implementation}) raised {type(exc).__name__}: "
-            f"{exc}. Check the inputs against the processor's output, or try impl='reference'"
-        )
+    def _kernel(self, ids: torch.Tensor, mask: torch.Tensor | None, inputs: dict[str, Any], four_rows: bool,
+                cu_seqlens: torch.Tensor | None = None) -> Any:
+        """The bound kernel's positions, through the plugin guard, checked against the contract."""
+        kernel = self.binding.kernel
+        name = "position_ids" if four_rows else "rope_index"
+        method = kernel.position_ids if four_rows else kernel.rope_index  # type: ignore[union-attr]
+        arguments = inputs if cu_seqlens is None else {**inputs, "cu_seqlens": cu_seqlens}
+        result = _guard.call(method, (ids, mask), arguments, plugin=self._label(), what=f"the kernel's {name}",
+                             advice="Check the inputs against the processor's output, or try "
+                                    "implementation='reference'")
+        rows = ids.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+        if four_rows:
+            expected = f"a {self.position_dtype} tensor of shape {(ids.shape[0], 4, ids.shape[1])}"
+            ok = (isinstance(result, torch.Tensor) and result.shape == (ids.shape[0], 4, ids.shape[1])
+                  and result.dtype == self.position_dtype)
+        else:
+            expected = f"positions of shape {(3, *ids.shape)} and deltas of shape {(rows, 1)}"
+            ok = (isinstance(result, tuple) and len(result) == 2 and all(isinstance(t, torch.Tensor) for t in result)
+                  and result[0].shape == (3, *ids.shape) and result[1].shape == (rows, 1))
+        if not ok:
+            raise PluginContractError(f"the kernel's {name} of plugin {self._label()} returned {_shapes(result)}; "
+                                      f"expected {expected}")
+        return result
 
-    def _plugin_label(self) -> str:
-        try:
-            return self._plugins.info(self.binding.plugin).label
-        except KeyError:
-            return self.binding.plugin
+    def _label(self) -> str:
+        return self.plugin.label if self.plugin is not None else "(none)"
 
     # -- batching and processing -------------------------------------------------------------
 
@@ -414,50 +304,36 @@ class RopeEngine:
         return relaxed
 
 
-def _packed_layout(ids: torch.Tensor, mask: torch.Tensor | None, cu_seqlens: Any, segment_ids: Any) -> PackedLayout | None:
-    if cu_seqlens is None and segment_ids is None:
-        return None
+def _read_batch(input_ids: Any, attention_mask: Any, cu_seqlens: Any, segment_ids: Any, *,
+                mrope: bool) -> tuple[torch.Tensor, torch.Tensor | None, PackedLayout | None]:
+    """The checked ``(B, L)`` ids and mask, and the packed layout when the batch is packed."""
+    packed = cu_seqlens is not None or segment_ids is not None
+    ids, mask = as_batch(input_ids, attention_mask, tokens_in_every_row=mrope and not packed)
+    if not packed:
+        return ids, mask, None
     if cu_seqlens is not None and segment_ids is not None:
         raise InvalidInputError("pass either cu_seqlens or segment_ids, not both")
     if cu_seqlens is not None:
         if mask is not None and not bool(mask.all()):
             raise InvalidInputError("with cu_seqlens every token belongs to a segment: attention_mask must be all 1 "
                                     "or None; mark padding with segment_ids instead")
-        return PackedLayout.from_cu_seqlens(cu_seqlens, tuple(ids.shape), ids.device)
-    layout = PackedLayout.from_segment_ids(segment_ids, tuple(ids.shape))
+        return ids, None, PackedLayout.from_cu_seqlens(cu_seqlens, (ids.shape[0], ids.shape[1]), ids.device)
+    layout = PackedLayout.from_segment_ids(segment_ids, (ids.shape[0], ids.shape[1]))
     if mask is not None and not torch.equal(mask, layout.valid()):
         raise InvalidInputError("attention_mask disagrees with segment_ids: a token is valid exactly when its "
                                 "segment id is not 0; keep the mask 0/1 and the segments in segment_ids")
-    return layout
+    return ids, None, layout
 
 
 @contextlib.contextmanager
 def _segments_as_samples() -> Iterator[None]:
-    """Errors raised inside speak of samples: say that sample k is segment k."""
+    """Input errors raised inside speak of samples: say that sample k is segment k."""
     try:
         yield
-    except MmropeError as exc:
+    except SegmentCutError:  # speaks of segments already
+        raise
+    except InvalidInputError as exc:
         raise type(exc)(f"in the packed input, sample k below is segment k (counted row by row): {exc}") from exc
-
-
-def _check_segment_boundaries(layout: PackedLayout, token_types: torch.Tensor, firsts: np.ndarray) -> bool:
-    """A segment must not start inside a placeholder run the previous segment began, right before
-    it in the same row. ``token_types`` are flat, ``firsts`` the flat index of each segment's
-    first token in them. Returns whether segments that do not follow each other so (padding or a
-    row's end between them) end and begin with placeholders of one kind."""
-    previous_last = firsts[:-1] + (layout.lengths[:-1] - 1)
-    types = values_at(token_types, np.concatenate((firsts[1:], previous_last)))
-    first, last = types[: firsts.size - 1], types[firsts.size - 1 :]
-    meet = ((first == last) & (last != 0)).nonzero()[0]  # boundaries k | k + 1 where runs of one kind meet
-    if not meet.size:  # (placeholder runs inside markers never meet)
-        return False
-    starts = layout.starts[meet + 1]
-    cut = meet[(starts == layout.starts[meet] + layout.lengths[meet]) & (starts % layout.shape[1] != 0)]
-    if cut.size:
-        k = int(cut[0])
-        row, column = divmod(int(layout.starts[k + 1]), layout.shape[1])
-        raise segment_cut(k + 1, f"row {row}, token {column}")
-    return True
 
 
 def _skip_validation(*args: Any, **kwargs: Any) -> None:
@@ -468,16 +344,12 @@ def _rebuild(processor: Any, config: Any, options: dict[str, Any]) -> RopeEngine
     return RopeEngine.from_processor(processor, config, **options)
 
 
-def _bind(plugins: PluginManager, processor: Any, config: Any, options: EngineOptions) -> RopeBinding:
-    for info, result in plugins.call_each("bind_rope_index", processor=processor, config=config, options=options):
+def _bind(plugins: PluginManager, processor: Any, config: Any, options: EngineOptions) -> tuple[PluginInfo, RopeBinding]:
+    for info, result in plugins.results("bind_rope_index", processor=processor, config=config, options=options):
         _expect(isinstance(result, RopeBinding), info, "bind_rope_index", "a RopeBinding", result)
         options.refuse_unread(f"plugin {info.label}, which binds {type(processor).__name__}")
-        return result if result.plugin else _with_plugin(result, info.name)
+        return info, result
     raise UnsupportedProcessorError(_unsupported_message(plugins, processor))
-
-
-def _with_plugin(binding: RopeBinding, name: str) -> RopeBinding:
-    return dataclasses.replace(binding, plugin=name)
 
 
 def _unsupported_message(plugins: PluginManager, processor: Any) -> str:
@@ -503,9 +375,17 @@ def _unsupported_message(plugins: PluginManager, processor: Any) -> str:
     return "\n".join(lines)
 
 
-def _expect(ok: bool, info: Any, hook: str, what: str, result: Any) -> None:
+def _expect(ok: bool, info: PluginInfo, hook: str, what: str, result: Any) -> None:
     if not ok:
         raise PluginContractError(f"plugin {info.label} returned {type(result).__name__} from {hook}; expected {what}")
+
+
+def _shapes(result: Any) -> str:
+    if isinstance(result, torch.Tensor):
+        return f"a {result.dtype} tensor of shape {tuple(result.shape)}"
+    if isinstance(result, tuple):
+        return "(" + ", ".join(_shapes(item) for item in result) + ")"
+    return type(result).__name__
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -28,6 +28,24 @@ class PlaceholderMismatchError(InvalidInputError):
     """Placeholder tokens in ``input_ids`` do not match the media grids."""
 
 
+class SegmentCutError(PlaceholderMismatchError):
+    """A boundary of a packed row cuts a media item in two.
+
+    Attributes:
+        segments: each segment whose start cuts an item the segment before it began (in the
+            row the kernel was given), in order.
+    """
+
+    def __init__(self, segments: tuple[int, ...], where: str = "") -> None:
+        self.segments = tuple(segments)
+        first = self.segments[0]
+        at = f" ({where})" if where else ""
+        super().__init__(
+            f"segment {first} starts inside a placeholder run that segment {first - 1} began{at}: the segment "
+            f"boundary cuts a media item; move the boundary before or after the item"
+        )
+
+
 class UnsupportedProcessorError(MmropeError):
     """No installed plugin recognises the processor."""
 

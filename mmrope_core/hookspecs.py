@@ -2,7 +2,9 @@
 
 Each spec is an empty function whose docstring is the contract. A plugin's implementation may
 take fewer arguments than the spec lists; pluggy passes only those it names, so a spec can grow
-without breaking plugins. Plugins are discovered through the ``mmrope`` entry-point group:
+without breaking plugins. Hooks are called through pluggy: ``tryfirst``/``trylast`` order them,
+and wrappers (``@hookimpl(wrapper=True)``) may wrap what the other plugins return. Plugins are
+discovered through the ``mmrope`` entry-point group:
 
 .. code-block:: toml
 
@@ -31,16 +33,17 @@ def bind_rope_index(processor: Any, config: Any, options: Mapping[str, Any]) -> 
 
     Called once when an engine is built. Return a :class:`RopeBinding` when the plugin
     recognises ``processor`` (by its class or its capabilities), None otherwise. The first
-    binding returned wins; two plugins claiming one processor class is a conflict reported by
-    ``mmrope plugins``.
+    binding returned wins; plugins that declare one processor class in ``PROCESSOR_CLASSES``
+    are listed as a conflict by ``mmrope plugins``, in the order they are asked.
 
     Args:
         processor: the Hugging Face processor the trainer uses.
         config: the model config, or None. Plugins document the defaults they assume without it
             and unwrap nested configs (e.g. an Omni ``thinker_config``) themselves.
         options: read-only keyword options given to ``RopeEngine.from_processor``, e.g.
-            ``{"impl": "reference"}``. Read the ones you know (``options.get("impl", "fast")``);
-            an option the binding plugin never reads is refused with ``UnknownOptionError``.
+            ``{"implementation": "reference"}``. Read the ones you know
+            (``options.get("implementation", "fast")``); an option the binding plugin never
+            reads is refused with ``UnknownOptionError``.
 
     Example::
 
@@ -48,8 +51,9 @@ def bind_rope_index(processor: Any, config: Any, options: Mapping[str, Any]) -> 
         def bind_rope_index(processor, config, options):
             if type(processor).__name__ != "MyVLProcessor":
                 return None
-            from transformers.models.my_vl import MyVLModel   # heavy import inside the hook
-            return RopeBinding(kind="mrope", rope_index=make_fast_rope_index(processor, config))
+            from mmrope_core.mrope import MropeFamily, MropeKernel   # heavy imports inside the hook
+            family = MropeFamily("My-VL", spatial_merge_size=2, image_token_id=processor.image_token_id)
+            return RopeBinding("mrope", MropeKernel(family))
     """
 
 
@@ -57,7 +61,7 @@ def bind_rope_index(processor: Any, config: Any, options: Mapping[str, Any]) -> 
 def get_rope_index_kwargs(
     processor: Any, multi_modal_inputs: Mapping[str, Any], mm_processor_kwargs: Mapping[str, Any]
 ) -> dict[str, Any] | None:
-    """Extra keyword arguments for the bound ``rope_index``, derived from one batch's inputs.
+    """The keyword arguments of the bound kernel's ``rope_index``, derived from one batch's inputs.
 
     Called on every ``compute_position_ids``. Return None when the processor is not yours or
     nothing is needed. Results of every plugin are merged; two plugins giving different values
@@ -129,5 +133,5 @@ def example_cases() -> Iterable[ExampleCase] | None:
 
         @hookimpl
         def example_cases():
-            return [ExampleCase("My-VL", build=build_tiny_processor, inputs=random_prompt)]
+            return [ExampleCase("My-VL", build=build_tiny_processor, samples=random_samples)]
     """

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import threading
 import warnings
@@ -24,8 +25,8 @@ from typing import Any, Literal
 import importlib_metadata
 import pluggy
 
-from . import hookspecs
-from .errors import MmropeError, PluginHookError, PluginLoadError, PluginLoadWarning
+from . import _guard, hookspecs
+from .errors import PluginLoadError, PluginLoadWarning
 
 ENTRY_POINT_GROUP = "mmrope"
 
@@ -83,8 +84,6 @@ class PluginManager:
         self._lock = threading.RLock()
         self._loaded = not load_entry_points
         self._failures: list[tuple[PluginInfo, BaseException | None]] = []
-        # per hook: (plugin, function, argument names) in call order; cleared when plugins change
-        self._callers: dict[str, tuple[tuple[PluginInfo, Any, tuple[str, ...]], ...]] = {}
 
     # -- loading -----------------------------------------------------------------------------
 
@@ -98,7 +97,6 @@ class PluginManager:
                 block = _env_names(self._env, "MMROPE_DISABLE_PLUGINS") or frozenset()
                 for entry_point in importlib_metadata.entry_points(group=ENTRY_POINT_GROUP):
                     self._load_one(entry_point, allow, block)
-                self._callers.clear()
             if self._failures and strict_plugins(self._env):
                 info, exc = self._failures[0]
                 raise PluginLoadError(f"mmrope plugin {info.label} failed to load: {info.reason} "
@@ -143,13 +141,25 @@ class PluginManager:
 
     def _register_checked(self, plugin: Any, name: str) -> None:
         self._pm.register(plugin, name=name)  # validates hookimpl signatures against the specs
-        unknown = [caller.name for caller in self._pm.get_hookcallers(plugin) or () if caller.spec is None]
+        callers = self._pm.get_hookcallers(plugin) or []
+        unknown = [caller.name for caller in callers if caller.spec is None]
         if unknown:
             self._pm.unregister(plugin)
             known = ", ".join(sorted(self.hook_names()))
             raise pluggy.PluginValidationError(
                 plugin, f"implements unknown hook(s) {', '.join(unknown)}; the hooks are: {known}"
             )
+        # pluggy calls the implementations; each is guarded so that a failure names its plugin
+        label = functools.partial(self._label, name)
+        for caller in callers:
+            for impl in caller.get_hookimpls():
+                if impl.plugin is plugin:
+                    impl.function = _guard.hook_implementation(impl.function, hook=caller.name, name=name, label=label,
+                                                               wrapper=impl.wrapper or impl.hookwrapper)
+
+    def _label(self, name: str) -> str:
+        info = self._infos.get(name)
+        return info.label if info is not None else f"{name} (registered in-process)"
 
     def _describe(self, plugin: Any, name: str, dist_name: str | None, version: str | None) -> PluginInfo:
         hooks = tuple(sorted(caller.name for caller in self._pm.get_hookcallers(plugin) or ()))
@@ -166,13 +176,11 @@ class PluginManager:
                 raise PluginLoadError(f"a plugin named {name!r} is already registered: {self._infos[name].label}")
             self._register_checked(plugin, name)
             self._infos[name] = self._describe(plugin, name, None, None)
-            self._callers.clear()
 
     def unregister(self, name: str) -> None:
         with self._lock:
             self._pm.unregister(name=name)
             self._infos.pop(name, None)
-            self._callers.clear()
 
     @contextlib.contextmanager
     def registered(self, plugin: Any, name: str) -> Iterator[None]:
@@ -197,43 +205,64 @@ class PluginManager:
             self.load()
         return self._infos[name]
 
+    @property
+    def pluggy(self) -> pluggy.PluginManager:
+        """The pluggy manager the hooks are called through, for pluggy's tracing and monitoring
+        (``add_hookcall_monitoring``, ``enable_tracing``)."""
+        return self._pm
+
     @staticmethod
     def hook_names() -> list[str]:
         return sorted(name for name in vars(hookspecs) if hasattr(getattr(hookspecs, name), "mmrope_spec"))
 
-    def call_each(self, hook_name: str, **kwargs: Any) -> Iterator[tuple[PluginInfo, Any]]:
-        """Call every implementation of ``hook_name`` in pluggy's order, yielding
-        ``(plugin, result)`` for the results that are not None.
+    def results(self, hook_name: str, **kwargs: Any) -> list[tuple[PluginInfo, Any]]:
+        """Call hook ``hook_name`` through pluggy (its order, ``firstresult``, wrappers and tracing
+        apply) and return ``(plugin, result)`` for each result that is not None: the first one
+        only for ``firstresult`` hooks.
 
-        An exception from a hook becomes a :class:`PluginHookError` naming the plugin, its
-        distribution and the hook; an :class:`MmropeError` a plugin raises on purpose passes
+        An exception from an implementation becomes a :class:`PluginHookError` naming the plugin,
+        its distribution and the hook; an :class:`MmropeError` a plugin raises on purpose passes
         through unchanged.
         """
-        callers = self._callers.get(hook_name)
-        if callers is None:
-            callers = self._cache_callers(hook_name)
-        for info, function, argnames in callers:
-            try:
-                result = function(*[kwargs[arg] for arg in argnames])
-            except MmropeError:
-                raise
-            except Exception as exc:
-                raise PluginHookError(
-                    f"plugin {info.label} raised in hook {hook_name}: {type(exc).__name__}: {exc}. "
-                    f"Report it to the plugin's authors, or disable it with MMROPE_DISABLE_PLUGINS={info.name}."
-                ) from exc
-            if result is not None:
-                yield info, result
-
-    def _cache_callers(self, hook_name: str) -> tuple[tuple[PluginInfo, Any, tuple[str, ...]], ...]:
-        with self._lock:  # registering takes the lock too, so what is cached is never stale
+        if not self._loaded or self._failures:
             self.load()
-            callers = self._callers[hook_name] = tuple(
-                (self._infos.get(impl.plugin_name) or PluginInfo(impl.plugin_name, None, None, "active"),
-                 impl.function, tuple(impl.argnames))
-                for impl in reversed(getattr(self._pm.hook, hook_name).get_hookimpls())
-            )
-            return callers
+        caller = getattr(self._pm.hook, hook_name)
+        with _guard.answers() as given:
+            outcome = caller(**kwargs)
+        values = [outcome] if caller.spec.opts.get("firstresult") else outcome
+        return [(self._answered(given, value), value) for value in values if value is not None]
+
+    def results_of(self, name: str, hook_name: str, **kwargs: Any) -> list[Any]:
+        """What plugin ``name`` alone answers to hook ``hook_name`` (through pluggy, so that its
+        own wrappers apply): its results that are not None."""
+        self.load()
+        others = [plugin for other, plugin in self._pm.list_name_plugin() if other != name]
+        caller = self._pm.subset_hook_caller(hook_name, remove_plugins=others)
+        outcome = caller(**kwargs)
+        values = [outcome] if caller.spec.opts.get("firstresult") else outcome
+        return [value for value in values if value is not None]
+
+    def _answered(self, given: list[tuple[str, Any]], value: Any) -> PluginInfo:
+        """The plugin whose implementation returned ``value`` last (a wrapper's, where it replaced
+        the result)."""
+        name = next((name for name, result in reversed(given) if result is value), None)
+        if name is None:  # an old-style hook wrapper forced the result
+            return PluginInfo("a hook wrapper", None, None, "active")
+        return self._infos.get(name) or PluginInfo(name, None, None, "active")
+
+    def conflicts(self) -> dict[str, list[PluginInfo]]:
+        """Processor classes that more than one active plugin declares it handles
+        (``PROCESSOR_CLASSES``), with those plugins in the order ``bind_rope_index`` asks them:
+        the first binding wins."""
+        order = [impl.plugin_name for impl in reversed(self._pm.hook.bind_rope_index.get_hookimpls())]
+        claims: dict[str, list[PluginInfo]] = {}
+        for info in self.plugins():
+            if info.status == "active":
+                for processor in info.processors:
+                    claims.setdefault(processor, []).append(info)
+        rank = {name: index for index, name in enumerate(order)}
+        return {processor: sorted(infos, key=lambda info: rank.get(info.name, len(rank)))
+                for processor, infos in sorted(claims.items()) if len(infos) > 1}
 
 
 _default_manager: PluginManager | None = None

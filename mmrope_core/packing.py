@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .arrays import change_points, values_at
 from .errors import InvalidInputError
-from .mrope._runs import change_points, values_at
 
 
 @dataclasses.dataclass(eq=False)  # not frozen: built on every call, and a frozen one costs more to build
@@ -117,15 +117,15 @@ class PackedLayout:
         gaps = np.array((first[~in_segment], size[~in_segment]))
         return cls(tuple(shape), lengths, starts, ids.device, spans, gaps)
 
-    def packed_row(self, values: torch.Tensor) -> torch.Tensor:
+    def joined(self, values: torch.Tensor) -> torch.Tensor:
         """``(B, L)`` values as one ``(1, N)`` row: the segments' tokens back to back, in order."""
         if self.spans is None:
             return values.reshape(1, -1)
         flat = values.reshape(-1)
         return torch.cat([flat[start : start + count] for start, _, count in self.spans.T.tolist()]).unsqueeze(0)
 
-    def packed_row_bounds(self) -> np.ndarray:
-        """The ``cu_seqlens`` of :meth:`packed_row`: ``(K + 1,)`` from 0 to N."""
+    def joined_bounds(self) -> np.ndarray:
+        """The ``cu_seqlens`` of :meth:`joined`: ``(K + 1,)`` from 0 to N."""
         return np.concatenate((self.starts if self.spans is None else self._first_token, [self.size]))
 
     def unpacked_mask(self) -> torch.Tensor:
@@ -147,32 +147,34 @@ class PackedLayout:
 
     def unpack(self, values: torch.Tensor, fill: int = 0) -> torch.Tensor:
         """``(B, L)`` values of the packed batch as a ``(K, longest)`` batch of segments."""
-        source = values.reshape(-1) if self.spans is None else self.packed_row(values)[0]
+        source = values.reshape(-1) if self.spans is None else self.joined(values)[0]
         if self.uniform:
             return source.view(self.segments, self.longest)
         out = torch.full((self.segments * self.longest,), fill, dtype=values.dtype, device=values.device)
         slots = torch.from_numpy(self._slots).to(values.device)
         return out.index_copy_(0, slots, source).view(self.segments, self.longest)
 
-    def pack(self, values: torch.Tensor, fill: float = 0) -> torch.Tensor:
-        """``(..., K, longest)`` per-segment values back into the packed ``(..., B, L)`` layout."""
+    def pack(self, values: torch.Tensor, outside: float | tuple[float, ...] = 0,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+        """``(..., K, longest)`` per-segment values back into the packed ``(..., B, L)`` layout,
+        as :meth:`spread` lays them out."""
         flat = values.reshape(*values.shape[:-2], -1)
         if not self.uniform:
             flat = _take(flat, self._slots)
-        return self.place(flat, fill)
+        return self.spread(flat, outside, out)
 
     def valid(self) -> torch.Tensor:
         """``(B, L)`` bool: the tokens that belong to a segment."""
-        return self.place(torch.ones(self.size, dtype=torch.bool, device=self.device), False)
+        return self.spread(torch.ones(self.size, dtype=torch.bool, device=self.device), False)
 
     def offsets(self, outside: int = 0) -> torch.Tensor:
         """Each token's position within its segment, ``(B, L)``; ``outside`` outside segments."""
         if self.uniform:
             return self.pack(torch.arange(self.longest, device=self.device).expand(self.segments, self.longest), outside)
         within = np.arange(self.size) - self._first_token.repeat(self.lengths)
-        return self.place(torch.from_numpy(within).to(self.device), outside)
+        return self.spread(torch.from_numpy(within).to(self.device), outside)
 
-    def place(self, flat: torch.Tensor, outside: float | tuple[float, ...] = 0,
+    def spread(self, flat: torch.Tensor, outside: float | tuple[float, ...] = 0,
               out: torch.Tensor | None = None) -> torch.Tensor:
         """``(..., N)`` values of the segments' tokens, in packed order, as ``(..., B, L)``, holding
         ``outside`` at the other tokens: one value, or one per row of ``(R, N)`` values. Written

@@ -20,3 +20,10 @@ def text_positions(attention_mask: torch.Tensor | None, *, out: torch.Tensor) ->
         return out.copy_(torch.arange(out.shape[1], device=out.device))
     torch.cumsum(attention_mask, dim=1, out=out).sub_(1)
     return out.masked_fill_(attention_mask.logical_not(), 1)
+
+
+def segment_offsets(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
+    """Each token's index within its segment, for a packed row of ``length`` tokens with
+    boundaries ``cu_seqlens``."""
+    bounds = cu_seqlens.cpu().long()
+    return torch.arange(length) - torch.repeat_interleave(bounds[:-1], bounds.diff())

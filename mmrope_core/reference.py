@@ -1,13 +1,18 @@
-"""Calling a model class's own ``get_rope_index`` without building the model, and checking once
-per process that a fast implementation still reproduces it."""
+"""Calling a model class's own ``get_rope_index`` without building the model (the reference
+kernel), and checking once per process that a fast kernel still reproduces it."""
 
 from __future__ import annotations
 
+import inspect
 import threading
 import types
 import warnings
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
+
+import torch
+
+from .kernel import RopeKernel
 
 ROPE_METHODS = ("get_vision_position_ids", "get_llm_pos_ids_for_vision", "get_chunked_index", "get_rope_index")
 
@@ -61,3 +66,73 @@ def probe_once(key: Hashable, probe: Callable[[], str | None], *, fast: str) -> 
                     stacklevel=3,
                 )
         return _probed[key]
+
+
+class ReferenceKernel(RopeKernel):
+    """A transformers model class's own ``get_rope_index`` as a kernel: the positions the model
+    computes itself, from its config alone.
+
+    Args:
+        model_class: the class defining ``get_rope_index`` (``Qwen2VLModel``, ...).
+        config: the config that class reads (for Omni models, the thinker's).
+        token_types: ``token_types(input_ids)`` builds ``mm_token_type_ids`` for references that
+            take them, as the family's processor builds them.
+        check: ``check(input_ids, attention_mask, **inputs)`` runs first and raises typed errors
+            for inputs the reference would crash on or misplace; it may return the inputs as the
+            reference takes them (a dict), or None to pass them on unchanged.
+        position_dtype: the dtype of :meth:`position_ids` (the reference's own).
+        attributes: further attributes the methods read from the model (see
+            :func:`config_only_model`).
+
+    Inputs the method's signature does not name are left out, as the model leaves them out.
+    Packed rows are unpacked by the engine first.
+    """
+
+    def __init__(self, model_class: type, config: Any, *, token_types: Callable[..., torch.Tensor] | None = None,
+                 check: Callable[..., Mapping[str, Any] | None] | None = None,
+                 position_dtype: torch.dtype = torch.int64, **attributes: Any) -> None:
+        self.model_class = model_class
+        self.model = config_only_model(model_class, config, **attributes)
+        self.token_types = token_types
+        self.check = check
+        self.position_dtype = position_dtype
+        named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        parameters = inspect.signature(model_class.get_rope_index).parameters.values()  # type: ignore[attr-defined]
+        self.takes = frozenset(parameter.name for parameter in parameters if parameter.kind in named) - {"self"}
+        if "mm_token_type_ids" in self.takes and token_types is None:
+            raise TypeError(f"{model_class.__name__}.get_rope_index takes mm_token_type_ids: pass token_types")
+
+    @property
+    def probe_key(self) -> tuple[str, str]:
+        """What identifies this reference among the answers :func:`probe_once` keeps."""
+        return self.model_class.__module__, self.model_class.__qualname__
+
+    def __repr__(self) -> str:
+        return f"ReferenceKernel({self.model_class.__name__})"
+
+    def rope_index(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                   cu_seqlens: torch.Tensor | None = None, **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if cu_seqlens is not None:
+            raise TypeError("a reference kernel does not place packed rows: unpack them first")
+        if self.check is not None:
+            checked = self.check(input_ids, attention_mask, **inputs)
+            inputs = dict(inputs) if checked is None else dict(checked)
+        arguments = {key: value for key, value in inputs.items() if key in self.takes}
+        if "mm_token_type_ids" in self.takes:
+            arguments["mm_token_type_ids"] = self.token_types(input_ids)  # type: ignore[misc]
+        return self.model.get_rope_index(input_ids=input_ids, attention_mask=attention_mask, **arguments)
+
+
+def kernels_agree(fast: RopeKernel, reference: RopeKernel, batches: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether ``fast`` gives exactly the positions and deltas of ``reference`` (values, dtypes
+    and shapes) on every batch of keyword arguments. A batch the reference refuses counts as a
+    disagreement: the batches follow rules this reference does not."""
+    for batch in batches:
+        try:
+            want = reference.rope_index(**batch)
+        except Exception:
+            return False
+        got = fast.rope_index(**batch)
+        if not all(a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b) for a, b in zip(got, want)):
+            return False
+    return True

@@ -23,9 +23,9 @@ def test_violations_name_the_plugin_the_hook_and_the_rule(make_manager):
     assert ("nonconforming", "get_rope_index_kwargs", "does not change its inputs") in broken
     assert ("nonconforming", "bind_rope_index", "left and right padding give the same valid positions") in broken
     assert ("nonconforming", "bind_rope_index", "position_ids equal the text row over rope_index's positions") in broken
-    assert ("nonconforming", "bind_rope_index", "packed token types equal each sample's token types") in broken
-    packing = [v.detail for v in violations if v.rule == "a packed segment equals its sample alone"]
-    assert {detail.split(":")[0] for detail in packing} == {"cu_seqlens", "segment_ids"}
+    for rule in ("a packed segment equals its sample alone", "get_rope_index of a packed segment equals its sample alone"):
+        packing = [v.detail for v in violations if v.rule == rule]
+        assert {detail.split(":")[0] for detail in packing} == {"cu_seqlens", "segment_ids"}
     message = str(next(v for v in violations if v.rule == "does not change its inputs"))
     assert message.startswith("plugin nonconforming: get_rope_index_kwargs broke rule 'does not change its inputs' on Nonconforming")
 
@@ -76,3 +76,32 @@ def test_the_pytest_fixtures_are_registered_and_always_unregister(pytester):
     )
     result = pytester.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(passed=2, failed=1)
+
+
+def test_a_kernel_wrong_only_in_its_packed_rope_index_is_caught(make_manager):
+    """The four rows of packed rows are right, the three rows of get_rope_index 1000 too high."""
+    import mmrope_test_toy as toy
+
+    from mmrope_core import ExampleCase, RopeBinding, hookimpl
+
+    class OffByAThousand(toy.DirectKernel):
+        def rope_index(self, input_ids, attention_mask=None, *, cu_seqlens=None, **inputs):
+            positions, deltas = super().rope_index(input_ids, attention_mask, cu_seqlens=cu_seqlens, **inputs)
+            return (positions + 1000 if cu_seqlens is not None else positions), deltas
+
+    class Plugin:
+        @hookimpl
+        def bind_rope_index(self, processor):
+            if isinstance(processor, toy.ToyProcessor):
+                return RopeBinding("mrope", OffByAThousand(places_packed_rows=True))
+            return None
+
+        @hookimpl
+        def example_cases(self):
+            return [ExampleCase("Off", build=lambda: (toy.ToyProcessor(), None),
+                                samples=lambda processor, rng: [{"text": ["a b"]}, {"text": ["c d e f"]}])]
+
+    manager = make_manager(MMROPE_LOAD_PLUGINS="")
+    with manager.registered(Plugin(), "off"):
+        violations = check_plugin("off", manager=manager)
+    assert {v.rule for v in violations} == {"get_rope_index of a packed segment equals its sample alone"}

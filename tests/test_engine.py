@@ -1,6 +1,5 @@
 """The engine with real entry-point plugins: binding, hooks, errors, layouts, pickling."""
 
-import dataclasses
 import pickle
 
 import pytest
@@ -70,104 +69,75 @@ def test_mrope_layout_is_text_row_then_the_plugins_three_rows(toy_manager, toy):
     assert torch.equal(positions[:, 1:], expected.transpose(0, 1))
 
 
-def test_a_bindings_position_ids_give_the_layout_in_one_call(toy_manager, toy):
-    composed = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager)
-    direct = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager, position_ids="direct")
-    calls = []
-    direct.binding = dataclasses.replace(
-        direct.binding, position_ids=lambda *args, **kwargs: calls.append(1) or toy.toy_position_ids(*args, **kwargs))
+def engine_of(toy, manager, kernel="counting", **options):
+    return RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=manager, kernel=kernel, **options)
+
+
+def test_a_kernels_own_position_ids_give_the_layout_in_one_call(toy_manager, toy):
+    composed, direct = engine_of(toy, toy_manager), engine_of(toy, toy_manager, "direct")
     ids = torch.tensor([[0, 0, 7, 7, 7], [7, 7, 7, 7, 0]])
     for mask in (ids != 0, (ids != 0).long(), None):
         got = direct.compute_position_ids(ids, mask, {"offset": torch.tensor(5)})
         assert torch.equal(got, composed.compute_position_ids(ids, mask, {"offset": torch.tensor(5)}))
-    assert len(calls) == 3
-    # packed rows are laid out by the engine from the rope index
+    assert [call[0] for call in direct.binding.kernel.calls] == ["position_ids"] * 3
     packed = direct.compute_position_ids(torch.full((1, 5), 7), None, {}, cu_seqlens=torch.tensor([0, 2, 5]))
-    assert len(calls) == 3 and packed[0, 0].tolist() == [0, 1, 0, 1, 2]
+    assert direct.binding.kernel.calls[-1][:2] == ("position_ids", [0, 2, 5]) and packed[0, 0].tolist() == [0, 1, 0, 1, 2]
 
 
-def test_position_ids_of_the_wrong_shape_break_the_contract(toy_manager, toy):
-    engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager, position_ids="misshapen")
-    with pytest.raises(PluginContractError, match=r"position_ids of plugin toy \(mmrope-test-plugins 1.0\) returned "
-                                                  r"torch.int64 \(3, 1, 2\); expected a torch.int64 tensor of shape \(1, 4, 2\)"):
-        engine.compute_position_ids(torch.tensor([[7, 7]]), None, {})
-
-
-def _raises(*args):
-    raise ValueError("no types today")
-
-
-def _no_media(ids, *args):
-    return torch.zeros_like(ids)
-
-
-@pytest.mark.parametrize("field", ["token_types", "packed_token_types"])
-@pytest.mark.parametrize("function, error, message", [
-    (_raises, PluginHookError, r"raised ValueError: no types today"),
-    (lambda ids, *args: ids[:, :1], PluginContractError, r"returned shape \(1, 1\) for input_ids of shape \(1, 3\); "
-                                                        r"expected one token type per token"),
+@pytest.mark.parametrize("call, message", [
+    (lambda engine: engine.compute_position_ids(torch.tensor([[7, 7]]), None, {}),
+     r"position_ids of plugin toy \(mmrope-test-plugins 1.0\) returned a torch.int64 tensor of shape \(1, 3, 2\); "
+     r"expected a torch.int64 tensor of shape \(1, 4, 2\)"),
+    (lambda engine: engine.get_rope_index(torch.full((1, 5), 7), cu_seqlens=torch.tensor([0, 2, 5])),
+     r"rope_index of plugin toy \(mmrope-test-plugins 1.0\) returned \(a torch.int64 tensor of shape \(1, 5\), "
+     r"a torch.int64 tensor of shape \(1, 1\)\); expected positions of shape \(3, 1, 5\) and deltas of shape \(2, 1\)"),
 ])
-def test_token_types_that_raise_or_misfit_name_the_plugin(toy_manager, toy, field, function, error, message):
-    engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager, packed_rope_index="direct")
-    engine.binding = dataclasses.replace(engine.binding, **{"token_types": _no_media, field: function})
-    ids = torch.full((1, 3), 7)
-    calls = {"unpacked": lambda: engine.get_rope_index(ids), "packed": lambda: engine.get_rope_index(
-        ids, cu_seqlens=torch.tensor([0, 1, 3]))}  # segments of different lengths: placed where they lie
-    for name, call in calls.items():
-        if field == "packed_token_types" and name == "unpacked":
-            call()  # packed_token_types types packed rows only
-            continue
-        with pytest.raises(error, match=rf"^the {field} of plugin toy \(mmrope-test-plugins 1.0\).*{message}"):
-            call()
+def test_kernel_results_of_the_wrong_shape_break_the_contract(toy_manager, toy, call, message):
+    with pytest.raises(PluginContractError, match=r"^the kernel's " + message):
+        call(engine_of(toy, toy_manager, "misshapen"))
 
 
-def test_a_packed_row_goes_to_the_plugin_that_places_packed_rows(toy_manager, toy):
-    placing = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager, packed_rope_index="direct")
-    unpacking = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager)
+def test_kernel_results_of_the_wrong_dtype_break_the_contract(toy_manager, toy):
+    engine = engine_of(toy, toy_manager, "int32")
+    with pytest.raises(PluginContractError, match=r"^the kernel's position_ids of plugin toy \(mmrope-test-plugins 1.0\) "
+                                                  r"returned a torch.int32 tensor of shape \(1, 4, 5\); expected a "
+                                                  r"torch.int64 tensor of shape \(1, 4, 5\)"):
+        engine.compute_position_ids(torch.full((1, 5), 7), None, {}, cu_seqlens=torch.tensor([0, 2, 5]))
+
+
+def test_a_kernel_that_raises_names_the_plugin(toy_manager, toy):
+    engine = engine_of(toy, toy_manager, "raising")
+    with pytest.raises(PluginHookError, match=r"^plugin toy \(mmrope-test-plugins 1.0\) raised in the kernel's "
+                                              r"rope_index: ValueError: no positions today") as caught:
+        engine.get_rope_index(torch.full((1, 3), 7))
+    assert isinstance(caught.value.__cause__, ValueError)
+
+
+def test_packed_rows_go_to_the_kernel_joined_when_it_places_them(toy_manager, toy):
+    placing, unpacking = engine_of(toy, toy_manager, "placing"), engine_of(toy, toy_manager)
     ids, inputs = torch.full((1, 9), 7), {"offset": torch.tensor(2)}
-    calls = []
-    placing.binding = dataclasses.replace(
-        placing.binding, packed_rope_index=lambda *a, **kw: calls.append(kw["cu_seqlens"]) or toy.toy_packed_rope_index(*a, **kw))
     for cu_seqlens in (torch.tensor([0, 2, 7, 9]), torch.tensor([0, 3, 6, 9])):
         got = placing.compute_position_ids(ids, None, inputs, cu_seqlens=cu_seqlens)
         assert torch.equal(got, unpacking.compute_position_ids(ids, None, inputs, cu_seqlens=cu_seqlens))
-    assert [c.tolist() for c in calls] == [[0, 2, 7, 9]]  # segments of one length are reshaped instead
-
-
-def test_packed_positions_of_the_wrong_shape_break_the_contract(toy_manager, toy):
-    engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager, packed_rope_index="misshapen")
-    with pytest.raises(PluginContractError, match=r"^the packed_rope_index of plugin toy \(mmrope-test-plugins 1.0\) "
-                                                  r"returned positions \(1, 5\) and deltas \(1, 1\); expected positions of "
-                                                  r"shape \(3, 1, 5\) and deltas of shape \(2, 1\)"):
-        engine.get_rope_index(torch.full((1, 5), 7), cu_seqlens=torch.tensor([0, 2, 5]))
-
-
-def test_packed_position_ids_place_every_packed_row(toy_manager, toy):
-    placing = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager, packed_rope_index="direct",
-                                        packed_position_ids="direct")
-    unpacking = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager)
-    ids, inputs = torch.full((1, 9), 7), {"offset": torch.tensor(2)}
-    calls = []
-    placing.binding = dataclasses.replace(
-        placing.binding,
-        packed_position_ids=lambda *a, **kw: calls.append(kw["cu_seqlens"]) or toy.toy_packed_position_ids(*a, **kw))
-    for cu_seqlens in (torch.tensor([0, 2, 7, 9]), torch.tensor([0, 3, 6, 9])):
-        got = placing.compute_position_ids(ids, None, inputs, cu_seqlens=cu_seqlens)
-        assert torch.equal(got, unpacking.compute_position_ids(ids, None, inputs, cu_seqlens=cu_seqlens))
-    # segments of one length too; segment ids over two rows are placed as one row
-    segment_ids = torch.tensor([[1, 1, 2, 2, 2], [1, 2, 2, 2, 3]])
+        got = placing.get_rope_index(ids, cu_seqlens=cu_seqlens, offset=2)
+        want = unpacking.get_rope_index(ids, cu_seqlens=cu_seqlens, offset=2)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert [call[1] for call in placing.binding.kernel.calls] == [[0, 2, 7, 9]] * 2 + [[0, 3, 6, 9]] * 2
+    # a kernel that does not place packed rows gets the segments as a batch, padded where they differ
+    shapes = [(call[1], None if call[2] is None else tuple(call[2].shape)) for call in unpacking.binding.kernel.calls]
+    assert shapes == [(None, (3, 5))] * 2 + [(None, None)] * 2
+    # segment ids over two rows are joined into one row of their segments' tokens
+    segment_ids = torch.tensor([[1, 1, 2, 2, 0], [1, 2, 2, 2, 3]])
     got = placing.compute_position_ids(torch.full((2, 5), 7), None, inputs, segment_ids=segment_ids)
     assert torch.equal(got, unpacking.compute_position_ids(torch.full((2, 5), 7), None, inputs, segment_ids=segment_ids))
-    assert [c.tolist() for c in calls] == [[0, 2, 7, 9], [0, 3, 6, 9], [0, 2, 5, 6, 9, 10]]
+    assert placing.binding.kernel.calls[-1][1] == [0, 2, 4, 5, 8, 9]
+    assert got[0, :, 4].tolist() == [1, 0, 0, 0]  # a token outside every segment
 
 
 def test_packed_results_laid_out_in_any_order_in_memory_are_taken(toy_manager, toy):
-    strided = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager, packed_rope_index="strided",
-                                        packed_position_ids="strided")
-    unpacking = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager)
+    strided, unpacking = engine_of(toy, toy_manager, "strided"), engine_of(toy, toy_manager)
     ids, inputs = torch.full((2, 5), 7), {"offset": torch.tensor(2)}
     segment_ids = torch.tensor([[1, 1, 2, 2, 2], [1, 2, 2, 2, 3]])
-    assert not toy.strided_packed_position_ids(ids.reshape(1, -1), cu_seqlens=torch.tensor([0, 2, 10])).is_contiguous()
     got = strided.compute_position_ids(ids, None, inputs, segment_ids=segment_ids)
     assert got.is_contiguous()
     assert torch.equal(got, unpacking.compute_position_ids(ids, None, inputs, segment_ids=segment_ids))
@@ -176,26 +146,14 @@ def test_packed_results_laid_out_in_any_order_in_memory_are_taken(toy_manager, t
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
-def test_packed_position_ids_of_the_wrong_dtype_break_the_contract(toy_manager, toy):
-    engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager, packed_rope_index="direct",
-                                       packed_position_ids="misshapen")
-    with pytest.raises(PluginContractError, match=r"^the packed_position_ids of plugin toy \(mmrope-test-plugins 1.0\) "
-                                                  r"returned torch.int32 \(3, 1, 5\); expected a torch.int64 tensor of "
-                                                  r"shape \(1, 4, 5\)"):
-        engine.compute_position_ids(torch.full((1, 5), 7), None, {}, cu_seqlens=torch.tensor([0, 2, 5]))
-
-
-def test_a_mask_reaches_the_plugin_unless_every_token_is_valid(toy_manager, toy):
-    engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager)
+def test_a_mask_reaches_the_kernel_unless_every_token_is_valid(toy_manager, toy):
+    engine = engine_of(toy, toy_manager)
     ids = torch.full((2, 5), 7)
-    seen = []
-    engine.binding = dataclasses.replace(
-        engine.binding, rope_index=lambda ids, attention_mask=None, **kw: seen.append(attention_mask)
-        or toy.toy_rope_index(ids, attention_mask, **kw))
     hole = torch.tensor([[1, 1, 0, 1, 1], [1, 1, 1, 1, 1]])  # every row's first and last token valid
     for mask in (hole, hole.bool(), torch.ones(2, 5, dtype=torch.long), torch.ones(2, 5, dtype=torch.bool), None):
         positions, _ = engine.get_rope_index(ids, mask)
         assert torch.equal(positions, toy.toy_rope_index(ids, mask.bool() if mask is not None else None)[0])
+    seen = [call[2] for call in engine.binding.kernel.calls]
     assert torch.equal(seen[0], hole.bool()) and torch.equal(seen[1], hole.bool())
     assert seen[2:] == [None, None, None]
 
@@ -208,8 +166,19 @@ def test_get_rope_index_is_a_drop_in(toy_manager, toy):
 
 
 def test_options_reach_the_plugin(toy_manager, toy):
-    engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager, impl="reference")
+    engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager, implementation="reference")
     assert engine.implementation == "reference"
+
+
+def test_an_option_the_plugin_does_not_read_is_refused(toy_manager, toy):
+    from mmrope_core import UnknownOptionError
+
+    with pytest.raises(UnknownOptionError, match=r"option 'implementaton' is not known to plugin toy \(mmrope-test-"
+                                                 r"plugins 1.0\), which binds ToyProcessor; the options it reads: "
+                                                 r"'implementation', 'kernel'"):
+        RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager, implementaton="reference")
+    with pytest.raises(UnknownOptionError, match="not known to a text-only engine"):
+        RopeEngine.from_processor(None, plugin_manager=toy_manager, implementation="reference")
 
 
 def test_kwargs_hooks_cannot_change_the_callers_data(toy_manager, toy):

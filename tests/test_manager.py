@@ -1,11 +1,13 @@
-"""Plugin discovery through real entry points, guarded loading, block and allow lists."""
+"""Plugin discovery through real entry points, guarded loading, block and allow lists, hooks
+called through pluggy."""
 
+import dataclasses
 import subprocess
 import sys
 
 import pytest
 
-from mmrope_core import PluginLoadError, PluginLoadWarning, PluginManager
+from mmrope_core import PluginLoadError, PluginLoadWarning, PluginManager, hookimpl
 from mmrope_core.manager import PluginInfo
 
 
@@ -34,7 +36,7 @@ def test_strict_mode_turns_a_load_failure_into_an_error_on_every_use(make_manage
     manager = make_manager(MMROPE_LOAD_PLUGINS="toy,broken_import", MMROPE_STRICT_PLUGINS="1")
     for _ in range(2):  # not only the first time: the manager must not go on with what did load
         with pytest.raises(PluginLoadError, match="broken_import .*MMROPE_STRICT_PLUGINS") as caught:
-            list(manager.call_each("varlen_keys", processor=object()))
+            list(manager.results("varlen_keys", processor=object()))
         assert isinstance(caught.value.__cause__, ModuleNotFoundError)
 
 
@@ -119,7 +121,7 @@ def test_hooks_called_before_a_registration_see_it_after(toy_manager):
             return ["extra"]
 
     def answering():
-        return sorted(info.name for info, _ in toy_manager.call_each("varlen_keys", processor=object()))
+        return sorted(info.name for info, _ in toy_manager.results("varlen_keys", processor=object()))
 
     before = answering()
     with toy_manager.registered(Plugin(), "notebook"):
@@ -156,3 +158,93 @@ def test_core_works_with_no_plugin_at_all():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[[0, 0, 1]]"
+
+
+class Rewrapping:
+    """A pluggy wrapper around every other plugin's binding."""
+
+    @hookimpl(wrapper=True)
+    def bind_rope_index(self, processor, config, options):
+        binding = yield
+        return None if binding is None else dataclasses.replace(binding, description="wrapped")
+
+
+def test_a_wrapper_implementation_wraps_the_bindings_of_the_others(toy_manager):
+    import mmrope_test_toy as toy
+
+    from mmrope_core import RopeEngine
+
+    with toy_manager.registered(Rewrapping(), "rewrapping"):
+        engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager)
+    assert engine.binding.description == "wrapped" and engine.plugin_name == "rewrapping"
+    assert RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager).binding.description == "toy counting"
+
+
+def test_a_wrapper_that_raises_is_named(toy_manager):
+    import mmrope_test_toy as toy
+
+    from mmrope_core import PluginHookError, RopeEngine
+
+    class Raising:
+        @hookimpl(wrapper=True)
+        def bind_rope_index(self, processor, config, options):
+            yield
+            raise RuntimeError("wrapped wrong")
+
+    with toy_manager.registered(Raising(), "raising_wrapper"), pytest.raises(PluginHookError) as caught:
+        RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager)
+    assert str(caught.value).startswith("plugin raising_wrapper (registered in-process) raised in hook bind_rope_index: "
+                                        "RuntimeError: wrapped wrong")
+
+
+def test_an_old_style_hook_wrapper_can_force_the_result(toy_manager):
+    class Forcing:
+        @hookimpl(hookwrapper=True)
+        def varlen_keys(self, processor):
+            outcome = yield
+            outcome.force_result([*outcome.get_result(), ["forced"]])
+
+    with toy_manager.registered(Forcing(), "forcing"):
+        answers = toy_manager.results("varlen_keys", processor=object())
+    assert ["forced"] in [result for _, result in answers]
+
+
+def test_firstresult_hooks_stop_at_the_first_answer_and_tracing_sees_the_calls(toy_manager):
+    import mmrope_test_toy as toy
+
+    calls = []
+
+    class Late:
+        @hookimpl(trylast=True)
+        def bind_rope_index(self, processor):
+            calls.append("late")
+
+    with toy_manager.registered(Late(), "late"):
+        traced = []
+        undo = toy_manager.pluggy.add_hookcall_monitoring(lambda name, impls, kwargs: traced.append(name),
+                                                          lambda outcome, name, impls, kwargs: None)
+        try:
+            (info, binding), = toy_manager.results("bind_rope_index", processor=toy.ToyProcessor(), config=None,
+                                                   options={})
+        finally:
+            undo()
+    assert info.name == "toy" and calls == [] and traced == ["bind_rope_index"]
+
+
+def test_two_plugins_claiming_one_processor_class_are_a_listed_conflict(toy_manager, capsys, monkeypatch):
+    import mmrope_core.manager
+    from mmrope_core import cli
+
+    class Shadow:
+        PROCESSOR_CLASSES = ("ToyProcessor",)
+
+        @hookimpl(tryfirst=True)
+        def bind_rope_index(self, processor):
+            return None
+
+    with toy_manager.registered(Shadow(), "shadow"):
+        assert [info.name for info in toy_manager.conflicts()["ToyProcessor"]] == ["shadow", "toy"]
+        monkeypatch.setattr(mmrope_core.manager, "_default_manager", toy_manager)
+        assert cli.main(["plugins"]) == 0
+    out = capsys.readouterr().out
+    assert "conflict: ToyProcessor is claimed by shadow (registered in-process), toy (mmrope-test-plugins 1.0)" in out

@@ -131,8 +131,8 @@ def test_packed_steps_write_each_token_once_or_alike():
     other devices keeps an arbitrary one of several values written to one place)."""
     import numpy as np
 
-    from mmrope_core.mrope import _in_segments
-    from mmrope_core.mrope._place import RunLayout, _steps
+    from mmrope_core.mrope._positions import _in_segments
+    from mmrope_core.mrope._write import RunLayout, _steps
     from mmrope_core.mrope._runs import grids_of_runs, scan
 
     rng = random.Random("packed steps")
@@ -144,7 +144,7 @@ def test_packed_steps_write_each_token_once_or_alike():
             grids = ([(1, 4, 4)] * 2, [(2, 2, 4)] * 2, [1.0, 1.0])
         row = torch.tensor([[t for segment in segments for t in segment]], dtype=torch.int8)
         cu_seqlens = torch.tensor([0, *map(len, segments)]).cumsum(0)
-        runs, spans = _in_segments(scan(row, padded=False)[0], row.shape, None, cu_seqlens)
+        runs, spans, _ = _in_segments(scan(row, padded=False)[0], row.shape, None, cu_seqlens)
         matched = grids_of_runs(runs, KINDS, media(*grids), 2)
         layout = RunLayout.of(runs, matched.grid, matched.scaled, spans, 2)
         where, steps = _steps(runs, layout, spans, row.shape[1])

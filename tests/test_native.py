@@ -12,9 +12,11 @@ import torch
 
 from mmrope_core import InvalidInputError, _native
 from mmrope_core.inputs import _read_cpu_mask, _read_device_mask, as_batch
-from mmrope_core.mrope import TokenTypeMap, _coded, _compact, _in_segments, _small_int
-from mmrope_core.mrope._place import counted_on, written_from_runs
-from mmrope_core.mrope._runs import change_points, grids_of_runs, scan
+from mmrope_core.arrays import change_points
+from mmrope_core.mrope import TokenTypeMap
+from mmrope_core.mrope._positions import _coded, _compact, _in_segments, _small_int
+from mmrope_core.mrope._write import counted_on, written_from_runs
+from mmrope_core.mrope._runs import grids_of_runs, scan
 from test_mrope_kernel import KINDS, generated, media, random_packed_row
 
 
@@ -38,7 +40,7 @@ def matched_runs(types, mask, grids, cu_seqlens=None):
         code = _coded(types, mask)
         runs, spans = scan(code)
     if cu_seqlens is not None:
-        runs, spans = _in_segments(runs, code.shape, mask, cu_seqlens)
+        runs, spans, _ = _in_segments(runs, code.shape, mask, cu_seqlens)
     return code, mask, runs, spans, grids_of_runs(runs, KINDS, grids, 2)
 
 

@@ -5,6 +5,7 @@ import time
 import warnings
 
 import pytest
+import torch
 
 from mmrope_core import reference
 
@@ -51,3 +52,53 @@ def test_engines_built_on_several_threads_probe_once(fresh):
     for thread in threads:
         thread.join()
     assert calls == [1]
+
+
+def test_a_batched_kernel_that_disagrees_gives_way_to_the_reference_with_one_warning(fresh):
+    """A future transformers whose Qwen2.5-VL text resumes one later: no temporal rule of the
+    batched kernel reproduces it, so fast_kernel says so once and returns None."""
+    import transformers
+    from transformers.models.qwen2_5_vl import Qwen2_5_VLModel
+
+    from mmrope_core.mrope import MropeFamily, MropeKernel, fast_kernel
+
+    config = transformers.AutoConfig.for_model("qwen2_5_vl")
+    family = MropeFamily("Qwen2.5-VL", spatial_merge_size=2, image_token_id=5, video_token_id=6,
+                         tokens_per_second=config.vision_config.tokens_per_second)
+    reference = reference_module_kernel(Qwen2_5_VLModel, config, family)
+    assert fast_kernel(family, reference).family.temporal_rule == "scaled"
+    original = reference.model.get_rope_index
+    reference.model.get_rope_index = lambda **kw: (original(**kw)[0] + 1, original(**kw)[1])
+    reference.__class__ = type("Changed", (type(reference),), {"probe_key": ("changed",)})
+    with pytest.warns(RuntimeWarning, match=r"the batched Qwen2.5-VL kernel does not reproduce transformers .* the "
+                                            r"reference implementation is used"):
+        assert fast_kernel(family, reference) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fast_kernel(family, reference) is None  # cached: no second warning
+    assert isinstance(MropeKernel(family), MropeKernel)
+
+
+def reference_module_kernel(model_class, config, family):
+    from mmrope_core.mrope import MropeKernel
+
+    return reference.ReferenceKernel(model_class, config, token_types=family.token_types(),
+                                     check=MropeKernel(family).check)
+
+
+def test_a_reference_kernel_takes_what_the_method_names_and_its_token_types():
+    import transformers
+    from transformers.models.qwen2_vl import Qwen2VLModel
+
+    from mmrope_core.mrope import MropeFamily
+
+    family = MropeFamily("Qwen2-VL", spatial_merge_size=2, image_token_id=5)
+    kernel = reference_module_kernel(Qwen2VLModel, transformers.AutoConfig.for_model("qwen2_vl"), family)
+    assert "second_per_grid_ts" not in kernel.takes and "mm_token_type_ids" in kernel.takes
+    ids = torch.tensor([[1, 5, 5, 5, 5, 2]])
+    positions, deltas = kernel.rope_index(ids, None, image_grid_thw=torch.tensor([[1, 4, 4]]), second_per_grid_ts=[1.0],
+                                          unknown_key=3)
+    assert positions[:, 0].tolist() == [[0, 1, 1, 1, 1, 3], [0, 1, 1, 2, 2, 3], [0, 1, 2, 1, 2, 3]]
+    assert deltas.tolist() == [[-2]]
+    with pytest.raises(TypeError, match="takes mm_token_type_ids: pass token_types"):
+        reference.ReferenceKernel(Qwen2VLModel, transformers.AutoConfig.for_model("qwen2_vl"))

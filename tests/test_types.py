@@ -4,38 +4,51 @@ import pytest
 import torch
 
 from mmrope_core import RopeBinding
+from mmrope_core.kernel import RopeKernel
+from mmrope_core.mrope import MropeFamily
 
 
-def rope_index(input_ids, attention_mask=None, **kwargs):
-    return torch.zeros(3, *input_ids.shape, dtype=torch.long), torch.zeros(input_ids.shape[0], 1, dtype=torch.long)
+class Zeros(RopeKernel):
+    def rope_index(self, input_ids, attention_mask=None, *, cu_seqlens=None, **inputs):
+        return torch.zeros(3, *input_ids.shape, dtype=torch.long), torch.zeros(input_ids.shape[0], 1, dtype=torch.long)
 
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"kind": "2d"}, "kind must be 'mrope' or '1d'"),
-    ({"kind": "mrope"}, "needs a callable rope_index"),
-    ({"kind": "1d", "rope_index": rope_index}, "must not carry a rope_index"),
-    ({"kind": "1d", "position_ids": rope_index}, "position_ids must be a callable, and only for kind='mrope'"),
-    ({"kind": "mrope", "rope_index": rope_index, "position_ids": "not callable"}, "position_ids must be a callable"),
-    ({"kind": "1d", "packed_rope_index": rope_index}, "packed_rope_index must be a callable, and only for kind='mrope'"),
-    ({"kind": "mrope", "rope_index": rope_index, "packed_rope_index": 3}, "packed_rope_index must be a callable"),
-    ({"kind": "mrope", "rope_index": rope_index, "packed_rope_index": rope_index, "packed_position_ids": 3},
-     "packed_position_ids must be a callable"),
-    ({"kind": "mrope", "rope_index": rope_index, "packed_position_ids": rope_index},
-     "packed_position_ids needs packed_rope_index"),
-    ({"kind": "mrope", "rope_index": rope_index, "token_types": 3}, "token_types must be callable"),
-    ({"kind": "mrope", "rope_index": rope_index, "packed_rope_index": rope_index, "token_types": rope_index,
-      "packed_token_types": 3}, "packed_token_types must be a callable"),
-    ({"kind": "mrope", "rope_index": rope_index, "token_types": rope_index, "packed_token_types": rope_index},
-     "packed_token_types needs packed_rope_index and token_types"),
-    ({"kind": "mrope", "rope_index": rope_index, "packed_rope_index": rope_index, "packed_token_types": rope_index},
-     "packed_token_types needs packed_rope_index and token_types"),
-    ({"kind": "mrope", "rope_index": rope_index, "implementation": ""}, "implementation must be a non-empty string"),
+    ({"kind": "mrope"}, "needs a RopeKernel, got NoneType"),
+    ({"kind": "mrope", "kernel": Zeros().rope_index}, "needs a RopeKernel, got method"),
+    ({"kind": "1d", "kernel": Zeros()}, "must not carry a kernel"),
+    ({"kind": "mrope", "kernel": Zeros(), "implementation": ""}, "implementation must be a non-empty string"),
+    ({"kind": "mrope", "kernel": Zeros(), "description": None}, "description must be a string"),
 ])
 def test_a_malformed_binding_is_refused_where_it_is_built(kwargs, message):
     with pytest.raises(TypeError, match=message):
         RopeBinding(**kwargs)
 
 
-def test_a_binding_defaults_to_int64_positions_and_no_position_ids():
-    binding = RopeBinding("mrope", rope_index)
-    assert binding.position_dtype == torch.int64 and binding.position_ids is None
+def test_a_kernel_needs_its_rope_index():
+    class Nothing(RopeKernel):
+        pass
+
+    with pytest.raises(TypeError, match="abstract"):
+        Nothing()
+
+
+def test_the_default_four_rows_are_the_text_row_over_the_rope_index():
+    kernel = Zeros()
+    assert kernel.position_dtype == torch.int64 and not kernel.places_packed_rows
+    mask = torch.tensor([[False, True, True]])
+    four = kernel.position_ids(torch.ones(1, 3, dtype=torch.long), mask)
+    assert four.tolist() == [[[1, 0, 1], [0, 0, 0], [0, 0, 0], [0, 0, 0]]]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"name": ""}, "name must be a non-empty string"),
+    ({"spatial_merge_size": 0}, "spatial_merge_size must be a positive int"),
+    ({"temporal_rule": "rounded"}, "temporal_rule must be one of"),
+    ({"video_markers": (1,)}, "video_markers must be a"),
+    ({"image_token_id": -1}, "token ids must be non-negative ints"),
+])
+def test_a_malformed_family_is_refused_where_it_is_built(kwargs, message):
+    with pytest.raises(TypeError, match=message):
+        MropeFamily(**{"name": "My-VL", "spatial_merge_size": 2, "image_token_id": 5, **kwargs})

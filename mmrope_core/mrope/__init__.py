@@ -15,162 +15,25 @@ positions do not count on. What is per run, per frame or per grid line is a few 
 numbers, worked out in numpy, whose small operations cost a fraction of torch's.
 """
 
-from __future__ import annotations
+from ._family import TEMPORAL_RULES, MropeFamily, TemporalRule
+from ._kernel import MropeKernel
+from ._media import MarkedVideoTypes, MediaGrids, MediaKind, TokenTypeMap
+from ._positions import check_placeholders, mrope_position_ids, mrope_positions
+from ._probe import bind_mrope, fast_kernel, probe_batches
 
-from collections.abc import Mapping, Sequence
-
-import numpy as np
-import torch
-
-from .._compiled import native
-from ..errors import InvalidInputError
-from ._media import MediaGrids, MediaKind, TokenTypeMap
-from ._mismatch import explain, match, segment_cut
-from ._place import place
-from ._runs import Runs, Spans, grids_of_runs, scan
-
-__all__ = ["MediaGrids", "MediaKind", "TokenTypeMap", "check_placeholders", "mrope_position_ids", "mrope_positions"]
-
-
-def mrope_positions(
-    token_types: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    kinds: Sequence[MediaKind],
-    grids: Mapping[int, MediaGrids | None],
-    *,
-    spatial_merge_size: int,
-    out_dtype: torch.dtype = torch.int64,
-    cu_seqlens: torch.Tensor | np.ndarray | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Positions ``(3, B, L)`` (0 at padding) and deltas ``(B, 1)`` (``max + 1 - valid length``),
-    as a family's ``get_rope_index`` returns them.
-
-    ``attention_mask`` is a bool ``(B, L)`` tensor or None. With ``cu_seqlens`` (``(K + 1,)``
-    boundaries from 0 to L, increasing) the batch is one packed row of K samples and no mask:
-    positions restart at 0 in every segment, deltas are ``(K, 1)``, and sample k in errors is
-    segment k. Raises :class:`~mmrope_core.PlaceholderMismatchError` naming the sample when
-    placeholder runs and grids disagree in number or size, or a run crosses a segment boundary.
-    """
-    positions, deltas = _placed(token_types, attention_mask, kinds, grids, spatial_merge_size, text_row=False,
-                                cu_seqlens=cu_seqlens)
-    return (positions if positions.dtype == out_dtype else positions.to(out_dtype)), deltas
-
-
-def mrope_position_ids(
-    token_types: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    kinds: Sequence[MediaKind],
-    grids: Mapping[int, MediaGrids | None],
-    *,
-    spatial_merge_size: int,
-    cu_seqlens: torch.Tensor | np.ndarray | None = None,
-) -> torch.Tensor:
-    """The ``(B, 4, L)`` int64 layout of ``RopeEngine.compute_position_ids`` in one pass: row 0
-    counts each sample's valid tokens from 0 (1 at padding), rows 1 to 3 are the positions
-    :func:`mrope_positions` returns. For a binding's ``position_ids``; with ``cu_seqlens``, as
-    in :func:`mrope_positions`, for its ``packed_position_ids`` (every row restarts at 0 in
-    every segment)."""
-    positions, _ = _placed(token_types, attention_mask, kinds, grids, spatial_merge_size, text_row=True,
-                           cu_seqlens=cu_seqlens)
-    return positions
-
-
-def _placed(token_types, attention_mask, kinds, grids, merge, *, text_row, cu_seqlens=None):
-    token_types = _small_int(token_types)
-    code = _coded(token_types, attention_mask)
-    runs, spans = scan(code, padded=attention_mask is not None)
-    if cu_seqlens is not None:
-        runs, spans = _in_segments(runs, code.shape, attention_mask, cu_seqlens)
-    if spans is None:  # padding inside a sample
-        return _compacted(token_types, attention_mask, kinds, grids, merge, text_row)
-    matched = grids_of_runs(runs, kinds, grids, merge)
-    if matched is None:
-        explain(runs, kinds, grids, merge)
-    return place(code, attention_mask, runs, spans, matched.grid, matched.scaled, merge, text_row=text_row)
-
-
-def _in_segments(runs: Runs, shape: tuple[int, int], attention_mask: torch.Tensor | None,
-                 cu_seqlens: torch.Tensor | np.ndarray) -> tuple[Runs, Spans]:
-    """The runs of one packed row, each assigned to its segment, and the segments as samples."""
-    if shape[0] != 1 or attention_mask is not None:
-        raise InvalidInputError(f"cu_seqlens describes one packed (1, L) row without a mask, got a batch of shape "
-                                f"{tuple(shape)}{' with a mask' if attention_mask is not None else ''}")
-    bounds = cu_seqlens.cpu().numpy() if isinstance(cu_seqlens, torch.Tensor) else np.asarray(cu_seqlens)
-    bounds = bounds.astype(np.int64, copy=False)
-    covers = bounds.ndim == 1 and bounds.size >= 2 and bounds[0] == 0 and bounds[-1] == shape[1]
-    count = bounds[1:] - bounds[:-1] if covers else None
-    if not covers or count.min() <= 0:
-        raise InvalidInputError(f"cu_seqlens must increase from 0 to the row length {shape[1]}, got {bounds.tolist()}")
-    first = bounds[:-1]
-    segment = first.searchsorted(runs.start, side="right") - 1
-    crossing = (runs.start + runs.length > bounds[1:][segment]).nonzero()[0]
-    if crossing.size:
-        k = int(segment[crossing[0]])
-        raise segment_cut(k + 1, f"token {int(bounds[k + 1])}")
-    return Runs(runs.start, runs.length, runs.type, segment), Spans(count, first, bounds[1:] - 1)
-
-
-def check_placeholders(
-    token_types: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    kinds: Sequence[MediaKind],
-    grids: Mapping[int, MediaGrids | None],
-    *,
-    spatial_merge_size: int,
-) -> None:
-    """Raise the errors :func:`mrope_positions` raises, without computing positions (for plugins
-    that hand valid inputs to a reference implementation)."""
-    token_types = _small_int(token_types)
-    runs, spans = scan(_coded(token_types, attention_mask))
-    if spans is None:
-        token_types, attention_mask, _ = _compact(token_types, attention_mask)
-        runs, _ = scan(_coded(token_types, attention_mask))
-    for _ in match(runs, kinds, grids, spatial_merge_size):
-        pass
-
-
-def _small_int(token_types: torch.Tensor) -> torch.Tensor:
-    """The token types as int8 (whose arithmetic moves an eighth of the memory int64 does),
-    after checking they are 0 (text) to 127."""
-    if token_types.device.type == "cpu":  # numpy's reductions over bytes are several times faster
-        values = token_types.numpy()
-        low, high = values.min(), values.max() if values.dtype != np.int8 else 0
-    elif token_types.dtype == torch.int8:
-        low, high = token_types.min(), 0
-    else:
-        low, high = torch.aminmax(token_types)
-    if int(low) < 0 or int(high) > 127:
-        raise InvalidInputError(
-            f"mm_token_type_ids must hold 0 for text and 1 to 127 for media types, found "
-            f"{int(low) if int(low) < 0 else int(high)}; build them with the plugin's token types"
-        )
-    return (token_types if token_types.dtype == torch.int8 else token_types.to(torch.int8)).contiguous()
-
-
-def _coded(token_types: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """The token types with -1 at masked tokens (``type * valid + valid - 1``)."""
-    if mask is None:
-        return token_types
-    if mask.device.type == "cpu" and native is not None:
-        code = torch.empty(token_types.shape, dtype=torch.int8)
-        native.coded(token_types.numpy(), mask.contiguous().numpy(), code.numpy())
-        return code
-    valid = mask.view(torch.int8)
-    return torch.addcmul(valid - 1, token_types, valid)
-
-
-def _compact(token_types: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Move each sample's valid tokens to the front, in order; ``order`` maps them back."""
-    order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)
-    lengths = mask.view(torch.int8).sum(dim=1, keepdim=True, dtype=torch.int64)
-    compact_mask = torch.arange(mask.shape[1], device=mask.device) < lengths
-    return token_types.gather(1, order), compact_mask, order
-
-
-def _compacted(token_types, mask, kinds, grids, merge, text_row) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Positions for masks with padding inside a sample: computed with each sample's valid tokens
-    moved to the front, then put back."""
-    compact_types, compact_mask, order = _compact(token_types, mask)
-    compact, deltas = _placed(compact_types, compact_mask, kinds, grids, merge, text_row=text_row)
-    order = order.unsqueeze(1 if text_row else 0).expand_as(compact)
-    return torch.zeros_like(compact).scatter_(2, order, compact), deltas
+__all__ = [
+    "TEMPORAL_RULES",
+    "MarkedVideoTypes",
+    "MediaGrids",
+    "MediaKind",
+    "MropeFamily",
+    "MropeKernel",
+    "TemporalRule",
+    "TokenTypeMap",
+    "bind_mrope",
+    "check_placeholders",
+    "fast_kernel",
+    "mrope_position_ids",
+    "mrope_positions",
+    "probe_batches",
+]

@@ -57,7 +57,9 @@ class TokenTypeMap:
             raise ValueError(f"token ids must be between 0 and 2**31 - 1, got {list(types)}")
         self.types = dict(types)
 
-    def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def __call__(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+        """The types of ``input_ids``; ``cu_seqlens`` changes nothing (a token's type does not
+        depend on the tokens before it)."""
         if not self.types:
             return torch.zeros(input_ids.shape, dtype=torch.int8, device=input_ids.device)
         if input_ids.device.type == "cpu":
@@ -98,3 +100,44 @@ class TokenTypeMap:
 
 
 _NATIVE_IDS = (torch.int64, torch.int32)
+
+
+class MarkedVideoTypes:
+    """Token types of families whose videos reuse the image token between begin- and
+    end-of-video markers (GLM-4V): an image token is a video token (2) where more begin markers
+    than end markers precede it in its row, the processor's own rule; other image tokens are 1.
+    With ``cu_seqlens`` the markers are counted from each segment's first token, so a marker a
+    segment leaves open does not turn the next segment's images into video. Returns int8."""
+
+    def __init__(self, image: int, video_begin: int, video_end: int) -> None:
+        self.image, self.video_begin, self.video_end = image, video_begin, video_end
+
+    def __call__(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+        if input_ids.device.type == "cpu":  # numpy compares several times faster than torch here
+            ids = input_ids.numpy()
+            image, opened = ids == self.image, ids == self.video_begin
+            if not opened.any():  # no video: every image token is an image
+                return torch.from_numpy(image.view(np.int8))
+            markers_np = opened.view(np.int8) - (ids == self.video_end).view(np.int8)
+            image_t, markers = torch.from_numpy(image), torch.from_numpy(markers_np)
+        else:
+            image_t = input_ids == self.image
+            markers = (input_ids == self.video_begin).to(torch.int8) - (input_ids == self.video_end).to(torch.int8)
+        open_videos = markers.cumsum(dim=1)  # one cumsum of the difference, not one per marker
+        if cu_seqlens is not None:
+            open_videos = _from_each_segment_start(open_videos, cu_seqlens)
+        return image_t.view(torch.int8) + (image_t & (open_videos > 0)).view(torch.int8)
+
+    def __repr__(self) -> str:
+        return f"MarkedVideoTypes(image={self.image}, video_begin={self.video_begin}, video_end={self.video_end})"
+
+
+def _from_each_segment_start(counts: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """A packed row's running ``counts`` as each segment alone counts them: less the count the
+    segments before it reached."""
+    bounds = cu_seqlens.to(device=counts.device, dtype=torch.int64)
+    reached = counts[0, bounds[1:-1] - 1]
+    if not bool(reached.any()):  # every segment closes what it opens (a row of whole samples)
+        return counts
+    before = torch.cat((reached.new_zeros(1), reached))
+    return counts - torch.repeat_interleave(before, bounds.diff()).unsqueeze(0)

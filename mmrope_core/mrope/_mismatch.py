@@ -117,12 +117,3 @@ def _size_mismatch(kind, index, runs, found, expected, grid, seg_row, count) -> 
         f"sample {sample}, {kind.name} {nth}: the grid {tuple(grid[index].tolist())} needs "
         f"{counted(need, kind.token + ' token')} after merging, found {got}. {hint}"
     )
-
-
-def segment_cut(segment: int, where: str) -> PlaceholderMismatchError:
-    """The error for packed segment ``segment`` starting inside a placeholder run the one before it
-    began; ``where`` says where the segment starts."""
-    return PlaceholderMismatchError(
-        f"segment {segment} starts inside a placeholder run that segment {segment - 1} began ({where}): "
-        f"the segment boundary cuts a media item; move the boundary before or after the item"
-    )

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from .._compiled import native
+from ..arrays import change_points, numpy, values_at
 from ._media import MediaGrids, MediaKind
 
 
@@ -52,10 +52,6 @@ class Spans:
     last: np.ndarray
 
 
-def numpy(tensor: torch.Tensor) -> np.ndarray:
-    return tensor.numpy() if tensor.is_cpu else tensor.cpu().numpy()
-
-
 def scan(code: torch.Tensor, padded: bool = True) -> tuple[Runs, Spans | None]:
     """The media runs and each sample's span of valid tokens, read off the places where ``code``
     (-1 at padding, else the token type) changes. Spans are None when a sample's valid tokens do
@@ -81,24 +77,6 @@ def scan(code: torch.Tensor, padded: bool = True) -> tuple[Runs, Spans | None]:
     if not padded:
         return runs, Spans(np.full(batch, length), row_start, row_start + (length - 1))
     return runs, _spans(change, before, after, first_column, last_column, row_start, length)
-
-
-def change_points(flat: np.ndarray | torch.Tensor) -> np.ndarray:
-    """The indices p where ``flat[p] != flat[p + 1]``, which are few."""
-    if isinstance(flat, np.ndarray):
-        if flat.itemsize == 1 and native is not None:  # most words of eight bytes hold no change: one comparison each
-            return np.frombuffer(native.changes(flat), dtype=np.int64)
-        return (flat[1:] != flat[:-1]).nonzero()[0]
-    return numpy(torch.nonzero(flat[1:] != flat[:-1]).squeeze(1))
-
-
-def values_at(flat: np.ndarray | torch.Tensor, indices: np.ndarray) -> np.ndarray:
-    """``flat[indices]`` as a numpy array on the CPU, whatever the device of ``flat``."""
-    if isinstance(flat, torch.Tensor):
-        if flat.device.type != "cpu":
-            return numpy(flat.index_select(0, torch.from_numpy(indices).to(flat.device)))
-        flat = flat.numpy()
-    return flat[indices]
 
 
 def _spans(change, before, after, first_column, last_column, row_start, length) -> Spans | None:

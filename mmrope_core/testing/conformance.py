@@ -14,6 +14,7 @@ import torch
 from ..engine import RopeEngine
 from ..errors import MmropeError
 from ..manager import PluginManager
+from ..positions import text_positions
 from ..types import ExampleCase, RopeBinding, ValidationPolicy
 
 
@@ -84,15 +85,12 @@ class _Checker:
         self.violations.append(Violation(self.name, hook, rule, detail, self.case))
 
     def own(self, hook: str, **kwargs: Any) -> list[Any]:
-        """Results of this plugin's implementation of ``hook`` alone (None included)."""
-        impls = [impl for impl in getattr(self.manager._pm.hook, hook).get_hookimpls() if impl.plugin_name == self.name]
-        results = []
-        for impl in impls:
-            try:
-                results.append(impl.function(*[kwargs[arg] for arg in impl.argnames]))
-            except Exception as exc:
-                self.fail(hook, "hooks do not raise on valid input", f"{type(exc).__name__}: {exc}")
-        return results
+        """Results of this plugin's implementation of ``hook`` alone (wrappers of its own applied)."""
+        try:
+            return self.manager.results_of(self.name, hook, **kwargs)
+        except Exception as exc:
+            self.fail(hook, "hooks do not raise on valid input", f"{type(exc).__name__}: {exc}")
+            return []
 
     def example_cases(self) -> list[ExampleCase]:
         cases = []
@@ -189,15 +187,14 @@ class _Checker:
         except MmropeError as exc:
             self.fail(hook, "computes positions for its own examples", f"{type(exc).__name__}: {exc}")
             return
-        binding = engine.binding
-        expected_shape = (*right[0].shape[:1], 4, right[0].shape[1]) if binding.kind == "mrope" else tuple(right[0].shape)
+        expected_shape = (*right[0].shape[:1], 4, right[0].shape[1]) if engine.rope_kind == "mrope" else tuple(right[0].shape)
         if tuple(batched.shape) != expected_shape:
             self.fail(hook, "output shape", f"expected {expected_shape}, got {tuple(batched.shape)}")
             return
-        if batched.dtype != binding.position_dtype or (not binding.position_dtype.is_floating_point
-                                                       and batched.dtype != torch.int64):
-            self.fail(hook, "int64 positions unless the binding declares another dtype",
-                      f"got {batched.dtype}, binding declares {binding.position_dtype}")
+        if batched.dtype != engine.position_dtype or (not engine.position_dtype.is_floating_point
+                                                      and batched.dtype != torch.int64):
+            self.fail(hook, "int64 positions unless the kernel declares another dtype",
+                      f"got {batched.dtype}, the kernel declares {engine.position_dtype}")
         if not torch.equal(batched, again):
             self.fail(hook, "determinism", "two calls on the same batch differ")
         for index, (single, output) in enumerate(zip(alone, outputs)):
@@ -206,14 +203,9 @@ class _Checker:
                 self.fail(hook, "batched results equal per-sample results", f"sample {index} ({n} tokens) differs")
             if not torch.equal(_valid(batched, right[1], index), _valid(left_positions, left[1], index)):
                 self.fail(hook, "left and right padding give the same valid positions", f"sample {index} differs")
+        if engine.rope_kind == "mrope":
+            self.check_rope_index(engine, outputs, {"right": right, "left": left})
         self.check_packing(engine, outputs, right[2], alone)
-        if binding.position_ids is not None:
-            self.check_position_ids(engine, (right, left))
-        if binding.kind == "mrope":
-            positions, deltas = engine.get_rope_index(right[0], right[1], **engine.rope_index_kwargs(right[2]))
-            if positions.shape != (3, *right[0].shape) or deltas.shape != (right[0].shape[0], 1):
-                self.fail(hook, "get_rope_index returns (3, B, L) and (B, 1)",
-                          f"got {tuple(positions.shape)} and {tuple(deltas.shape)}")
         try:
             # what an unpickled engine is rebuilt from, rebuilt here with this checker's plugins
             _rebuild, (processor, config, options) = pickle.loads(pickle.dumps(engine.__reduce__()))
@@ -223,22 +215,40 @@ class _Checker:
         except Exception as exc:
             self.fail(hook, "the engine pickles", f"{type(exc).__name__}: {exc}")
 
-    def check_position_ids(self, engine: RopeEngine, batches) -> None:
+    def check_rope_index(self, engine: RopeEngine, outputs: Sequence[Mapping[str, Any]], batches) -> None:
+        """``get_rope_index`` as the model's method returns it, and the four rows of
+        ``compute_position_ids`` made of it: the text row over its positions."""
+        hook = "bind_rope_index"
         rule = "position_ids equal the text row over rope_index's positions"
-        composed = RopeEngine(engine.processor, engine.config, dataclasses.replace(engine.binding, position_ids=None),
-                              engine.validation_policy, engine.varlen_keys, engine._plugins, engine._options)
-        for side, batch in zip(("right", "left"), batches):
+        for side, (ids, mask, inputs) in batches.items():
             try:
-                same = torch.equal(engine.compute_position_ids(*batch), composed.compute_position_ids(*batch))
+                positions, deltas = engine.get_rope_index(ids, mask, **engine.rope_index_kwargs(inputs))
+                four = engine.compute_position_ids(ids, mask, inputs)
             except MmropeError as exc:
-                self.fail("bind_rope_index", rule, f"{type(exc).__name__}: {exc}")
+                self.fail(hook, "get_rope_index computes its own examples", f"{type(exc).__name__}: {exc}")
                 return
-            if not same:
-                self.fail("bind_rope_index", rule, f"they differ on the batch padded on the {side}")
+            if positions.shape != (3, *ids.shape) or deltas.shape != (ids.shape[0], 1):
+                self.fail(hook, "get_rope_index returns (3, B, L) and (B, 1)",
+                          f"got {tuple(positions.shape)} and {tuple(deltas.shape)}")
+                return
+            text = torch.empty_like(ids)
+            text_positions(mask.bool(), out=text)
+            if not (torch.equal(four[:, 0], text.to(four.dtype))
+                    and torch.equal(four[:, 1:], positions.transpose(0, 1).to(four.dtype))):
+                self.fail(hook, rule, f"they differ on the batch padded on the {side}")
+        ids, mask, inputs = batches["right"]
+        positions, deltas = engine.get_rope_index(ids, mask, **engine.rope_index_kwargs(inputs))
+        for index, output in enumerate(outputs):
+            one = engine.batch([output])
+            single, single_deltas = engine.get_rope_index(one[0], one[1], **engine.rope_index_kwargs(one[2]))
+            if not (torch.equal(_valid(positions.transpose(0, 1), mask, index), _valid(single.transpose(0, 1), None, 0))
+                    and torch.equal(deltas[index], single_deltas[0])):
+                self.fail(hook, "get_rope_index of a batch equals that of each sample", f"sample {index} differs")
 
     def check_packing(self, engine: RopeEngine, outputs, multi_modal_inputs, alone) -> None:
         """The samples packed into one row back to back (``cu_seqlens``), and with a token outside
-        every segment before each (``segment_ids``): each segment gets its sample's positions."""
+        every segment before each (``segment_ids``): each segment gets its sample's positions, in
+        ``compute_position_ids`` and in ``get_rope_index`` (deltas per segment)."""
         rows = [output["input_ids"][0][_mask_of(output)] for output in outputs]
         lengths = [row.numel() for row in rows]
         cu_seqlens = torch.tensor([0, *itertools.accumulate(lengths)])
@@ -251,10 +261,16 @@ class _Checker:
             ("cu_seqlens", torch.cat(rows).unsqueeze(0), {"cu_seqlens": cu_seqlens}, starts),
             ("segment_ids", with_gaps, {"segment_ids": segment_ids}, [start + k for k, start in enumerate(starts, 1)]),
         )
-        self.check_packed_token_types(engine.binding, rows, cu_seqlens)
+        single_rope = []
+        if engine.rope_kind == "mrope":
+            for output in outputs:
+                one = engine.batch([output])
+                single_rope.append(engine.get_rope_index(one[0], one[1], **engine.rope_index_kwargs(one[2])))
         for style, ids, packing, firsts in layouts:
             try:
                 packed = engine.compute_position_ids(ids, None, multi_modal_inputs, **packing)
+                rope = (engine.get_rope_index(ids, **packing, **engine.rope_index_kwargs(multi_modal_inputs))
+                        if engine.rope_kind == "mrope" else None)
             except MmropeError as exc:
                 self.fail("bind_rope_index", "packed samples compute", f"{style}: {type(exc).__name__}: {exc}")
                 continue
@@ -263,20 +279,13 @@ class _Checker:
                 if not torch.equal(segment, _valid(single, None, 0)):
                     self.fail("bind_rope_index", "a packed segment equals its sample alone",
                               f"{style}: segment {index} differs")
-
-    def check_packed_token_types(self, binding: RopeBinding, rows: Sequence[torch.Tensor], cu_seqlens: torch.Tensor) -> None:
-        """A packed row's token types are each sample's own, one after the other."""
-        if binding.packed_token_types is None:
-            return
-        rule = "packed token types equal each sample's token types"
-        try:
-            packed = binding.packed_token_types(torch.cat(rows).unsqueeze(0), cu_seqlens)
-            each = torch.cat([binding.token_types(row.unsqueeze(0)) for row in rows], dim=1)
-        except Exception as exc:  # a plugin's mistake of any kind is a violation to report
-            self.fail("bind_rope_index", rule, f"{type(exc).__name__}: {exc}")
-            return
-        if not (isinstance(packed, torch.Tensor) and packed.shape == each.shape and torch.equal(packed.long(), each.long())):
-            self.fail("bind_rope_index", rule, "they differ")
+                if rope is None:
+                    continue
+                positions, deltas = single_rope[index]
+                if not (torch.equal(rope[0][:, 0, start : start + lengths[index]], positions[:, 0])
+                        and torch.equal(rope[1][index], deltas[0])):
+                    self.fail("bind_rope_index", "get_rope_index of a packed segment equals its sample alone",
+                              f"{style}: segment {index} differs")
 
 
 def _mask_of(output: Mapping[str, Any]) -> torch.Tensor:

@@ -4,6 +4,7 @@ by an ``offset`` taken from the multimodal inputs."""
 import torch
 
 from mmrope_core import ExampleCase, RopeBinding, ValidationPolicy, hookimpl
+from mmrope_core.kernel import RopeKernel
 
 PROCESSOR_CLASSES = ("ToyProcessor",)
 
@@ -31,65 +32,78 @@ class Toy1dProcessor:
     pass
 
 
-def toy_rope_index(input_ids, attention_mask=None, offset=0, **kwargs):
+class ToyKernel(RopeKernel):
+    """Three rows counting each sample's valid tokens from ``offset`` (0 at padding); packed
+    rows restart in every segment. Records the layouts it is called on."""
+
+    def __init__(self, places_packed_rows=False):
+        self.places_packed_rows = places_packed_rows
+        self.calls = []
+
+    def rope_index(self, input_ids, attention_mask=None, *, cu_seqlens=None, offset=0, **ignored):
+        self.calls.append(("rope_index", None if cu_seqlens is None else cu_seqlens.tolist(), attention_mask))
+        return toy_rope_index(input_ids, attention_mask, cu_seqlens, offset)
+
+
+def toy_rope_index(input_ids, attention_mask=None, cu_seqlens=None, offset=0):
+    if cu_seqlens is not None:
+        lengths = cu_seqlens.diff()
+        within = torch.arange(input_ids.shape[1]) - torch.repeat_interleave(cu_seqlens[:-1], lengths)
+        return (within + int(offset)).expand(3, 1, -1).clone(), torch.zeros(lengths.numel(), 1, dtype=torch.long)
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
     positions = (mask.long().cumsum(1) - 1).clamp(min=0) + int(offset)
     positions = positions.masked_fill(~mask, 0)
-    deltas = torch.zeros(input_ids.shape[0], 1, dtype=torch.long)
-    return positions.unsqueeze(0).repeat(3, 1, 1), deltas
+    return positions.unsqueeze(0).repeat(3, 1, 1), torch.zeros(input_ids.shape[0], 1, dtype=torch.long)
 
 
-def toy_position_ids(input_ids, attention_mask=None, offset=0, **kwargs):
-    """The (B, 4, L) layout in one call: the text row over ``toy_rope_index``'s rows."""
-    mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
-    positions, _ = toy_rope_index(input_ids, mask, offset)
-    text = (mask.long().cumsum(1) - 1).masked_fill(~mask, 1)
-    return torch.cat([text.unsqueeze(1), positions.transpose(0, 1)], dim=1)
+class DirectKernel(ToyKernel):
+    """Writes the four rows itself, as the default would."""
+
+    def position_ids(self, input_ids, attention_mask=None, *, cu_seqlens=None, offset=0, **ignored):
+        self.calls.append(("position_ids", None if cu_seqlens is None else cu_seqlens.tolist(), attention_mask))
+        positions, _ = toy_rope_index(input_ids, attention_mask, cu_seqlens, offset)
+        if cu_seqlens is None:
+            mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
+            text = (mask.long().cumsum(1) - 1).masked_fill(~mask, 1)
+        else:
+            text = positions[0] - int(offset)
+        return torch.cat([text.unsqueeze(1), positions.transpose(0, 1)], dim=1)
 
 
-def misshapen_position_ids(input_ids, attention_mask=None, **kwargs):
-    return toy_rope_index(input_ids, attention_mask)[0]
+class MisshapenKernel(ToyKernel):
+    """Positions without their batch dimension, deltas of one row, four rows without the text row."""
+
+    def rope_index(self, input_ids, attention_mask=None, **kwargs):
+        return super().rope_index(input_ids, attention_mask, **kwargs)[0][0], torch.zeros(1, 1, dtype=torch.long)
+
+    def position_ids(self, input_ids, attention_mask=None, **kwargs):
+        return super().rope_index(input_ids, attention_mask, **kwargs)[0].transpose(0, 1)
 
 
-POSITION_IDS = {"direct": toy_position_ids, "misshapen": misshapen_position_ids}
+class Int32Kernel(DirectKernel):
+    def position_ids(self, *args, **kwargs):
+        return super().position_ids(*args, **kwargs).int()
 
 
-def toy_packed_rope_index(input_ids, attention_mask=None, *, cu_seqlens, offset=0, **kwargs):
-    """One packed row: positions count from ``offset`` in every segment, as each alone."""
-    lengths = cu_seqlens.diff()
-    within = torch.arange(input_ids.shape[1]) - torch.repeat_interleave(cu_seqlens[:-1], lengths)
-    return (within + int(offset)).expand(3, 1, -1).clone(), torch.zeros(lengths.numel(), 1, dtype=torch.long)
+class StridedKernel(DirectKernel):
+    """The same positions, laid out in memory token by token (not contiguous)."""
+
+    def rope_index(self, *args, **kwargs):
+        positions, deltas = super().rope_index(*args, **kwargs)
+        return positions.permute(2, 1, 0).contiguous().permute(2, 1, 0), deltas
+
+    def position_ids(self, *args, **kwargs):
+        return super().position_ids(*args, **kwargs).permute(0, 2, 1).contiguous().permute(0, 2, 1)
 
 
-def misshapen_packed_rope_index(input_ids, attention_mask=None, *, cu_seqlens, **kwargs):
-    return toy_rope_index(input_ids)[0][0], torch.zeros(1, 1, dtype=torch.long)
+class RaisingKernel(ToyKernel):
+    def rope_index(self, *args, **kwargs):
+        raise ValueError("no positions today")
 
 
-def strided_packed_rope_index(input_ids, attention_mask=None, **kwargs):
-    """The same positions, laid out in memory token by token (not contiguous as (3, 1, T))."""
-    positions, deltas = toy_packed_rope_index(input_ids, **kwargs)
-    return positions.permute(2, 1, 0).contiguous().permute(2, 1, 0), deltas
-
-
-PACKED = {"direct": toy_packed_rope_index, "misshapen": misshapen_packed_rope_index, "strided": strided_packed_rope_index}
-
-
-def toy_packed_position_ids(input_ids, attention_mask=None, *, cu_seqlens, offset=0, **kwargs):
-    """The (1, 4, T) layout of one packed row: each segment's count over its positions."""
-    positions, _ = toy_packed_rope_index(input_ids, cu_seqlens=cu_seqlens)
-    return torch.cat([positions[:1], positions + int(offset)]).transpose(0, 1)
-
-
-def misshapen_packed_position_ids(input_ids, attention_mask=None, *, cu_seqlens, **kwargs):
-    return toy_packed_rope_index(input_ids, cu_seqlens=cu_seqlens)[0].int()
-
-
-def strided_packed_position_ids(input_ids, attention_mask=None, **kwargs):
-    return toy_packed_position_ids(input_ids, **kwargs).permute(0, 2, 1).contiguous().permute(0, 2, 1)
-
-
-PACKED_POSITION_IDS = {"direct": toy_packed_position_ids, "misshapen": misshapen_packed_position_ids,
-                       "strided": strided_packed_position_ids}
+KERNELS = {"counting": lambda: ToyKernel(), "raising": lambda: RaisingKernel(), "placing": lambda: ToyKernel(places_packed_rows=True),
+           "direct": lambda: DirectKernel(places_packed_rows=True), "misshapen": lambda: MisshapenKernel(True),
+           "int32": lambda: Int32Kernel(True), "strided": lambda: StridedKernel(True)}
 
 
 def _relaxed(processor, text=None, **kwargs):
@@ -102,10 +116,8 @@ def bind_rope_index(processor, options):
     if isinstance(processor, Toy1dProcessor):
         return RopeBinding(kind="1d")
     if isinstance(processor, ToyProcessor):
-        return RopeBinding(kind="mrope", rope_index=toy_rope_index, implementation=options.get("impl", "fast"),
-                           position_ids=POSITION_IDS.get(options.get("position_ids")),
-                           packed_rope_index=PACKED.get(options.get("packed_rope_index")),
-                           packed_position_ids=PACKED_POSITION_IDS.get(options.get("packed_position_ids")))
+        return RopeBinding("mrope", KERNELS[options.get("kernel", "counting")](),
+                           options.get("implementation", "fast"), "toy counting")
     return None
 
 

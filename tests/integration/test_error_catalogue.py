@@ -38,7 +38,7 @@ def engine(name, impl="fast"):
     else:
         from mmrope_qwen_vl.examples import build
     processor, config = build(name)
-    return RopeEngine.from_processor(processor, config, plugin_manager=manager(), impl=impl)
+    return RopeEngine.from_processor(processor, config, plugin_manager=manager(), implementation=impl)
 
 
 def qwen_ids(*rows):

@@ -8,7 +8,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mmrope_core import InvalidInputError, PlaceholderMismatchError
+from mmrope_core import InvalidInputError, PlaceholderMismatchError, SegmentCutError
+from mmrope_core.kernel import RopeKernel
 from test_properties import MROPE_FAMILIES, SETTINGS, engines, one_sample
 
 
@@ -201,23 +202,10 @@ def test_packed_rows_are_placed_where_they_lie(name):
     """The fast binding places a packed row of segments of different lengths in one call; it
     equals the segments unpacked into a padded batch, segments that begin or end with a
     placeholder run included (media of different kinds meeting at a boundary too)."""
-    import copy
-    import dataclasses
-
     from mmrope_qwen_vl.samples import random_batch
 
     fast, _ = engines(name)
-    calls = []
-    native = fast.binding.packed_rope_index
-
-    def counted(*args, **kwargs):
-        calls.append(kwargs["cu_seqlens"])
-        return native(*args, **kwargs)
-
-    placed, unpacked = copy.copy(fast), copy.copy(fast)
-    placed.binding = dataclasses.replace(fast.binding, packed_rope_index=counted)
-    unpacked.binding = dataclasses.replace(fast.binding, packed_rope_index=None, packed_position_ids=None,
-                                           packed_token_types=None)
+    placed, unpacked, calls = _counting_and_unpacked(fast)
     rng = random.Random(f"placed/{name}")
     for index in range(40):
         batch = random_batch(fast.processor, rng, max_batch=6, max_images=3, max_videos=1, max_frames=4, bare_edges=True)
@@ -229,29 +217,23 @@ def test_packed_rows_are_placed_where_they_lie(name):
                         {"segment_ids": torch.repeat_interleave(torch.arange(1, len(lengths) + 1), lengths).unsqueeze(0)}):
             try:
                 want = unpacked.get_rope_index(ids, **packing, **kwargs)
-            except PlaceholderMismatchError as exc:  # a boundary between two runs of one kind
-                with pytest.raises(PlaceholderMismatchError, match="segment .* starts inside a placeholder run"):
+            except PlaceholderMismatchError:  # a boundary cuts a run in two parts that fit no grid
+                with pytest.raises(SegmentCutError, match="segment .* starts inside a placeholder run"):
                     placed.get_rope_index(ids, **packing, **kwargs)
-                assert "starts inside a placeholder run" in str(exc)
                 continue
             count = len(calls)
             got = placed.get_rope_index(ids, **packing, **kwargs)
-            # segments of one length are unpacked by reshaping instead
-            assert len(calls) == count + int(bool((lengths != lengths[0]).any())), f"batch {index}"
+            assert len(calls) == count + 1, f"batch {index}"
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), f"batch {index}"
-            # compute_position_ids places every packed row where it lies, segments of one length too
             got = placed.compute_position_ids(ids, None, kwargs, **packing)
+            assert len(calls) == count + 2, f"batch {index}"
             assert torch.equal(got, unpacked.compute_position_ids(ids, None, kwargs, **packing)), f"batch {index}"
 
 
 def test_the_reference_leaves_packed_rows_to_the_engine():
-    reference = engines("Qwen2-VL")[1].binding
-    assert reference.packed_rope_index is None and reference.packed_position_ids is None
+    assert not engines("Qwen2-VL")[1].binding.kernel.places_packed_rows
     for name in ("Qwen2-VL", "GLM-4V"):
-        fast = engines(name)[0].binding
-        assert fast.packed_rope_index is not None and fast.packed_position_ids is not None
-        # GLM's token types count video markers along the row: a packed row's per segment
-        assert (fast.packed_token_types is not None) == (name == "GLM-4V")
+        assert engines(name)[0].binding.kernel.places_packed_rows
 
 
 @pytest.mark.differential
@@ -259,7 +241,6 @@ def test_a_glm_segment_that_leaves_a_video_open_does_not_turn_the_next_ones_imag
     """A sample cut after a video frame, its end-of-video marker lost, packed before a sample that
     begins with an image run: typed along the row, that run would read as more of the video."""
     import copy
-    import dataclasses
 
     fast, _ = engines("GLM-4V")
     tokenizer = fast.processor.tokenizer
@@ -284,23 +265,18 @@ def test_a_glm_segment_that_leaves_a_video_open_does_not_turn_the_next_ones_imag
                            unpacked.compute_position_ids(ids, None, kwargs, **packing)), style
     assert len(calls) == 4  # both calls placed each packed row where it lies
     # typed along the row instead, the second segment's image run reads as more of the video
-    row_typed = copy.copy(fast)
-    row_typed.binding = dataclasses.replace(fast.binding, packed_token_types=None)
+    kernel = copy.copy(fast.binding.kernel)
+    kernel.token_types = lambda ids, cu_seqlens=None: fast.binding.kernel.token_types(ids)
     ids, packing, kwargs, _ = packed(samples, "cu_seqlens", tokenizer.pad_token_id)
     with pytest.raises(PlaceholderMismatchError):
-        row_typed.get_rope_index(ids, **packing, **kwargs)
+        with_kernel(fast, kernel).get_rope_index(ids, **packing, **kwargs)
 
 
 @pytest.mark.differential
 def test_packed_rows_of_several_rows_are_placed_where_they_lie():
     """segment_ids over two rows without padding: the rows are placed as one packed row."""
-    import copy
-    import dataclasses
-
     fast, _ = engines("Qwen2.5-VL")
-    unpacked = copy.copy(fast)
-    unpacked.binding = dataclasses.replace(fast.binding, packed_rope_index=None, packed_position_ids=None,
-                                           packed_token_types=None)
+    _, unpacked, _ = _counting_and_unpacked(fast)
     rng = random.Random("two rows")
     for index in range(10):
         samples = [one_sample("Qwen2.5-VL", rng, False) for _ in range(3)]
@@ -320,25 +296,42 @@ def test_packed_rows_of_several_rows_are_placed_where_they_lie():
         assert torch.equal(got, unpacked.compute_position_ids(ids, None, kwargs, segment_ids=segment_ids)), f"batch {index}"
 
 
-def _counting_and_unpacked(fast):
-    """The fast engine with its packed functions counted, and the same engine without them."""
+class Counted(RopeKernel):
+    """A kernel's positions, the packed rows it is handed counted; with ``places`` False, the same
+    kernel leaving packed rows to the engine, which unpacks them into a batch."""
+
+    def __init__(self, kernel, places, calls):
+        self.kernel, self.places_packed_rows, self.calls = kernel, places, calls
+        self.position_dtype = kernel.position_dtype
+
+    def rope_index(self, *args, cu_seqlens=None, **kwargs):
+        return self._call(self.kernel.rope_index, args, cu_seqlens, kwargs)
+
+    def position_ids(self, *args, cu_seqlens=None, **kwargs):
+        return self._call(self.kernel.position_ids, args, cu_seqlens, kwargs)
+
+    def _call(self, method, args, cu_seqlens, kwargs):
+        if cu_seqlens is None:
+            return method(*args, **kwargs)
+        self.calls.append(cu_seqlens)
+        return method(*args, cu_seqlens=cu_seqlens, **kwargs)
+
+
+def with_kernel(engine, kernel):
     import copy
     import dataclasses
 
+    other = copy.copy(engine)
+    other.binding = dataclasses.replace(engine.binding, kernel=kernel)
+    return other
+
+
+def _counting_and_unpacked(fast):
+    """The fast engine with the packed rows its kernel is handed counted, and the same engine
+    with a kernel that leaves packed rows to the engine."""
     calls = []
-
-    def counted(function):
-        def call(*args, **kwargs):
-            calls.append(kwargs["cu_seqlens"])
-            return function(*args, **kwargs)
-        return call
-
-    placed, unpacked = copy.copy(fast), copy.copy(fast)
-    placed.binding = dataclasses.replace(fast.binding, packed_rope_index=counted(fast.binding.packed_rope_index),
-                                         packed_position_ids=counted(fast.binding.packed_position_ids))
-    unpacked.binding = dataclasses.replace(fast.binding, packed_rope_index=None, packed_position_ids=None,
-                                           packed_token_types=None)
-    return placed, unpacked, calls
+    return (with_kernel(fast, Counted(fast.binding.kernel, True, calls)),
+            with_kernel(fast, Counted(fast.binding.kernel, False, [])), calls)
 
 
 def _apart_and_meeting(ids, segment_ids, placeholders):
@@ -356,9 +349,9 @@ def _apart_and_meeting(ids, segment_ids, placeholders):
 @pytest.mark.parametrize("name", ["Qwen2-VL", "Qwen2.5-VL", "Qwen3-VL"])
 def test_packed_rows_with_padding_are_placed_where_they_lie(name):
     """segment_ids with padding before, between and after segments, over one to three rows: the
-    fast binding places the segments' tokens as one packed row, and the result equals the
-    segments unpacked into a padded batch. Segments apart in the batch (padding or a row's end
-    between them) whose placeholder runs would meet in one row take the unpacked batch."""
+    fast kernel takes the segments' tokens joined into one row, and the result equals the
+    segments unpacked into a padded batch, segments apart in the batch whose placeholder runs
+    meet in the joined row included."""
     from mmrope_qwen_vl.samples import random_batch
 
     fast, _ = engines(name)
@@ -366,7 +359,7 @@ def test_packed_rows_with_padding_are_placed_where_they_lie(name):
     processor = fast.processor
     placeholders = {processor.image_token_id, processor.video_token_id}
     rng = random.Random(f"padded/{name}")
-    seen = {"placed": 0, "unpacked": 0}
+    seen = {"meeting": 0, "apart": 0}
     for index in range(40):
         batch = random_batch(processor, rng, max_batch=6, max_images=3, max_videos=1, max_frames=4, bare_edges=True)
         valid = batch.pop("attention_mask").bool()
@@ -391,16 +384,14 @@ def test_packed_rows_with_padding_are_placed_where_they_lie(name):
         try:
             want = unpacked.get_rope_index(ids, segment_ids=segment_ids, **kwargs)
         except PlaceholderMismatchError:  # two segments side by side in a row, cut through one run
-            with pytest.raises(PlaceholderMismatchError, match="starts inside a placeholder run"):
+            with pytest.raises(SegmentCutError, match="starts inside a placeholder run"):
                 placed.get_rope_index(ids, segment_ids=segment_ids, **kwargs)
             continue
         count = len(calls)
         got = placed.compute_position_ids(ids, None, kwargs, segment_ids=segment_ids)
-        assert got.is_contiguous()
+        assert got.is_contiguous() and len(calls) == count + 1
         assert torch.equal(got, unpacked.compute_position_ids(ids, None, kwargs, segment_ids=segment_ids)), f"batch {index}"
-        placed_now = len(calls) > count
-        assert placed_now != _apart_and_meeting(ids, segment_ids, placeholders), f"batch {index}"
-        seen["placed" if placed_now else "unpacked"] += 1
+        seen["meeting" if _apart_and_meeting(ids, segment_ids, placeholders) else "apart"] += 1
         got = placed.get_rope_index(ids, segment_ids=segment_ids, **kwargs)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), f"batch {index}"
     assert all(seen.values()), seen
@@ -426,10 +417,16 @@ def test_runs_of_segments_apart_in_the_batch_are_not_cut(apart):
                 tokens = segment_ids[row] == k
                 want = fast.compute_position_ids(ids[row, tokens], None, image)[0] if k else outside
                 assert torch.equal(positions[row][:, tokens], want.expand(4, int(tokens.sum()))), (row, k)
-    assert not calls  # in one row the two runs would read as one
+    assert len(calls) == 1  # joined, the two runs stay two items
+    # side by side in one row, they are two items too where they fit two grids, and a cut where they do not
     side_by_side = ids.reshape(1, -1)[:, segment_ids.reshape(-1) > 0]
-    with pytest.raises(PlaceholderMismatchError, match="segment 1 starts inside a placeholder run"):
-        fast.compute_position_ids(side_by_side, None, images, segment_ids=torch.tensor([[1, 1, 1, 1, 2, 2, 2, 2]]))
+    segment_ids = torch.tensor([[1, 1, 1, 1, 2, 2, 2, 2]])
+    assert torch.equal(fast.compute_position_ids(side_by_side, None, images, segment_ids=segment_ids),
+                       unpacked.compute_position_ids(side_by_side, None, images, segment_ids=segment_ids))
+    with pytest.raises(SegmentCutError, match=r"segment 1 starts inside a placeholder run that segment 0 began "
+                                              r"\(row 0, token 4\)"):
+        fast.compute_position_ids(side_by_side, None, {"image_grid_thw": torch.tensor([[1, 4, 4]])},
+                                  segment_ids=segment_ids)
 
 
 @SETTINGS
@@ -459,14 +456,14 @@ def test_layouts_read_from_segment_ids_agree_token_by_token(layout, tail):
                 offsets[r, c] = 0 if new else offsets[r, c - 1] + 1
                 tokens.append(int(values[r, c]))
     assert [[int(s), int(n)] for s, n in zip(packed_layout.starts, packed_layout.lengths)] == segments
-    row = packed_layout.packed_row(values)
+    row = packed_layout.joined(values)
     assert row.tolist() == [tokens]
-    assert packed_layout.packed_row_bounds().tolist() == [0, *itertools.accumulate(n for _, n in segments)]
+    assert packed_layout.joined_bounds().tolist() == [0, *itertools.accumulate(n for _, n in segments)]
     assert torch.equal(packed_layout.offsets(outside=-1), offsets)
     assert torch.equal(packed_layout.valid(), inside)
-    assert torch.equal(packed_layout.place(row[0], outside=-5), torch.where(inside, values, -5))
+    assert torch.equal(packed_layout.spread(row[0], outside=-5), torch.where(inside, values, -5))
     both = torch.stack([row[0], -row[0]])
     out = torch.empty(segment_ids.shape[0], 2, length, dtype=torch.long)
-    packed_layout.place(both, (7, 8), out=out.transpose(0, 1))
+    packed_layout.spread(both, (7, 8), out=out.transpose(0, 1))
     assert torch.equal(out[:, 0], torch.where(inside, values, 7)) and torch.equal(out[:, 1], torch.where(inside, -values, 8))
     assert torch.equal(packed_layout.pack(packed_layout.unpack(values)), torch.where(inside, values, 0))

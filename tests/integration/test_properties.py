@@ -28,7 +28,7 @@ def engines(name):
         from mmrope_qwen_vl.examples import build
     processor, config = build(name)
     return (RopeEngine.from_processor(processor, config, plugin_manager=manager),
-            RopeEngine.from_processor(processor, config, plugin_manager=manager, impl="reference"))
+            RopeEngine.from_processor(processor, config, plugin_manager=manager, implementation="reference"))
 
 
 def one_sample(name, rng, use_audio_in_video):
@@ -40,7 +40,7 @@ def one_sample(name, rng, use_audio_in_video):
         from mmrope_qwen3_omni.families import family_of
 
         ids = token_ids(processor)
-        thinker = engines(name)[0].binding.rope_index.config
+        thinker = engines(name)[0].binding.kernel.config
         tokens = tokens_of(thinker, {"vision_end": ids["vision_eos"], "audio_end": ids["audio_eos"]})
         words = processor.tokenizer.convert_tokens_to_ids(["the", "cat", "sat"])
         batch = random_batch(family_of(processor), tokens, 2, thinker, rng, use_audio_in_video=use_audio_in_video,

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from mmrope_core import InvalidInputError, RopeBinding
+from mmrope_core.kernel import RopeKernel
 from mmrope_core.reference import config_only_model, probe_once
 
 from .families import Family
@@ -19,22 +20,23 @@ IMPLEMENTATIONS = ("fast", "reference")
 
 
 def bind(family: Family, processor: Any, config: Any, options: Mapping[str, Any]) -> RopeBinding:
-    impl = options.get("impl", "fast")
-    if impl not in IMPLEMENTATIONS:
-        raise InvalidInputError(f"impl={impl!r} is not an implementation of {family.name}; use one of {IMPLEMENTATIONS}")
+    implementation = options.get("implementation", "fast")
+    if implementation not in IMPLEMENTATIONS:
+        raise InvalidInputError(f"implementation={implementation!r} is not an implementation of {family.name}; use "
+                                f"one of {IMPLEMENTATIONS}")
     integer = bool(options.get("integer_positions", False))
     thinker = thinker_config(family, processor, config)
     ids = token_ids(processor)
     markers = {"vision_end": ids["vision_eos"], "audio_end": ids["audio_eos"]}
     rule = agreeing_audio_rule(family, thinker, markers)
-    reference = ReferenceRopeIndex(family, thinker, markers, rule)
     dtype = torch.float32 if family.float_positions and not integer else torch.int64
     note = ", integer positions (fractional positions truncated)" if family.float_positions and integer else ""
-    if impl == "fast" and rule is not None:
-        return RopeBinding("mrope", FastRopeIndex(family, thinker, markers, rule), None, "fast", dtype,
+    if implementation == "fast" and rule is not None:
+        return RopeBinding("mrope", FastRopeIndex(family, thinker, markers, rule, dtype), "fast",
                            f"{family.name}, loop-free implementation{note}")
-    why = "" if impl == "reference" else " (the fast implementation disagrees with this transformers)"
-    return RopeBinding("mrope", reference, None, "reference", dtype, f"{family.name}, transformers reference{why}{note}")
+    why = "" if implementation == "reference" else " (the fast implementation disagrees with this transformers)"
+    return RopeBinding("mrope", ReferenceRopeIndex(family, thinker, markers, rule, dtype), "reference",
+                       f"{family.name}, transformers reference{why}{note}")
 
 
 def thinker_config(family: Family, processor: Any, config: Any) -> Any:
@@ -113,11 +115,16 @@ def rope_index_kwargs(multi_modal_inputs: Mapping[str, Any], mm_processor_kwargs
     return kwargs
 
 
-class _Implementation:
-    def __init__(self, family: Family, thinker: Any) -> None:
+class _Implementation(RopeKernel):
+    def __init__(self, family: Family, thinker: Any, position_dtype: torch.dtype | None = None) -> None:
         self.family = family
         self.config = thinker
         self.merge = int(thinker.vision_config.spatial_merge_size)
+        self.position_dtype = position_dtype or (torch.float32 if family.float_positions else torch.int64)
+
+    def rope_index(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                   cu_seqlens: torch.Tensor | None = None, **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return self(input_ids, attention_mask, **inputs)
 
     def check(self, input_ids, spans, image_grid_thw, video_grid_thw, audio_lengths, second_per_grids,
               use_audio_in_video, tokens: Tokens) -> list[list[Item]]:
@@ -182,8 +189,9 @@ class ReferenceRopeIndex(_Implementation):
     """The thinker's own ``get_rope_index``, bound to its config alone. Inputs are checked first
     (when the audio-length rule is known), so a mismatch raises a typed error."""
 
-    def __init__(self, family: Family, thinker: Any, markers: Mapping[str, int], audio_rule: str | None = None) -> None:
-        super().__init__(family, thinker)
+    def __init__(self, family: Family, thinker: Any, markers: Mapping[str, int], audio_rule: str | None = None,
+                 position_dtype: torch.dtype | None = None) -> None:
+        super().__init__(family, thinker, position_dtype)
         self.tokens = tokens_of(thinker, markers)
         self.markers = dict(markers)
         self.audio_rule = audio_rule
@@ -227,8 +235,9 @@ class FastRopeIndex(_Implementation):
     """The same positions with no Python loop over tokens: loops run over samples and media items,
     and the audio-in-video interleave is a merge computed with ``searchsorted``."""
 
-    def __init__(self, family: Family, thinker: Any, markers: Mapping[str, int], audio_rule: str) -> None:
-        super().__init__(family, thinker)
+    def __init__(self, family: Family, thinker: Any, markers: Mapping[str, int], audio_rule: str,
+                 position_dtype: torch.dtype | None = None) -> None:
+        super().__init__(family, thinker, position_dtype)
         self.tokens = tokens_of(thinker, markers)
         self.audio_rule = audio_rule
         self.per_second = thinker.position_id_per_seconds

@@ -32,7 +32,7 @@ def engines(manager, name, **options):
     processor, config = built(name)
     return (
         RopeEngine.from_processor(processor, config, plugin_manager=manager, **options),
-        RopeEngine.from_processor(processor, config, plugin_manager=manager, impl="reference", **options),
+        RopeEngine.from_processor(processor, config, plugin_manager=manager, implementation="reference", **options),
     )
 
 
@@ -174,7 +174,7 @@ def test_dtype_is_the_same_with_and_without_media(manager, name):
     text_only = fast.compute_position_ids(torch.tensor([[word] * 4]), None, {})
     ids, mask, kwargs = split(generated(name, random.Random(0), False))
     with_media = fast.compute_position_ids(ids, mask, as_processor_outputs(kwargs))
-    assert text_only.dtype == with_media.dtype == fast.binding.position_dtype
+    assert text_only.dtype == with_media.dtype == fast.position_dtype
 
 
 def test_kwargs_come_from_the_processor_outputs(manager):
@@ -210,7 +210,7 @@ def test_full_config_thinker_config_and_missing_vision_start(manager):
         setattr(stripped, key, getattr(thinker, key))
     assert getattr(stripped, "vision_start_token_id", None) is None
     filled = RopeEngine.from_processor(processor, stripped, plugin_manager=manager)
-    assert filled.binding.rope_index.config.vision_start_token_id == ids_of(processor)["vision_bos"]
+    assert filled.binding.kernel.config.vision_start_token_id == ids_of(processor)["vision_bos"]
     assert getattr(stripped, "vision_start_token_id", None) is None  # the caller's config is untouched
     batch = generated("Qwen3-Omni", random.Random(3), False)
     ids, mask, kwargs = split(batch)
@@ -240,7 +240,7 @@ def audio_sample(processor, audio_tokens, frames, *, with_start=True):
 @pytest.fixture(params=["fast", "reference"])
 def qwen3_engine(manager, request):
     processor, config = built("Qwen3-Omni")
-    return processor, RopeEngine.from_processor(processor, config, plugin_manager=manager, impl=request.param)
+    return processor, RopeEngine.from_processor(processor, config, plugin_manager=manager, implementation=request.param)
 
 
 def test_an_audio_run_that_disagrees_with_its_mask(qwen3_engine):

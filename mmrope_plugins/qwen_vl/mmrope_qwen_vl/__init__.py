@@ -38,7 +38,7 @@ def get_rope_index_kwargs(processor: Any, multi_modal_inputs: Any):
 
 @hookimpl
 def varlen_keys(processor: Any):
-    # the processor returns one token type per token; the engine rebuilds them, trainers batch them
+    # the processor returns one token type per token; kernels build their own, trainers batch them
     return {"mm_token_type_ids"} if family_of(processor) is not None else None
 
 

@@ -3,7 +3,6 @@
 import functools
 import random
 import types
-import warnings
 
 import pytest
 import torch
@@ -48,7 +47,7 @@ def built(name, model_type):
 def engines(manager, name, model_type):
     processor, config = built(name, model_type)
     fast = RopeEngine.from_processor(processor, config, plugin_manager=manager)
-    reference = RopeEngine.from_processor(processor, config, plugin_manager=manager, impl="reference")
+    reference = RopeEngine.from_processor(processor, config, plugin_manager=manager, implementation="reference")
     return fast, reference
 
 
@@ -211,12 +210,12 @@ def test_glm_token_types_are_the_processors_own(manager):
         ids = torch.tensor([[rng.choices([image, start, end, rng.choice(text)], weights)[0] for _ in range(length)]
                             for _ in range(rows)])
         want = torch.tensor(processor.create_mm_token_type_ids(ids.tolist()))
-        got = fast.binding.token_types(ids)
+        got = fast.binding.kernel.token_types(ids)
         assert got.dtype == torch.int8 and torch.equal(got.long(), want.long()), f"batch {index}"
         # the rows packed into one: each segment typed as its row alone, open markers included
         lengths = torch.full((rows,), length)
         cu_seqlens = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
-        got = fast.binding.packed_token_types(ids.reshape(1, -1), cu_seqlens)
+        got = fast.binding.kernel.token_types(ids.reshape(1, -1), cu_seqlens)
         assert got.dtype == torch.int8 and torch.equal(got.long(), want.reshape(1, -1).long()), f"packed batch {index}"
 
 
@@ -271,27 +270,8 @@ def test_a_config_of_another_family_is_refused(manager):
 
 def test_an_unknown_implementation_is_refused(manager):
     processor, config = built("Qwen2-VL", "qwen2_vl")
-    with pytest.raises(InvalidInputError, match=r"impl='turbo'.*'fast', 'reference'"):
-        RopeEngine.from_processor(processor, config, plugin_manager=manager, impl="turbo")
-
-
-def test_a_fast_kernel_that_disagrees_falls_back_to_the_reference_with_one_warning(monkeypatch):
-    from mmrope_core import reference as probing
-    from mmrope_qwen_vl import rope
-    from mmrope_qwen_vl.families import FAMILIES
-
-    monkeypatch.setattr(probing, "_probed", {})
-    family = FAMILIES["Qwen2_5_VLProcessor"]
-    config = transformers.AutoConfig.for_model("qwen2_5_vl")
-    reference = rope.ReferenceRopeIndex(family, config)
-    original = reference.model.get_rope_index
-    # stands for a future transformers whose text positions resume one later
-    reference.model.get_rope_index = lambda **kw: (original(**kw)[0] + 1, original(**kw)[1])
-    with pytest.warns(RuntimeWarning, match="reference implementation is used"):
-        assert rope.agreeing_rule(family, config, reference) is None
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert rope.agreeing_rule(family, config, reference) is None  # cached: no second warning
+    with pytest.raises(InvalidInputError, match=r"implementation='turbo'.*'fast', 'reference'"):
+        RopeEngine.from_processor(processor, config, plugin_manager=manager, implementation="turbo")
 
 
 def test_an_engine_on_a_transformers_whose_semantics_changed_uses_its_reference(monkeypatch, manager):
@@ -304,13 +284,14 @@ def test_an_engine_on_a_transformers_whose_semantics_changed_uses_its_reference(
     monkeypatch.setattr(probing, "_probed", {})
     original = Qwen2VLModel.get_rope_index
 
+    @functools.wraps(original)
     def changed(self, *args, **kwargs):  # stands for a future release: text resumes one later after media
         positions, deltas = original(self, *args, **kwargs)
         return positions + (positions > 0), deltas
 
     monkeypatch.setattr(Qwen2VLModel, "get_rope_index", changed)
     processor, config = built("Qwen2-VL", "qwen2_vl")
-    with pytest.warns(RuntimeWarning, match="fast Qwen2-VL kernel does not reproduce transformers"):
+    with pytest.warns(RuntimeWarning, match="batched Qwen2-VL kernel does not reproduce transformers"):
         engine = RopeEngine.from_processor(processor, config, plugin_manager=manager)
     assert engine.implementation == "reference" and "disagrees" in engine.binding.description
     batch = random_batch(processor, random.Random(3), max_videos=1)
@@ -318,7 +299,7 @@ def test_an_engine_on_a_transformers_whose_semantics_changed_uses_its_reference(
     grids = {key: value for key, value in batch.items() if key.endswith("grid_thw") and value is not None}
     positions, _ = engine.get_rope_index(ids, mask, **grids)
     model = probing.config_only_model(Qwen2VLModel, config)
-    want, _ = model.get_rope_index(input_ids=ids, mm_token_type_ids=engine.binding.token_types(ids),
+    want, _ = model.get_rope_index(input_ids=ids, mm_token_type_ids=engine.binding.kernel.token_types(ids),
                                    attention_mask=mask, **grids)
     assert torch.equal(positions, want)
 
@@ -341,7 +322,7 @@ def image_batch(processor, counts=(2, 1)):
 @pytest.fixture(params=["fast", "reference"])
 def qwen2_engine(manager, request):
     processor, config = built("Qwen2-VL", "qwen2_vl")
-    return processor, RopeEngine.from_processor(processor, config, plugin_manager=manager, impl=request.param)
+    return processor, RopeEngine.from_processor(processor, config, plugin_manager=manager, implementation=request.param)
 
 
 def test_a_truncated_image_run_names_the_sample_and_counts(qwen2_engine):
@@ -420,7 +401,7 @@ def test_empty_video_grids_and_seconds_are_no_videos(manager):
 )
 def test_bad_second_per_grid_ts(manager, impl, seconds, message):
     processor, config = built("Qwen2.5-VL", "qwen2_5_vl")
-    engine = RopeEngine.from_processor(processor, config, plugin_manager=manager, impl=impl)
+    engine = RopeEngine.from_processor(processor, config, plugin_manager=manager, implementation=impl)
     tokenizer = processor.tokenizer
     start, end = tokenizer.convert_tokens_to_ids([tokenizer.vision_start_token, tokenizer.vision_end_token])
     ids = torch.tensor([[start] + [processor.video_token_id] * 8 + [end]])

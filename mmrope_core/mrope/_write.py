@@ -52,7 +52,7 @@ class RunLayout:
         return cls(pos, end, pos + extent, largest, height, width, frames, first, last, sample_end, scaled)
 
 
-def place(code: torch.Tensor, mask: torch.Tensor | None, runs: Runs, spans: Spans, grid: np.ndarray, scaled,
+def write(code: torch.Tensor, mask: torch.Tensor | None, runs: Runs, spans: Spans, grid: np.ndarray, scaled,
           merge: int, *, text_row: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Positions ``(3, B, L)`` and deltas ``(B, 1)``; with ``text_row``, positions ``(B, 4, L)``
     whose row 0 counts each sample's valid tokens from 0 (1 at padding), and no deltas. On the
@@ -65,7 +65,7 @@ def place(code: torch.Tensor, mask: torch.Tensor | None, runs: Runs, spans: Span
 
 def written_from_runs(runs: Runs, spans: Spans, grid: np.ndarray, scaled, merge: int, shape: tuple[int, int], *,
                       text_row: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`place` on the CPU: a compiled loop writes each sample's tokens in order, text
+    """:func:`write` on the CPU: a compiled loop writes each sample's tokens in order, text
     counting on, each media run on its grid, once per row of the output."""
     batch, length = shape
     frames = np.ascontiguousarray(grid[:, 0])
@@ -93,7 +93,7 @@ def _temporal_ids(frames: np.ndarray, scaled) -> np.ndarray:
 
 def counted_on(code: torch.Tensor, mask: torch.Tensor | None, runs: Runs, spans: Spans, grid: np.ndarray, scaled,
                merge: int, *, text_row: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`place` in torch passes over the batch, for devices other than the CPU. Each row of
+    """:func:`write` in torch passes over the batch, for devices other than the CPU. Each row of
     the positions is the cumsum of a counter: 1 at every valid text token (in the width row and
     the text row, at every valid media token too), 0 at padding, overwritten by the step to take
     at the few tokens where positions do not simply count on (see :func:`_steps`)."""
@@ -112,7 +112,7 @@ def counted_on(code: torch.Tensor, mask: torch.Tensor | None, runs: Runs, spans:
 
 def _count_on(out: torch.Tensor, code: torch.Tensor, mask: torch.Tensor | None, index: np.ndarray,
               steps: np.ndarray, text_row: bool) -> None:
-    """:func:`place`'s rows in torch passes over the whole batch (counters, steps, one cumsum), for
+    """:func:`write`'s rows in torch passes over the whole batch (counters, steps, one cumsum), for
     devices other than the CPU."""
     batch, length = code.shape
     counters = out.transpose(0, 1) if text_row else out  # (rows, B, L)

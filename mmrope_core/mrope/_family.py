@@ -1,0 +1,125 @@
+"""What a Qwen-style family tells the batched kernel about its placeholders and their grids."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from ._media import MarkedVideoTypes, MediaKind, TokenTypeMap
+
+#: How ``tokens_per_second * second_per_grid_ts`` becomes a video's temporal scale:
+#: ``scaled`` multiplies as given (transformers >= 5.11), ``whole_seconds`` truncates the seconds
+#: first (transformers 5.10). ``seconds`` is a tensor, or a numpy array of the tensor's dtype.
+TemporalRule = Literal["scaled", "whole_seconds"]
+TEMPORAL_RULES: dict[str, Callable[[Any, Any], Any]] = {
+    "scaled": lambda tps, seconds: tps * seconds,
+    "whole_seconds": lambda tps, seconds: tps * (seconds.astype(np.int64) if isinstance(seconds, np.ndarray)
+                                                 else seconds.long()),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class MropeFamily:
+    """A family whose ``get_rope_index`` follows Qwen2-VL's rule: runs of placeholder tokens take
+    the media grids in order across the batch, each placed on its ``(t, h, w)`` grid (after
+    merging) from the current position; text counts on, and after a run resumes
+    ``max(h, w)`` past its start.
+
+    Attributes:
+        name: shown in listings and errors, e.g. ``"Qwen2-VL"``.
+        spatial_merge_size: patches merged per side (the vision config's ``spatial_merge_size``).
+        image_token_id: the image placeholder's id.
+        video_token_id: the video placeholder's id, or None for a family without videos.
+        image_token, video_token: the placeholders' texts, for error messages.
+        tokens_per_second: set for families that time their videos (Qwen2.5-VL): a video's
+            temporal ids are ``frame * tokens_per_second * second_per_grid_ts``, truncated.
+        temporal_rule: how that product is formed (see :data:`TEMPORAL_RULES`).
+        per_frame_video: each video frame is its own placeholder run (Qwen3-VL, GLM-4V: the
+            processor writes a timestamp between frames), each taking a ``(1, h, w)`` grid.
+        video_markers: ``(begin, end)`` token ids for families whose video frames reuse the
+            image token between begin- and end-of-video markers (GLM-4V).
+    """
+
+    name: str
+    spatial_merge_size: int
+    image_token_id: int
+    video_token_id: int | None = None
+    image_token: str = "image placeholder"
+    video_token: str = "video placeholder"
+    tokens_per_second: float | None = None
+    temporal_rule: TemporalRule = "scaled"
+    per_frame_video: bool = False
+    video_markers: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name or not isinstance(self.name, str):
+            raise TypeError("MropeFamily.name must be a non-empty string")
+        if not isinstance(self.spatial_merge_size, int) or self.spatial_merge_size < 1:
+            raise TypeError(f"MropeFamily.spatial_merge_size must be a positive int, got {self.spatial_merge_size!r}")
+        if self.temporal_rule not in TEMPORAL_RULES:
+            raise TypeError(f"MropeFamily.temporal_rule must be one of {sorted(TEMPORAL_RULES)}, got {self.temporal_rule!r}")
+        if self.video_markers is not None and len(self.video_markers) != 2:
+            raise TypeError("MropeFamily.video_markers must be a (begin, end) pair of token ids")
+        ids = [self.image_token_id, self.video_token_id, *(self.video_markers or ())]
+        if any(token is not None and (not isinstance(token, int) or token < 0) for token in ids):
+            raise TypeError(f"MropeFamily token ids must be non-negative ints, got {ids}")
+
+    @property
+    def has_video(self) -> bool:
+        return self.video_token_id is not None or self.video_markers is not None
+
+    @property
+    def kinds(self) -> tuple[MediaKind, ...]:
+        image = MediaKind(1, "image", self.image_token, "image_grid_thw")
+        if not self.has_video:
+            return (image,)
+        return image, MediaKind(2, "video frame" if self.per_frame_video else "video", self.video_token, "video_grid_thw")
+
+    def token_types(self) -> TokenTypeMap | MarkedVideoTypes:
+        """How ``mm_token_type_ids`` (0 text, 1 image, 2 video) are built from ``input_ids``, as
+        the family's processor builds them."""
+        if self.video_markers is not None:
+            return MarkedVideoTypes(self.image_token_id, *self.video_markers)
+        types = {self.image_token_id: 1}
+        if self.video_token_id is not None:
+            types[self.video_token_id] = 2
+        return TokenTypeMap(types)
+
+    def temporal_scale(self, seconds: Any) -> Any:
+        """The videos' temporal scales for ``second_per_grid_ts`` (a tensor or numpy array)."""
+        return TEMPORAL_RULES[self.temporal_rule](self.tokens_per_second, seconds)
+
+
+def seconds_per_grid(value: Any, videos: int) -> tuple[torch.Tensor, np.ndarray | torch.Tensor]:
+    """``second_per_grid_ts`` as a checked ``(videos,)`` tensor (a list becomes float32, as the
+    processor returns it; None, one second each), and the same on the CPU: a numpy view where
+    numpy holds its dtype, else a tensor."""
+    from ..errors import InvalidInputError
+
+    if value is None:
+        seconds = torch.ones(videos, dtype=torch.int64)
+        return seconds, seconds.numpy()
+    seconds = value if isinstance(value, torch.Tensor) else torch.as_tensor(value, dtype=torch.float32)
+    if seconds.dim() != 1:
+        seconds = seconds.reshape(-1)
+    if seconds.numel() != videos:
+        raise InvalidInputError(
+            f"second_per_grid_ts has {seconds.numel()} values for {videos} videos in video_grid_thw; "
+            f"pass one value per video"
+        )
+    host = seconds.detach().cpu()
+    on_host = host.numpy() if host.dtype in _NUMPY_DTYPES else host
+    values = on_host if isinstance(on_host, np.ndarray) else on_host.to(torch.float64).numpy()
+    if values.size:
+        low, high = values.min(), values.max()
+        if not (low >= 0 and high < np.inf):  # NaN fails both
+            what = "a negative" if low < 0 else "a non-finite"
+            raise InvalidInputError(f"second_per_grid_ts holds {what} value: {seconds.tolist()}")
+    return seconds, on_host
+
+
+_NUMPY_DTYPES = (torch.float32, torch.float64, torch.int64, torch.int32)

@@ -1,0 +1,103 @@
+"""The batched kernel of a :class:`~._family.MropeFamily`, on the kernel contract."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..kernel import RopeKernel
+from ._family import MropeFamily, seconds_per_grid
+from ._media import MediaGrids
+from ._positions import check_placeholders, mrope_position_ids, mrope_positions
+
+
+class MropeKernel(RopeKernel):
+    """Positions of a Qwen-style family without a loop over tokens, samples or media, equal to
+    the family's ``get_rope_index``; places packed rows where their segments lie.
+
+    Takes the inputs of the family's reference: ``image_grid_thw``, ``video_grid_thw`` and, for
+    families that time their videos, ``second_per_grid_ts``. Other keys are ignored, as the
+    reference ignores them.
+
+    Example::
+
+        family = MropeFamily("My-VL", spatial_merge_size=2, image_token_id=151655)
+        positions, deltas = MropeKernel(family).rope_index(input_ids, attention_mask, image_grid_thw=grids)
+    """
+
+    places_packed_rows = True
+
+    def __init__(self, family: MropeFamily) -> None:
+        self.family = family
+        self.kinds = family.kinds
+        self.token_types = family.token_types()
+
+    def __repr__(self) -> str:
+        return f"MropeKernel({self.family.name}, temporal rule {self.family.temporal_rule!r})"
+
+    def rope_index(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                   cu_seqlens: torch.Tensor | None = None, **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        types, media = self._read(input_ids, cu_seqlens, **inputs)
+        return mrope_positions(types, _bool(attention_mask), self.kinds, media, cu_seqlens=cu_seqlens,
+                               spatial_merge_size=self.family.spatial_merge_size, out_dtype=input_ids.dtype)
+
+    def position_ids(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                     cu_seqlens: torch.Tensor | None = None, **inputs: Any) -> torch.Tensor:
+        types, media = self._read(input_ids, cu_seqlens, **inputs)
+        return mrope_position_ids(types, _bool(attention_mask), self.kinds, media, cu_seqlens=cu_seqlens,
+                                  spatial_merge_size=self.family.spatial_merge_size)
+
+    def check(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+              **inputs: Any) -> dict[str, Any]:
+        """Raise the errors :meth:`rope_index` raises for these inputs, computing nothing, and
+        return them as the family's reference takes them (``second_per_grid_ts`` as a tensor):
+        the ``check`` of a :class:`~mmrope_core.reference.ReferenceKernel`, so that bad inputs
+        get typed errors instead of a crash inside the reference."""
+        types, media = self._read(input_ids, None, **inputs)
+        check_placeholders(types, _bool(attention_mask), self.kinds, media,
+                           spatial_merge_size=self.family.spatial_merge_size)
+        videos = inputs.get("video_grid_thw")
+        if self.family.tokens_per_second is not None and videos is not None:
+            inputs["second_per_grid_ts"], _ = seconds_per_grid(inputs.get("second_per_grid_ts"), videos.shape[0])
+        return inputs
+
+    def media(self, image_grid_thw: Any = None, video_grid_thw: Any = None,
+              second_per_grid_ts: Any = None) -> dict[int, MediaGrids | None]:
+        """Each media type's grids (videos split into frames for per-frame families) and scales."""
+        images = _grid("image_grid_thw", image_grid_thw)
+        videos = _grid("video_grid_thw", video_grid_thw) if self.family.has_video else None
+        scale = None
+        if videos is not None and self.family.tokens_per_second is not None:
+            _, seconds = seconds_per_grid(second_per_grid_ts, videos.shape[0])
+            scale = self.family.temporal_scale(seconds)
+        if videos is not None and self.family.per_frame_video:
+            videos = torch.repeat_interleave(videos, videos[:, 0], dim=0)
+            videos[:, 0] = 1
+        return {1: MediaGrids(images) if images is not None else None,
+                2: MediaGrids(videos, scale) if videos is not None else None}
+
+    def _read(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor | None, image_grid_thw: Any = None,
+              video_grid_thw: Any = None, second_per_grid_ts: Any = None,
+              **ignored: Any) -> tuple[torch.Tensor, dict[int, MediaGrids | None]]:
+        media = self.media(image_grid_thw, video_grid_thw, second_per_grid_ts)
+        return self.token_types(input_ids, cu_seqlens), media
+
+
+def _bool(mask: torch.Tensor | None) -> torch.Tensor | None:
+    return mask if mask is None or mask.dtype == torch.bool else mask.bool()
+
+
+def _grid(key: str, value: Any) -> torch.Tensor | None:
+    from ..errors import InvalidInputError
+
+    if value is None:
+        return None
+    if not isinstance(value, torch.Tensor):
+        raise InvalidInputError(
+            f"{key} must be a tensor of shape (N, 3), got {type(value).__name__}; "
+            f"convert with torch.as_tensor({key}) or use the processor's output"
+        )
+    if value.dim() != 2 or value.shape[1] != 3 or value.dtype.is_floating_point:
+        raise InvalidInputError(f"{key} must be an integer tensor of shape (N, 3), got {value.dtype} {tuple(value.shape)}")
+    return value

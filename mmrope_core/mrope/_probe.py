@@ -1,0 +1,105 @@
+"""Is the batched kernel still the installed transformers' rule? Checked once per process on
+small batches covering text, images, videos with fractional seconds and both paddings."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from ..errors import InvalidInputError
+from ..kernel import RopeKernel
+from ..reference import kernels_agree, probe_once
+from ..types import RopeBinding
+from ._family import TEMPORAL_RULES, MropeFamily
+from ._kernel import MropeKernel
+
+
+def fast_kernel(family: MropeFamily, reference: RopeKernel) -> MropeKernel | None:
+    """The batched kernel of ``family`` if it equals ``reference`` on :func:`probe_batches`, under
+    the family's temporal rule or, for families that time their videos, another one (the rule
+    changed between transformers releases). None, with one warning per process, when no rule
+    does: the caller then binds ``reference``.
+
+    Example::
+
+        reference = ReferenceKernel(Qwen2VLModel, config, token_types=family.token_types())
+        kernel = fast_kernel(family, reference) or reference
+    """
+    rules = list(dict.fromkeys((family.temporal_rule, *TEMPORAL_RULES))) if family.tokens_per_second else ["scaled"]
+
+    def probe() -> str | None:
+        batches = list(probe_batches(family))
+        for rule in rules:
+            if kernels_agree(MropeKernel(dataclasses.replace(family, temporal_rule=rule)), reference, batches):
+                return rule
+        return None
+
+    key = ("mrope", dataclasses.replace(family, temporal_rule="scaled"), getattr(reference, "probe_key", type(reference)))
+    rule = probe_once(key, probe, fast=f"the batched {family.name} kernel")
+    return None if rule is None else MropeKernel(dataclasses.replace(family, temporal_rule=rule))
+
+
+def probe_batches(family: MropeFamily) -> Iterator[dict[str, Any]]:
+    """Two samples (text, an image, a video of three frames, text; the second one token shorter),
+    padded on the right and on the left, with token ids laid out as the family's processor lays
+    them out: keyword arguments of ``rope_index``."""
+    merge = family.spatial_merge_size
+    image, video = (1, 2 * merge, 3 * merge), (3, 2 * merge, 2 * merge)
+    specials = {family.image_token_id, family.video_token_id, *(family.video_markers or ())}
+    text = max(token for token in specials if token is not None) + 1
+    row = [text] * 3 + [family.image_token_id] * 6 + [text] * 2
+    if family.has_video:
+        frame = [family.image_token_id if family.video_markers else family.video_token_id] * 4
+        if family.per_frame_video:
+            frames = [token for _ in range(video[0]) for token in [text, text, *frame]]
+        else:
+            frames = frame * video[0]
+        if family.video_markers:
+            frames = [family.video_markers[0], *frames, family.video_markers[1]]
+        row += frames
+    rows = [row + [text] * 3, row + [text] * 2]
+    length = max(map(len, rows))
+    for left in (False, True):
+        ids = torch.full((2, length), text, dtype=torch.int64)
+        mask = torch.zeros(2, length, dtype=torch.bool)
+        for index, values in enumerate(rows):
+            span = slice(length - len(values), length) if left else slice(0, len(values))
+            ids[index, span] = torch.tensor(values)
+            mask[index, span] = True
+        batch: dict[str, Any] = {"input_ids": ids, "attention_mask": mask, "image_grid_thw": torch.tensor([image, image])}
+        if family.has_video:
+            batch["video_grid_thw"] = torch.tensor([video, video])
+            if family.tokens_per_second is not None:
+                batch["second_per_grid_ts"] = torch.tensor([0.5, 1.3])
+        yield batch
+
+
+IMPLEMENTATIONS = ("fast", "reference")
+
+
+def bind_mrope(family: MropeFamily, reference: RopeKernel, options: Mapping[str, Any]) -> RopeBinding:
+    """The binding of a Qwen-style family, for ``bind_rope_index``: the batched kernel, or the
+    ``reference`` kernel where ``options`` ask for ``implementation="reference"`` or where the
+    batched kernel does not reproduce the installed transformers (see :func:`fast_kernel`).
+
+    Example::
+
+        family = MropeFamily("My-VL", spatial_merge_size=2, image_token_id=processor.image_token_id)
+        reference = ReferenceKernel(MyVLModel, config, token_types=family.token_types(),
+                                    check=MropeKernel(family).check)
+        return bind_mrope(family, reference, options)
+    """
+    implementation = options.get("implementation", "fast")
+    if implementation not in IMPLEMENTATIONS:
+        raise InvalidInputError(f"implementation={implementation!r} is not an implementation of {family.name}; use "
+                                f"one of {IMPLEMENTATIONS}")
+    if implementation == "reference":
+        return RopeBinding("mrope", reference, "reference", f"{family.name}, transformers reference")
+    kernel = fast_kernel(family, reference)
+    if kernel is None:
+        return RopeBinding("mrope", reference, "reference",
+                           f"{family.name}, transformers reference (the batched kernel disagrees with this transformers)")
+    return RopeBinding("mrope", kernel, "fast", f"{family.name}, batched kernel ({kernel.family.temporal_rule} temporal rule)")
