@@ -282,12 +282,8 @@ class FastRopeIndex(_Implementation):
         """``(3, B, L)`` positions and ``(B, 1)`` deltas, as the reference returns them; with
         ``cu_seqlens`` (``(K + 1,)`` boundaries from 0 to L) one packed ``(1, L)`` row of K
         samples, each placed as it is alone, and ``(K, 1)`` deltas."""
-        positions, deltas = self._on_device(False, input_ids, attention_mask, cu_seqlens, image_grid_thw,
-                                            video_grid_thw, audio_seqlens, second_per_grids, use_audio_in_video)
-        placed = image_grid_thw is not None or video_grid_thw is not None
-        if placed and not self.family.float_positions and input_ids.dtype != positions.dtype:
-            positions = positions.to(input_ids.dtype)  # as the Qwen2.5-Omni reference places media positions
-        return positions, deltas
+        return self._on_device(False, input_ids, attention_mask, cu_seqlens, image_grid_thw, video_grid_thw,
+                               audio_seqlens, second_per_grids, use_audio_in_video)
 
     __call__ = rope_index
 
