@@ -304,3 +304,35 @@ def test_int32_input_ids(manager, name):
     for index in range(BATCHES // 4):
         ids, mask, kwargs = split(generated(name, rng, bool(index % 2)))
         assert same(fast.binding.rope_index(ids.int(), mask, **kwargs), reference_positions(name, ids, mask, kwargs))
+
+
+@pytest.mark.differential
+@pytest.mark.parametrize("name", FAMILIES)
+def test_a_batch_shared_out_among_threads(manager, name):
+    """Over 2**17 positions a thread, the kernel writes the samples on several threads: each
+    sample is the reference's, whatever the thread count."""
+    fast, _ = engines(manager, name)
+    rng = random.Random(f"threads/{name}")
+    rows, pieces = [], []
+    for _ in range(6):
+        row = []
+        while len(row) < 20000:
+            ids, mask, kwargs = split(generated(name, rng, True, max_batch=1))
+            row += ids[0][mask[0].bool()].tolist()
+            pieces.append(kwargs)
+        rows.append(row)
+    length = max(map(len, rows))
+    ids, mask = torch.zeros(len(rows), length, dtype=torch.long), torch.zeros(len(rows), length, dtype=torch.long)
+    for index, row in enumerate(rows):
+        ids[index, : len(row)], mask[index, : len(row)] = torch.tensor(row), 1
+    kwargs = media_of([(None, piece, None, None) for piece in pieces])
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for count in (1, 4):
+            torch.set_num_threads(count)
+            results.append(fast.get_rope_index(ids, mask, **kwargs))
+    finally:
+        torch.set_num_threads(threads)
+    want = reference_positions(name, ids, mask, kwargs)
+    assert same(results[0], want) and same(results[1], want)
