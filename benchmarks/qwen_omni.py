@@ -1,20 +1,33 @@
 """Omni positions: the transformers thinker reference vs mmrope's kernel (Qwen3-Omni, float32).
 
-Cases: one 1 x 4096 sample with a few media items; a 32 x 8192 batch whose every row is one
-sample of ten or more items (images, audio clips, videos with their audio interleaved); one
-1 x 32768 sample holding a long video with its audio. The reference is the thinker's own
+Cases: one 1 x 4096 sample with a few media items (a video without, then with its audio
+interleaved); a 32 x 8192 batch whose every row is one sample of ten or more items (images,
+audio clips, videos with their audio interleaved); one 1 x 32768 sample holding a long video
+with its audio. The reference is the thinker's own
 ``get_rope_index`` called as a trainer calls it (no input checks); ``engine`` is
 ``RopeEngine.get_rope_index``, ``kernel`` the binding's ``rope_index`` called directly (what the
 engine adds is its input reading and the plugin hooks). One torch thread. Prints the ratios
 measured in this run (machines are noisy: compare ratios, not times).
 
-    python benchmarks/qwen_omni.py [--repeat 5]
+    python benchmarks/qwen_omni.py [--repeat 5] [--memory]
+
+``--memory`` also measures the peak memory of one 32 x 8192 call beyond its output, each call in
+a fresh process: the resident-set high-water mark is reset just before the call (Linux:
+``/proc/self/clear_refs``), so the peak is the call's own, and glibc maps every allocation of
+64 KiB or more afresh (``MALLOC_MMAP_THRESHOLD_``), so none hides in memory freed before.
+tracemalloc would miss torch's allocations; it sees the extension's and numpy's (shown too).
+Memory freed during the call offsets what it takes: the peak is good to a few hundred KiB.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import os
 import random
+import subprocess
+import sys
+import tracemalloc
 
 import torch
 
@@ -101,6 +114,14 @@ def single_sample(processor, thinker):
     return batch([sample], 4096)
 
 
+def single_sample_with_audio_in_video(processor, thinker):
+    """1 x 4096: as :func:`single_sample`, the video's audio interleaved with it."""
+    sample = Sample(processor, thinker).text(40).image((1, 28, 28)).text(30).audio(1000).text(60)
+    sample.video_with_audio((8, 28, 28), 0.5).text(20).image((1, 28, 42))
+    sample.text(4096 - len(sample.row))
+    return batch([sample], 4096)
+
+
 def many_items(processor, thinker, rows=32, length=8192, seed=0):
     """Each row one sample of 10 to 14 items (images, audio clips, videos with their audio,
     with fractional timing), text between them, right-padded from 6500-8192 valid tokens."""
@@ -143,10 +164,46 @@ def audio_in_video(processor, thinker, total=32768):
     return batch([sample], total)
 
 
+def memory(call: str) -> None:
+    """Print the peak memory of one 32 x 8192 call (``kernel``, ``engine`` or ``position_ids``)
+    beyond its output; run in a fresh process."""
+    torch.set_num_threads(1)
+    processor, config = build("Qwen3-Omni")
+    fast = engine(processor, config, "qwen3_omni")
+    kernel = fast.binding.rope_index
+    ids, mask, kwargs = many_items(processor, config.thinker_config)
+    bool_mask = mask.bool()
+    small, small_mask, small_kwargs = many_items(processor, config.thinker_config, rows=1)
+    kernel(small, small_mask.bool(), **small_kwargs)  # every code path loaded
+    calls = {"kernel": lambda: kernel(ids, bool_mask, **kwargs), "engine": lambda: fast.get_rope_index(ids, mask, **kwargs),
+             "position_ids": lambda: kernel.position_ids(ids, bool_mask, **kwargs)}
+    gc.collect()
+    tracemalloc.start()
+    before = _status("VmRSS")
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")
+    result = calls[call]()
+    peak = _status("VmHWM") - before
+    traced = tracemalloc.get_traced_memory()[1]
+    out = result[0] if isinstance(result, tuple) else result
+    size = out.numel() * out.element_size()
+    print(f"{'32 x 8192 ' + call:<26}{size / 2**20:>8.2f} MiB{peak / 2**20:>10.2f} MiB{(peak - size) / 2**10:>+9.0f} KiB"
+          f"{(peak - size) / size:>+8.1%}{traced / 2**10:>10.0f} KiB")
+
+
+def _status(key: str) -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith(key))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--memory", action="store_true")
+    parser.add_argument("--measure-memory-of", choices=["kernel", "engine", "position_ids"])
     args = parser.parse_args()
+    if args.measure_memory_of:
+        return memory(args.measure_memory_of)
     torch.set_num_threads(1)
     processor, config = build("Qwen3-Omni")
     thinker = config.thinker_config
@@ -160,6 +217,7 @@ def main() -> None:
     print("-" * len(header))
     cases = [
         ("1 x 4096, 2 images, audio, video", single_sample(processor, thinker), 8),
+        ("1 x 4096, 2 images, audio, video + its audio", single_sample_with_audio_in_video(processor, thinker), 4),
         ("32 x 8192, 10-14 items a row", many_items(processor, thinker), 1),
         ("1 x 32768, video (64,28,28) + its audio", audio_in_video(processor, thinker), 1),
     ]
@@ -176,6 +234,11 @@ def main() -> None:
         }, args.repeat * rounds)
         print(f"{name:<46}{t['reference'] * 1e3:>9.2f}ms{t['engine'] * 1e3:>8.3f}ms{t['kernel'] * 1e3:>8.3f}ms"
               f"{t['reference'] / t['engine']:>11.0f}x{t['reference'] / t['kernel']:>11.0f}x")
+    if args.memory:
+        print(f"\n{'call':<26}{'output':>12}{'peak RSS':>14}{'beyond the output':>21}{'traced':>14}")
+        for call in ("kernel", "engine", "position_ids"):
+            subprocess.run([sys.executable, __file__, "--measure-memory-of", call], check=True,
+                           env={**os.environ, "MALLOC_MMAP_THRESHOLD_": str(64 * 1024)})
 
 
 if __name__ == "__main__":
