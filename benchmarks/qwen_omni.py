@@ -1,13 +1,33 @@
-"""Qwen3-Omni audio-in-video positions: transformers reference vs mmrope's fast implementation on
-one 1 x 32768 sample (a long video with its audio interleaved). Prints the ratio measured in this
-run (machines are noisy: compare ratios, not times).
+"""Omni positions: the transformers thinker reference vs mmrope's kernel (Qwen3-Omni, float32).
 
-    python benchmarks/qwen_omni.py [--repeat 3]
+Cases: one 1 x 4096 sample with a few media items (a video without, then with its audio
+interleaved); a 32 x 8192 batch whose every row is one sample of ten or more items (images,
+audio clips, videos with their audio interleaved); one 1 x 32768 sample holding a long video
+with its audio. The reference is the thinker's own
+``get_rope_index`` called as a trainer calls it (no input checks); ``engine`` is
+``RopeEngine.get_rope_index``, ``kernel`` the binding's ``rope_index`` called directly (what the
+engine adds is its input reading and the plugin hooks). One torch thread. Prints the ratios
+measured in this run (machines are noisy: compare ratios, not times).
+
+    python benchmarks/qwen_omni.py [--repeat 5] [--memory]
+
+``--memory`` also measures the peak memory of one 32 x 8192 call beyond its output, each call in
+a fresh process: the resident-set high-water mark is reset just before the call (Linux:
+``/proc/self/clear_refs``), so the peak is the call's own, and glibc maps every allocation of
+64 KiB or more afresh (``MALLOC_MMAP_THRESHOLD_``), so none hides in memory freed before.
+tracemalloc would miss torch's allocations; it sees the extension's and numpy's (shown too).
+Memory freed during the call offsets what it takes: the peak is good to a few hundred KiB.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import os
+import random
+import subprocess
+import sys
+import tracemalloc
 
 import torch
 
@@ -15,42 +35,210 @@ from mmrope_qwen3_omni.examples import build
 from mmrope_qwen3_omni.rope import qwen3_audio_tokens, token_ids
 from timing import engine, environment, timed
 
+MERGE = 2
 
-def audio_in_video_sample(processor, thinker, total=32768):
-    """Text, then one video (64 frames of 28 x 28 patches) with its audio, then text: ``total`` tokens."""
-    ids = token_ids(processor)
-    word = processor.tokenizer.convert_tokens_to_ids("cat")
+
+class Sample:
+    """One sample's tokens and media, written item by item."""
+
+    def __init__(self, processor, thinker) -> None:
+        self.ids = token_ids(processor)
+        self.word = processor.tokenizer.convert_tokens_to_ids("cat")
+        self.n_window = thinker.audio_config.n_window
+        self.row: list[int] = []
+        self.images, self.videos, self.seconds, self.audio_frames = [], [], [], []
+        self.audio_in_video = True  # until a video without its audio is added
+
+    def text(self, count: int) -> Sample:
+        self.row += [self.word] * count
+        return self
+
+    def audio_tokens(self, frames: int) -> int:
+        return int(qwen3_audio_tokens(torch.tensor(frames), self.n_window))
+
+    def image(self, grid) -> Sample:
+        self.images.append(grid)
+        self.row += [self.ids["vision_bos"]] + [self.ids["image"]] * (grid[0] * grid[1] * grid[2] // MERGE**2)
+        self.row += [self.ids["vision_eos"]]
+        return self
+
+    def audio(self, frames: int) -> Sample:
+        self.audio_frames.append(frames)
+        self.row += [self.ids["audio_bos"]] + [self.ids["audio"]] * self.audio_tokens(frames) + [self.ids["audio_eos"]]
+        return self
+
+    def video(self, grid, seconds: float) -> Sample:
+        self.videos.append(grid)
+        self.seconds.append(seconds)
+        self.row += [self.ids["vision_bos"]] + [self.ids["video"]] * (grid[0] * grid[1] * grid[2] // MERGE**2)
+        self.row += [self.ids["vision_eos"]]
+        self.audio_in_video = False
+        return self
+
+    def video_with_audio(self, grid, seconds: float) -> Sample:
+        """A video and the audio of its duration (100 mel frames a second), interleaved."""
+        frames = max(1, round(grid[0] * seconds * 100))
+        self.videos.append(grid)
+        self.seconds.append(seconds)
+        self.audio_frames.append(frames)
+        self.row += [self.ids["vision_bos"], self.ids["audio_bos"]]
+        self.row += [self.ids["video"]] * (grid[0] * grid[1] * grid[2] // MERGE**2)
+        self.row += [self.ids["audio"]] * self.audio_tokens(frames) + [self.ids["audio_eos"], self.ids["vision_eos"]]
+        return self
+
+
+def batch(samples: list[Sample], length: int):
+    """The samples right-padded into one ``(B, length)`` batch, with their media in order."""
+    ids = torch.full((len(samples), length), samples[0].word, dtype=torch.long)
+    mask = torch.zeros(len(samples), length, dtype=torch.long)
+    for index, sample in enumerate(samples):
+        assert len(sample.row) <= length, len(sample.row)
+        ids[index, : len(sample.row)] = torch.tensor(sample.row)
+        mask[index, : len(sample.row)] = 1
+    kwargs = {"use_audio_in_video": all(s.audio_in_video for s in samples)}
+    if any(s.images for s in samples):
+        kwargs["image_grid_thw"] = torch.tensor([g for s in samples for g in s.images])
+    if any(s.videos for s in samples):
+        kwargs["video_grid_thw"] = torch.tensor([g for s in samples for g in s.videos])
+        kwargs["second_per_grids"] = torch.tensor([x for s in samples for x in s.seconds], dtype=torch.float32)
+    if any(s.audio_frames for s in samples):
+        kwargs["audio_seqlens"] = torch.tensor([f for s in samples for f in s.audio_frames])
+    return ids, (None if bool(mask.all()) else mask), kwargs
+
+
+def single_sample(processor, thinker):
+    """1 x 4096: text, two images, an audio clip, a video (8, 28, 28) without audio, text."""
+    sample = Sample(processor, thinker).text(40).image((1, 28, 28)).text(30).audio(1000).text(60)
+    sample.video((8, 28, 28), 0.5).text(20).image((1, 28, 42))
+    sample.text(4096 - len(sample.row))
+    return batch([sample], 4096)
+
+
+def single_sample_with_audio_in_video(processor, thinker):
+    """1 x 4096: as :func:`single_sample`, the video's audio interleaved with it."""
+    sample = Sample(processor, thinker).text(40).image((1, 28, 28)).text(30).audio(1000).text(60)
+    sample.video_with_audio((8, 28, 28), 0.5).text(20).image((1, 28, 42))
+    sample.text(4096 - len(sample.row))
+    return batch([sample], 4096)
+
+
+def many_items(processor, thinker, rows=32, length=8192, seed=0):
+    """Each row one sample of 10 to 14 items (images, audio clips, videos with their audio,
+    with fractional timing), text between them, right-padded from 6500-8192 valid tokens."""
+    rng = random.Random(seed)
+    samples = []
+    for _ in range(rows):
+        sample = Sample(processor, thinker).text(rng.randint(8, 40))
+        for _ in range(rng.randint(10, 14)):
+            kind = rng.choice(["image", "image", "audio", "video"])
+            if kind == "image":
+                sample.image((1, 2 * rng.randint(6, 16), 2 * rng.randint(6, 16)))
+            elif kind == "audio":
+                sample.audio(rng.randint(100, 1500))
+            else:
+                sample.video_with_audio((rng.randint(2, 6), 2 * rng.randint(6, 12), 2 * rng.randint(6, 12)),
+                                        rng.choice([0.5, 1.0, 2 / 3, 0.48]))
+            sample.text(rng.randint(4, 60))
+        target = rng.randint(6500, length)
+        if len(sample.row) < target:
+            sample.text(target - len(sample.row))
+        samples.append(sample)
+    return batch(samples, length)
+
+
+def audio_in_video(processor, thinker, total=32768):
+    """Text, then one video (64 frames of 28 x 28 patches) with its audio, then text."""
+    sample = Sample(processor, thinker).text(16)
     grid = (64, 28, 28)
-    video_tokens = grid[0] * grid[1] * grid[2] // 4
+    video_tokens = grid[0] * grid[1] * grid[2] // MERGE**2
     frames = 100
-    while video_tokens + int(qwen3_audio_tokens(torch.tensor(frames + 100), thinker.audio_config.n_window)) < total - 64:
+    while video_tokens + sample.audio_tokens(frames + 100) < total - 64:
         frames += 100
-    audio_tokens = int(qwen3_audio_tokens(torch.tensor(frames), thinker.audio_config.n_window))
-    row = [word] * 16 + [ids["vision_bos"], ids["audio_bos"]] + [ids["video"]] * video_tokens
-    row += [ids["audio"]] * audio_tokens + [ids["audio_eos"], ids["vision_eos"]]
-    row += [word] * (total - len(row))
-    kwargs = {"video_grid_thw": torch.tensor([grid]), "second_per_grids": torch.tensor([0.5]),
-              "audio_seqlens": torch.tensor([frames]), "use_audio_in_video": True}
-    return torch.tensor([row]), kwargs
+    sample.videos.append(grid)
+    sample.seconds.append(0.5)
+    sample.audio_frames.append(frames)
+    ids = sample.ids
+    sample.row += [ids["vision_bos"], ids["audio_bos"]] + [ids["video"]] * video_tokens
+    sample.row += [ids["audio"]] * sample.audio_tokens(frames) + [ids["audio_eos"], ids["vision_eos"]]
+    sample.text(total - len(sample.row))
+    return batch([sample], total)
+
+
+def memory(call: str) -> None:
+    """Print the peak memory of one 32 x 8192 call (``kernel``, ``engine`` or ``position_ids``)
+    beyond its output; run in a fresh process."""
+    torch.set_num_threads(1)
+    processor, config = build("Qwen3-Omni")
+    fast = engine(processor, config, "qwen3_omni")
+    kernel = fast.binding.kernel.rope_index
+    ids, mask, kwargs = many_items(processor, config.thinker_config)
+    bool_mask = mask.bool()
+    small, small_mask, small_kwargs = many_items(processor, config.thinker_config, rows=1)
+    kernel(small, small_mask.bool(), **small_kwargs)  # every code path loaded
+    calls = {"kernel": lambda: kernel(ids, bool_mask, **kwargs), "engine": lambda: fast.get_rope_index(ids, mask, **kwargs),
+             "position_ids": lambda: kernel.position_ids(ids, bool_mask, **kwargs)}
+    gc.collect()
+    tracemalloc.start()
+    before = _status("VmRSS")
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")
+    result = calls[call]()
+    peak = _status("VmHWM") - before
+    traced = tracemalloc.get_traced_memory()[1]
+    out = result[0] if isinstance(result, tuple) else result
+    size = out.numel() * out.element_size()
+    print(f"{'32 x 8192 ' + call:<26}{size / 2**20:>8.2f} MiB{peak / 2**20:>10.2f} MiB{(peak - size) / 2**10:>+9.0f} KiB"
+          f"{(peak - size) / size:>+8.1%}{traced / 2**10:>10.0f} KiB")
+
+
+def _status(key: str) -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith(key))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--memory", action="store_true")
+    parser.add_argument("--measure-memory-of", choices=["kernel", "engine", "position_ids"])
     args = parser.parse_args()
+    if args.measure_memory_of:
+        return memory(args.measure_memory_of)
+    torch.set_num_threads(1)
     processor, config = build("Qwen3-Omni")
+    thinker = config.thinker_config
     fast = engine(processor, config, "qwen3_omni")
     reference = engine(processor, config, "qwen3_omni", implementation="reference")
-    ids, kwargs = audio_in_video_sample(processor, config.thinker_config)
-    got, want = fast.get_rope_index(ids, **kwargs), reference.get_rope_index(ids, **kwargs)
-    assert all(torch.equal(a, b) for a, b in zip(got, want))
-    t = timed({"reference": lambda: reference.get_rope_index(ids, **kwargs),
-               "fast": lambda: fast.get_rope_index(ids, **kwargs)}, args.repeat)
-    t_ref, t_fast = t["reference"], t["fast"]
-    print(f"{environment()}\n")
-    print(f"{'case':<52}{'reference':>12}{'fast':>12}{'ref/fast':>10}")
-    print(f"{'Qwen3-Omni 1 x 32768, video (64,28,28) + its audio':<52}"
-          f"{t_ref * 1e3:>10.1f}ms{t_fast * 1e3:>10.2f}ms{t_ref / t_fast:>9.0f}x")
+    own = reference.binding.kernel.model.get_rope_index  # the thinker's method, bound to the config
+    kernel = fast.binding.kernel.rope_index
+    print(f"{environment()}, best of {args.repeat} rounds of 5 calls\n")
+    header = (f"{'case':<46}{'reference':>11}{'engine':>10}{'kernel':>10}{'ref/engine':>12}{'ref/kernel':>12}")
+    print(header)
+    print("-" * len(header))
+    cases = [
+        ("1 x 4096, 2 images, audio, video", single_sample(processor, thinker), 8),
+        ("1 x 4096, 2 images, audio, video + its audio", single_sample_with_audio_in_video(processor, thinker), 4),
+        ("32 x 8192, 10-14 items a row", many_items(processor, thinker), 1),
+        ("1 x 32768, video (64,28,28) + its audio", audio_in_video(processor, thinker), 1),
+    ]
+    for name, (ids, mask, kwargs), rounds in cases:
+        ones = torch.ones_like(ids) if mask is None else mask
+        want = own(input_ids=ids, attention_mask=ones, **kwargs)
+        for got in (fast.get_rope_index(ids, mask, **kwargs), kernel(ids, None if mask is None else mask.bool(), **kwargs)):
+            assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(got, want)), name
+        bool_mask = None if mask is None else mask.bool()
+        t = timed({
+            "reference": lambda: own(input_ids=ids, attention_mask=ones, **kwargs),
+            "engine": lambda: fast.get_rope_index(ids, mask, **kwargs),
+            "kernel": lambda: kernel(ids, bool_mask, **kwargs),
+        }, args.repeat * rounds)
+        print(f"{name:<46}{t['reference'] * 1e3:>9.2f}ms{t['engine'] * 1e3:>8.3f}ms{t['kernel'] * 1e3:>8.3f}ms"
+              f"{t['reference'] / t['engine']:>11.0f}x{t['reference'] / t['kernel']:>11.0f}x")
+    if args.memory:
+        print(f"\n{'call':<26}{'output':>12}{'peak RSS':>14}{'beyond the output':>21}{'traced':>14}")
+        for call in ("kernel", "engine", "position_ids"):
+            subprocess.run([sys.executable, __file__, "--measure-memory-of", call], check=True,
+                           env={**os.environ, "MALLOC_MMAP_THRESHOLD_": str(64 * 1024)})
 
 
 if __name__ == "__main__":

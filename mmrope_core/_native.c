@@ -675,12 +675,719 @@ changes(PyObject *module, PyObject *values_obj)
     return result;
 }
 
+/* The Omni thinkers' positions (Qwen3-Omni in float32, Qwen2.5-Omni in int64).
+ *
+ * The thinker's get_rope_index walks each sample's media items (audio, image, video, a video
+ * with its audio interleaved) in order, each placed one past the largest position of what was
+ * placed just before it, and text counting on between them. Here one read of each sample's
+ * tokens finds and checks its items, which take the batch's grids and audio lengths in order;
+ * then each position is written once. Qwen3-Omni's positions can be fractional (a video's
+ * temporal ids are frame * seconds per grid * positions per second): every sum is the float32
+ * sum the reference makes, in its order, so the values are bitwise its own. The scalars are
+ * kept as doubles, which hold every float32 and every position of an int64 batch exactly;
+ * omni_add rounds to float32 where the reference works in it. */
+
+enum { OMNI_IMAGE, OMNI_VIDEO, OMNI_AUDIO, OMNI_AUDIO_IN_VIDEO };
+
+/* What omni_positions returns: written, or why not (the caller says how, or compacts the
+ * batch and calls again). */
+enum { OMNI_WRITTEN, OMNI_MISMATCH, OMNI_PADDING_INSIDE, OMNI_BAD_MEDIA, OMNI_EMPTY_SAMPLE };
+
+typedef struct {
+    int64_t start;  /* its first marker, among its sample's tokens */
+    int64_t media;  /* its image, video or audio, in the batch's order */
+    int64_t audio;  /* for a video with its audio, that audio */
+    int64_t tokens;  /* from its first marker to its last */
+    int kind;
+} OmniItem;
+
+typedef struct {
+    const int64_t *ids;
+    Py_ssize_t batch, length;
+    const int64_t *first, *count;  /* samples: flat index of the first token, and tokens */
+    Py_ssize_t samples;
+    int one_per_row;  /* each row holds one sample with padding around it (else samples cover the rows) */
+    int64_t image, video, audio, vision_start, vision_end, audio_start, audio_end;
+    int64_t special_low;  /* start markers and placeholders lie in [special_low, special_low + special_span] */
+    uint64_t special_span;
+    int qwen3, audio_in_video, text_only;
+    int64_t merge, chunk, n_window;  /* chunk: positions per chunk of a video with its audio (Qwen2.5-Omni) */
+    float per_second;
+    const int64_t *image_grid, *video_grid, *audio_frames;
+    const float *seconds;
+    Py_ssize_t images, videos, audios;
+    OmniItem *items;
+    Py_ssize_t *first_item;  /* the items of sample s: first_item[s] to first_item[s + 1] */
+    char *out;
+    int text_row;
+    char *deltas;
+} Omni;
+
+static int64_t
+floor_div(int64_t a, int64_t b)
+{
+    const int64_t q = a / b;
+    return (a % b != 0 && (a < 0) != (b < 0)) ? q - 1 : q;
+}
+
+/* Audio placeholder tokens for `frames` mel frames, as each generation's encoder counts them
+ * (Python's floor division). */
+static int64_t
+omni_audio_tokens(const Omni *o, int64_t frames)
+{
+    if (o->qwen3) {
+        const int64_t window = 2 * o->n_window, whole = floor_div(frames, window);
+        const int64_t rest = floor_div(frames - whole * window - 1, 2) + 1;
+        return floor_div(floor_div(rest - 1, 2) + 1 - 1, 2) + 1 + whole * 13;
+    }
+    return floor_div(floor_div(frames - 1, 2) + 1 - 2, 2) + 1;
+}
+
+static int64_t
+omni_vision_tokens(const Omni *o, const int64_t *grid)
+{
+    return grid[0] * (grid[1] / o->merge) * (grid[2] / o->merge);
+}
+
+VECTOR_CLONES static int64_t
+count_token(const int64_t *restrict ids, int64_t count, int64_t token)
+{
+    int64_t found = 0;
+    for (int64_t i = 0; i < count; i++)
+        found += ids[i] == token;
+    return found;
+}
+
+/* Grids, timing and audio lengths the positions can be computed from. */
+static int
+omni_media_fit(const Omni *o)
+{
+    for (int kind = 0; kind < 2; kind++) {
+        const int64_t *grid = kind ? o->video_grid : o->image_grid;
+        const Py_ssize_t rows = kind ? o->videos : o->images;
+        for (Py_ssize_t r = 0; r < 3 * rows; r += 3)
+            if (grid[r] < 1 || grid[r + 1] < 1 || grid[r + 2] < 1 || grid[r + 1] % o->merge || grid[r + 2] % o->merge)
+                return 0;
+    }
+    for (Py_ssize_t v = 0; v < o->videos; v++)
+        if (!Py_IS_FINITE(o->seconds[v]) || !(o->seconds[v] >= 0))
+            return 0;
+    for (Py_ssize_t a = 0; a < o->audios; a++)
+        if (o->audio_frames[a] < 0)
+            return 0;
+    return o->merge >= 1 && (!o->qwen3 || o->n_window >= 1) && (o->qwen3 || o->chunk >= 1);
+}
+
+/* Each sample's items in order, checked against the grids and audio lengths they take:
+ * OMNI_MISMATCH where markers, placeholders and media disagree. A start marker that opens
+ * no item (sampled in a response) is text, as the model reads it. */
+static int
+omni_read(Omni *o, Py_ssize_t *capacity)
+{
+    Py_ssize_t found = 0, image = 0, video = 0, audio = 0;
+    for (Py_ssize_t s = 0; s < o->samples; s++) {
+        o->first_item[s] = found;
+        const int64_t *ids = o->ids + o->first[s], n = o->count[s];
+        if (n == 0 && !o->text_only)
+            return OMNI_EMPTY_SAMPLE;
+        for (int64_t i = 0; i < n;) {
+            const int64_t id = ids[i];
+            if ((uint64_t)(id - o->special_low) > o->special_span) {
+                i++;
+                continue;
+            }
+            const int64_t next = i + 1 < n ? ids[i + 1] : INT64_MIN;
+            OmniItem item = {i, 0, -1, 0, 0};
+            if (id == o->vision_start && (next == o->image || next == o->video)) {
+                const int is_image = next == o->image;
+                if (is_image ? image >= o->images : (o->audio_in_video || video >= o->videos))
+                    return OMNI_MISMATCH;
+                item.kind = is_image ? OMNI_IMAGE : OMNI_VIDEO;
+                item.media = is_image ? image++ : video++;
+                const int64_t tokens = omni_vision_tokens(o, (is_image ? o->image_grid : o->video_grid) + 3 * item.media);
+                if (i + 1 + tokens >= n || count_token(ids + i + 1, tokens, next) != tokens ||
+                    ids[i + 1 + tokens] != o->vision_end)
+                    return OMNI_MISMATCH;
+                item.tokens = tokens + 2;
+            } else if (id == o->vision_start && next == o->audio_start) {
+                if (!o->audio_in_video || video >= o->videos || audio >= o->audios)
+                    return OMNI_MISMATCH;
+                item.kind = OMNI_AUDIO_IN_VIDEO;
+                item.media = video++;
+                item.audio = audio++;
+                const int64_t video_tokens = omni_vision_tokens(o, o->video_grid + 3 * item.media);
+                const int64_t audio_tokens = omni_audio_tokens(o, o->audio_frames[item.audio]);
+                const int64_t end = i + 2 + video_tokens + audio_tokens;  /* its audio end marker */
+                /* Qwen2.5-Omni finds such a video by its first video token */
+                if (audio_tokens < 1 || end + 1 >= n || count_token(ids + i + 2, end - i - 2, o->video) != video_tokens ||
+                    count_token(ids + i + 2, end - i - 2, o->audio) != audio_tokens || ids[end] != o->audio_end ||
+                    ids[end + 1] != o->vision_end || (!o->qwen3 && ids[i + 2] != o->video))
+                    return OMNI_MISMATCH;
+                item.tokens = video_tokens + audio_tokens + 4;
+            } else if (id == o->audio_start && next == o->audio) {
+                if (audio >= o->audios)
+                    return OMNI_MISMATCH;
+                item.kind = OMNI_AUDIO;
+                item.media = audio++;
+                const int64_t tokens = omni_audio_tokens(o, o->audio_frames[item.media]);
+                if (tokens < 1 || i + 1 + tokens >= n || count_token(ids + i + 1, tokens, o->audio) != tokens ||
+                    ids[i + 1 + tokens] != o->audio_end)
+                    return OMNI_MISMATCH;
+                item.tokens = tokens + 2;
+            } else if (id == o->image || id == o->video || id == o->audio) {
+                return OMNI_MISMATCH;  /* a placeholder outside any item */
+            } else {
+                i++;  /* text, or a start marker opening nothing */
+                continue;
+            }
+            if (found == *capacity) {
+                const Py_ssize_t grown = 2 * *capacity;
+                OmniItem *moved = PyMem_RawRealloc(o->items, (size_t)grown * sizeof(OmniItem));
+                if (!moved)
+                    return -1;
+                o->items = moved;
+                *capacity = grown;
+            }
+            o->items[found++] = item;
+            i += item.tokens;
+        }
+    }
+    o->first_item[o->samples] = found;
+    return image == o->images && video == o->videos && audio == o->audios ? OMNI_WRITTEN : OMNI_MISMATCH;
+}
+
+/* Writing. Every value passes through omni_add, the reference's sum in its dtype. */
+static double
+omni_add(const Omni *o, double a, double b)
+{
+    return o->qwen3 ? (double)((float)a + (float)b) : a + b;
+}
+
+static double
+omni_max(double a, double b)
+{
+    return a > b ? a : b;
+}
+
+VECTOR_CLONES static void
+fill_f32(float *restrict out, Py_ssize_t count, float value)
+{
+    for (Py_ssize_t i = 0; i < count; i++)
+        out[i] = value;
+}
+
+/* (float)(first + i) + start: an int64 arange plus a float32 scalar, as torch adds them
+ * (indices are below 2**31: int32 converts to float in vector instructions). */
+VECTOR_CLONES static void
+ramp_f32(float *restrict out, int32_t count, int32_t first, float start)
+{
+    for (int32_t i = 0; i < count; i++)
+        out[i] = (float)(first + i) + start;
+}
+
+/* One row of positions: `count` values from token `at` on. */
+static void
+omni_fill(const Omni *o, char *row, int64_t at, int64_t count, double value)
+{
+    if (o->qwen3)
+        fill_f32((float *)row + at, count, (float)value);
+    else
+        fill((int64_t *)row + at, count, (int64_t)value);
+}
+
+/* (first + i) + start, i = 0 .. count - 1 */
+static void
+omni_ramp(const Omni *o, char *row, int64_t at, int64_t count, int64_t first, double start)
+{
+    if (o->qwen3)
+        ramp_f32((float *)row + at, (int32_t)count, (int32_t)first, (float)start);
+    else
+        ramp((int64_t *)row + at, count, first + (int64_t)start);
+}
+
+/* Text (and audio) on the three rows. */
+static void
+omni_ramp3(const Omni *o, char *const row[3], int64_t at, int64_t count, int64_t first, double start)
+{
+    for (int r = 0; r < 3; r++)
+        omni_ramp(o, row[r], at, count, first, start);
+}
+
+static void
+omni_fill3(const Omni *o, char *const row[3], int64_t at, int64_t count, double value)
+{
+    for (int r = 0; r < 3; r++)
+        omni_fill(o, row[r], at, count, value);
+}
+
+/* An image's or video's grid, placed from `start`. */
+typedef struct {
+    int64_t frames, height, width;  /* after merging */
+    float seconds;  /* per grid; 1 for images */
+    double start;
+    int64_t pattern;  /* where its first frame's height and width rows were written, or -1 */
+} OmniGrid;
+
+/* A frame's temporal id: frame * seconds * positions per second in float32, truncated by
+ * Qwen2.5-Omni. */
+static double
+omni_temporal(const Omni *o, const OmniGrid *g, int64_t frame)
+{
+    const float scaled = (float)frame * g->seconds, temporal = scaled * o->per_second;
+    return o->qwen3 ? (double)temporal : (double)(int64_t)temporal;
+}
+
+/* Its largest position on any axis (it includes its last token). */
+static double
+omni_grid_largest(const Omni *o, const OmniGrid *g)
+{
+    const double last_line = (double)(g->height - 1), last_column = (double)(g->width - 1);
+    return omni_add(o, omni_max(omni_temporal(o, g, g->frames - 1), omni_max(last_line, last_column)), g->start);
+}
+
+static OmniGrid
+omni_grid(const Omni *o, const int64_t *grid, float seconds, double start)
+{
+    return (OmniGrid){grid[0], grid[1] / o->merge, grid[2] / o->merge, seconds, start, -1};
+}
+
+/* Frame `frame` of a grid, whole, at token `at`: every frame's height and width rows are those
+ * of the first frame written. */
+static void
+omni_frame(const Omni *o, char *const row[3], int64_t at, OmniGrid *g, int64_t frame)
+{
+    const int64_t per_frame = g->height * g->width;
+    const size_t size = o->qwen3 ? 4 : 8;
+    omni_fill(o, row[0], at, per_frame, omni_add(o, omni_temporal(o, g, frame), g->start));
+    if (g->pattern >= 0) {
+        for (int r = 1; r < 3; r++)
+            memcpy(row[r] + at * size, row[r] + g->pattern * size, (size_t)per_frame * size);
+        return;
+    }
+    for (int64_t line = 0; line < g->height; line++) {
+        omni_fill(o, row[1], at + line * g->width, g->width, omni_add(o, (double)line, g->start));
+        omni_ramp(o, row[2], at + line * g->width, g->width, 0, g->start);
+    }
+    g->pattern = at;
+}
+
+/* Tokens [from, to) of a grid, in its order, at token `at`. */
+static void
+omni_grid_range(const Omni *o, char *const row[3], int64_t at, OmniGrid *g, int64_t from, int64_t to)
+{
+    const int64_t per_frame = g->height * g->width;
+    while (from < to) {
+        const int64_t frame = from / per_frame, in_frame = from - frame * per_frame;
+        if (in_frame == 0 && to - from >= per_frame) {
+            omni_frame(o, row, at, g, frame);
+            at += per_frame;
+            from += per_frame;
+            continue;
+        }
+        const int64_t line = in_frame / g->width, column = in_frame - line * g->width;
+        const int64_t count = g->width - column < to - from ? g->width - column : to - from;
+        omni_fill(o, row[0], at, count, omni_add(o, omni_temporal(o, g, frame), g->start));
+        omni_fill(o, row[1], at, count, omni_add(o, (double)line, g->start));
+        omni_ramp(o, row[2], at, count, column, g->start);
+        at += count;
+        from += count;
+    }
+}
+
+/* Qwen3-Omni: a video's tokens and its audio's merged in order of temporal position, the
+ * video's first on a tie. A frame's tokens share its time, so audio comes between frames only.
+ * Returns the largest position of what the reference appends last (the audio's or the video's
+ * tail). */
+static double
+omni_merge_by_time(const Omni *o, char *const row[3], int64_t at, OmniGrid *g, int64_t audio_tokens)
+{
+    int64_t heard = 0;
+    for (int64_t frame = 0; frame < g->frames; frame++) {
+        const double time = omni_add(o, omni_temporal(o, g, frame), g->start);
+        int64_t until = heard;
+        while (until < audio_tokens && omni_add(o, (double)until, g->start) < time)
+            until++;
+        omni_ramp3(o, row, at, until - heard, heard, g->start);
+        at += until - heard;
+        heard = until;
+        omni_frame(o, row, at, g, frame);
+        at += g->height * g->width;
+    }
+    omni_ramp3(o, row, at, audio_tokens - heard, heard, g->start);
+    const double last_audio = omni_add(o, (double)(audio_tokens - 1), g->start);
+    const double last_time = omni_add(o, omni_temporal(o, g, g->frames - 1), g->start);
+    return last_audio >= last_time ? last_audio : omni_grid_largest(o, g);
+}
+
+/* Qwen2.5-Omni: the video and its audio cut into chunks of `chunk` positions (as
+ * get_chunked_index cuts them: a new chunk at the first token whose temporal id, counted from
+ * the start, reaches the next multiple of `chunk`, one new chunk per token at most), the video's
+ * chunk j, then the audio's. Returns the largest position of the chunk placed last. */
+static double
+omni_merge_by_chunks(const Omni *o, char *const row[3], int64_t at, OmniGrid *g, int64_t audio_tokens)
+{
+    const int64_t per_frame = g->height * g->width, video_tokens = g->frames * per_frame;
+    int64_t video_begin = 0, audio_begin = 0, tested = 0, reached = 1, video_chunks = 0, audio_chunks = 0;
+    while (video_begin < video_tokens || audio_begin < audio_tokens) {
+        if (video_begin < video_tokens) {
+            int64_t end = video_tokens;
+            while (tested < video_tokens) {  /* the next token that starts a chunk */
+                const int64_t frame = tested / per_frame;
+                if (omni_temporal(o, g, frame) >= (double)(reached * o->chunk)) {
+                    end = tested++;
+                    reached++;
+                    break;
+                }
+                tested = (frame + 1) * per_frame;  /* the frame's other tokens have its temporal id */
+            }
+            omni_grid_range(o, row, at, g, video_begin, end);
+            at += end - video_begin;
+            video_begin = end;
+            video_chunks++;
+        }
+        if (audio_begin < audio_tokens) {
+            const int64_t end = audio_begin + o->chunk < audio_tokens ? audio_begin + o->chunk : audio_tokens;
+            omni_ramp3(o, row, at, end - audio_begin, audio_begin, g->start);
+            at += end - audio_begin;
+            audio_begin = end;
+            audio_chunks++;
+        }
+    }
+    if (audio_chunks >= video_chunks)
+        return omni_add(o, (double)(audio_tokens - 1), g->start);
+    return omni_grid_largest(o, g);
+}
+
+/* The media between an item's markers from `start`; `largest` receives their largest
+ * position. Returns the largest position of what the reference appends last. */
+static double
+omni_media(const Omni *o, const OmniItem *item, char *const row[3], int64_t at, double start, double *largest)
+{
+    if (item->kind == OMNI_AUDIO) {
+        const int64_t tokens = item->tokens - 2;
+        omni_ramp3(o, row, at, tokens, 0, start);
+        return *largest = omni_add(o, (double)(tokens - 1), start);
+    }
+    const int is_image = item->kind == OMNI_IMAGE;
+    OmniGrid g = omni_grid(o, (is_image ? o->image_grid : o->video_grid) + 3 * item->media,
+                           is_image ? 1.0f : o->seconds[item->media], start);
+    *largest = omni_grid_largest(o, &g);
+    if (item->kind != OMNI_AUDIO_IN_VIDEO) {
+        omni_grid_range(o, row, at, &g, 0, g.frames * g.height * g.width);
+        return *largest;
+    }
+    const int64_t audio_tokens = item->tokens - 4 - g.frames * g.height * g.width;
+    *largest = omni_max(*largest, omni_add(o, (double)(audio_tokens - 1), start));
+    return o->qwen3 ? omni_merge_by_time(o, row, at, &g, audio_tokens) : omni_merge_by_chunks(o, row, at, &g, audio_tokens);
+}
+
+/* Sample s's positions on its three rows; returns its largest. */
+static double
+omni_sample(const Omni *o, Py_ssize_t s, char *const row[3])
+{
+    const int64_t count = o->count[s];
+    if (o->text_only) {
+        omni_ramp3(o, row, 0, count, 0, 0.0);
+        return count ? (double)(count - 1) : -1.0;
+    }
+    double last = 0, largest = -1;  /* last: the largest position of the chunk placed last */
+    int placed = 0;
+    int64_t at = 0;
+    for (Py_ssize_t i = o->first_item[s]; i < o->first_item[s + 1]; i++) {
+        const OmniItem *item = &o->items[i];
+        double start = placed ? omni_add(o, last, 1) : 0;
+        const int64_t text = item->start - at;
+        if (text) {
+            omni_ramp3(o, row, at, text, 0, start);
+            largest = omni_max(largest, omni_add(o, (double)(text - 1), start));
+            start = omni_add(o, start, (double)text);
+            at += text;
+        }
+        /* its start markers (two for a video with its audio): Qwen3-Omni counts on over them,
+         * Qwen2.5-Omni gives both one position */
+        const int pair = item->kind == OMNI_AUDIO_IN_VIDEO, counting = pair && o->qwen3;
+        if (counting) {
+            omni_ramp3(o, row, at, 2, 0, start);
+            largest = omni_max(largest, omni_add(o, 1, start));
+            start = omni_add(o, start, 2);
+        } else {
+            omni_fill3(o, row, at, 1 + pair, start);
+            largest = omni_max(largest, start);
+            start = omni_add(o, start, 1);
+        }
+        at += 1 + pair;
+        double media;
+        const double end = omni_add(o, omni_media(o, item, row, at, start, &media), 1);
+        largest = omni_max(largest, media);
+        at = item->start + item->tokens - 1 - pair;
+        if (counting) {
+            omni_ramp3(o, row, at, 2, 0, end);
+            last = omni_add(o, 1, end);
+        } else {
+            omni_fill3(o, row, at, 1 + pair, end);
+            last = end;
+        }
+        largest = omni_max(largest, last);
+        at += 1 + pair;
+        placed = 1;
+    }
+    if (at < count) {
+        const double start = placed ? omni_add(o, last, 1) : 0;
+        omni_ramp3(o, row, at, count - at, 0, start);
+        largest = omni_max(largest, omni_add(o, (double)(count - at - 1), start));
+    }
+    return largest;
+}
+
+typedef struct {
+    const Omni *o;
+    Py_ssize_t first_sample, end_sample;
+} OmniWork;
+
+static void *
+omni_write(void *argument)
+{
+    const OmniWork *work = argument;
+    const Omni *o = work->o;
+    const size_t size = o->qwen3 ? 4 : 8;
+    const Py_ssize_t length = o->length, rows = o->text_row ? 4 : 3;
+    /* padding: 0 for Qwen3-Omni's placed positions, 1 for Qwen2.5-Omni's, for text-only
+     * batches and in the text row */
+    const double padding = o->qwen3 && !o->text_only ? 0 : 1;
+    for (Py_ssize_t s = work->first_sample; s < work->end_sample; s++) {
+        const int64_t first = o->first[s], count = o->count[s], b = first / length, column = first - b * length;
+        char *row[4];
+        for (Py_ssize_t r = 0; r < rows; r++)
+            row[r] = o->out + (o->text_row ? (b * 4 + r) * length : (r * o->batch + b) * length) * size;
+        char *const *positions = o->text_row ? row + 1 : row;
+        char *at_sample[3];
+        for (int r = 0; r < 3; r++)
+            at_sample[r] = positions[r] + column * size;
+        double largest = omni_sample(o, s, at_sample);
+        if (o->text_row)
+            omni_ramp(o, row[0], column, count, 0, 0.0);
+        if (o->one_per_row) {
+            for (Py_ssize_t r = 0; r < rows; r++) {
+                const double value = o->text_row && r == 0 ? 1 : padding;
+                omni_fill(o, row[r], 0, column, value);
+                omni_fill(o, row[r], column + count, length - column - count, value);
+            }
+            if (o->text_only && count < length)  /* the reference's largest counts the padding's 1 */
+                largest = omni_max(largest, 1);
+        }
+        const double delta = omni_add(o, omni_add(o, largest, 1), (double)-count);
+        if (o->qwen3)
+            ((float *)o->deltas)[s] = (float)delta;
+        else
+            ((int64_t *)o->deltas)[s] = (int64_t)delta;
+    }
+    return NULL;
+}
+
+/* Each row's valid tokens from a bool mask: one span per row, or -1 where padding lies
+ * inside one. */
+static int
+omni_spans(const uint8_t *mask, Py_ssize_t batch, Py_ssize_t length, int64_t *first, int64_t *count)
+{
+    for (Py_ssize_t b = 0; b < batch; b++) {
+        const uint8_t *m = mask + b * length;
+        Py_ssize_t low = 0, high = length;
+        while (low + 8 <= length) {  /* eight bytes at a time through the padding */
+            uint64_t word;
+            memcpy(&word, m + low, 8);
+            if (word)
+                break;
+            low += 8;
+        }
+        while (low < length && !m[low])
+            low++;
+        while (high - 8 >= low) {
+            uint64_t word;
+            memcpy(&word, m + high - 8, 8);
+            if (word)
+                break;
+            high -= 8;
+        }
+        while (high > low && !m[high - 1])
+            high--;
+        uint8_t all = 1;
+        for (Py_ssize_t i = low; i < high; i++)
+            all &= m[i];
+        if (!all)
+            return -1;
+        first[b] = b * length + (high > low ? low : 0);  /* a row of padding: no token, at its start */
+        count[b] = high - low;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(omni_positions_doc,
+"omni_positions(out, text_row, batch, length, ids, mask, first, count, tokens, flags, sizes,\n"
+"               per_second, image_grid, video_grid, seconds, audio_frames, deltas, threads) -> status\n\n"
+"An Omni thinker's positions written into `out` (float32 for Qwen3-Omni, else int64; (3, B, L),\n"
+"or (B, 4, L) with `text_row`, whose row 0 counts each sample's tokens from 0 and holds 1 at\n"
+"padding), and each sample's largest position + 1 - its tokens into `deltas` (same dtype).\n"
+"`ids`: int64 (B, L). Samples: `first` (flat index) and `count` (int64), covering the rows\n"
+"back to back; or, both None, one per row: its valid tokens in `mask` (bool, or None: all).\n"
+"`tokens`: (image, video, audio, vision start, vision end, audio start, audio end) ids;\n"
+"`flags`: (Qwen3-Omni, use_audio_in_video, text only: no image or video grid);\n"
+"`sizes`: (spatial merge, positions per chunk, audio window). Media, in the batch's order:\n"
+"`image_grid`, `video_grid` int64 (N, 3) or None, `seconds` float32 per video, `audio_frames`\n"
+"int64 mel frames per audio. Returns 0 when written; 1 where tokens and media disagree, 2 for\n"
+"padding inside a row, 3 for media that cannot be placed, 4 for a sample without tokens.");
+
+static PyObject *
+omni_positions(PyObject *module, PyObject *args)
+{
+    PyObject *objects[10];  /* out, ids, mask, first, count, image_grid, video_grid, seconds, audio_frames, deltas */
+    Omni o = {0};
+    int text_row, threads;
+    long long tokens[7], sizes[3];
+    int flags[3];
+    double per_second;
+    if (!PyArg_ParseTuple(args, "OpnnOOOO(LLLLLLL)(ppp)(LLL)dOOOOOi:omni_positions", &objects[0], &text_row, &o.batch,
+                          &o.length, &objects[1], &objects[2], &objects[3], &objects[4], &tokens[0], &tokens[1],
+                          &tokens[2], &tokens[3], &tokens[4], &tokens[5], &tokens[6], &flags[0], &flags[1], &flags[2],
+                          &sizes[0], &sizes[1], &sizes[2], &per_second, &objects[5], &objects[6], &objects[7],
+                          &objects[8], &objects[9], &threads))
+        return NULL;
+    static const char *names[10] = {"out", "ids", "mask", "first", "count", "image_grid", "video_grid", "seconds",
+                                    "audio_frames", "deltas"};
+    static const Py_ssize_t itemsizes[10] = {0, 8, 1, 8, 8, 8, 8, 4, 8, 0};
+    o.qwen3 = flags[0];
+    o.audio_in_video = flags[1];
+    o.text_only = flags[2];
+    const Py_ssize_t value_size = o.qwen3 ? 4 : 8;
+    Py_buffer views[10];
+    int held[10] = {0};
+    PyObject *result = NULL;
+    int status = OMNI_WRITTEN;
+    int64_t *spans = NULL;
+    Py_ssize_t capacity = 64;
+    for (int k = 0; k < 10; k++) {
+        if (objects[k] == Py_None && k != 0 && k != 1 && k != 9)
+            continue;
+        if (acquire(objects[k], &views[k], k == 0 || k == 9, itemsizes[k] ? itemsizes[k] : value_size, names[k]) < 0)
+            goto release;
+        held[k] = 1;
+    }
+    const Py_ssize_t rows = text_row ? 4 : 3, tokens_given = o.batch * o.length;
+    o.samples = held[3] ? views[3].len / 8 : o.batch;
+    o.images = held[5] ? views[5].len / 24 : 0;
+    o.videos = held[6] ? views[6].len / 24 : 0;
+    o.audios = held[8] ? views[8].len / 8 : 0;
+    if (o.batch < 1 || o.length < 1 || views[1].len / 8 != tokens_given || views[0].len / value_size != rows * tokens_given ||
+        views[9].len / value_size != o.samples || held[3] != held[4] || (held[4] && views[4].len / 8 != o.samples) ||
+        (held[2] && views[2].len != tokens_given) || (o.videos && (!held[7] || views[7].len / 4 != o.videos)) ||
+        (held[5] && views[5].len % 24) || (held[6] && views[6].len % 24) || o.length > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "omni_positions: sizes do not fit a batch of %zd x %zd", o.batch, o.length);
+        goto release;
+    }
+    o.ids = views[1].buf;
+    o.out = views[0].buf;
+    o.deltas = views[9].buf;
+    o.text_row = text_row;
+    o.image = tokens[0], o.video = tokens[1], o.audio = tokens[2], o.vision_start = tokens[3];
+    o.vision_end = tokens[4], o.audio_start = tokens[5], o.audio_end = tokens[6];
+    int64_t low = o.image, high = o.image;
+    const int64_t special[5] = {o.image, o.video, o.audio, o.vision_start, o.audio_start};
+    for (int k = 1; k < 5; k++) {
+        low = special[k] < low ? special[k] : low;
+        high = special[k] > high ? special[k] : high;
+    }
+    o.special_low = low;
+    o.special_span = (uint64_t)(high - low);
+    o.merge = sizes[0], o.chunk = sizes[1], o.n_window = sizes[2];
+    o.per_second = (float)per_second;
+    o.image_grid = held[5] ? views[5].buf : NULL;
+    o.video_grid = held[6] ? views[6].buf : NULL;
+    o.seconds = held[7] ? views[7].buf : NULL;
+    o.audio_frames = held[8] ? views[8].buf : NULL;
+    if (!omni_media_fit(&o)) {
+        status = OMNI_BAD_MEDIA;
+        goto done;
+    }
+    o.first_item = PyMem_RawMalloc((size_t)(o.samples + 1) * sizeof(Py_ssize_t));
+    o.items = PyMem_RawMalloc((size_t)capacity * sizeof(OmniItem));
+    if (!held[3])
+        spans = PyMem_RawMalloc((size_t)(2 * o.batch) * sizeof(int64_t));
+    if (!o.first_item || !o.items || (!held[3] && !spans)) {
+        PyErr_NoMemory();
+        goto release;
+    }
+    if (held[3]) {
+        o.first = views[3].buf;
+        o.count = views[4].buf;
+        for (Py_ssize_t s = 0; s < o.samples; s++)  /* back to back, each inside a row */
+            if (o.count[s] < 0 || o.first[s] != (s ? o.first[s - 1] + o.count[s - 1] : 0) ||
+                (o.count[s] && o.first[s] / o.length != (o.first[s] + o.count[s] - 1) / o.length)) {
+                PyErr_Format(PyExc_ValueError, "omni_positions: sample %zd does not follow the one before in a row", s);
+                goto release;
+            }
+        if (o.samples && o.first[o.samples - 1] + o.count[o.samples - 1] != tokens_given) {
+            PyErr_SetString(PyExc_ValueError, "omni_positions: the samples do not cover the batch");
+            goto release;
+        }
+    } else {
+        o.one_per_row = 1;
+        o.first = spans;
+        o.count = spans + o.batch;
+        if (held[2]) {
+            int inside;
+            Py_BEGIN_ALLOW_THREADS
+            inside = omni_spans(views[2].buf, o.batch, o.length, spans, spans + o.batch);
+            Py_END_ALLOW_THREADS
+            if (inside) {
+                status = OMNI_PADDING_INSIDE;
+                goto done;
+            }
+        } else {
+            for (Py_ssize_t b = 0; b < o.batch; b++)
+                spans[b] = b * o.length, spans[o.batch + b] = o.length;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    status = omni_read(&o, &capacity);
+    Py_END_ALLOW_THREADS
+    if (status < 0) {
+        PyErr_NoMemory();
+        goto release;
+    }
+    if (status == OMNI_WRITTEN) {
+        OmniWork work[MAX_THREADS];
+        const Py_ssize_t workers = worker_count(rows * tokens_given, o.samples, threads);
+        /* each worker the samples of about an equal share of the tokens */
+        Py_ssize_t s = 0;
+        for (Py_ssize_t w = 0; w < workers; w++) {
+            const int64_t until = tokens_given * (w + 1) / workers;
+            work[w] = (OmniWork){&o, s, s};
+            while (work[w].end_sample < o.samples && (w == workers - 1 || o.first[work[w].end_sample] < until))
+                work[w].end_sample++;
+            s = work[w].end_sample;
+        }
+        Py_BEGIN_ALLOW_THREADS
+        run_workers(omni_write, work, sizeof(OmniWork), workers);
+        Py_END_ALLOW_THREADS
+    }
+done:
+    result = PyLong_FromLong(status);
+release:
+    PyMem_RawFree(spans);
+    PyMem_RawFree(o.items);
+    PyMem_RawFree(o.first_item);
+    for (int k = 0; k < 10; k++)
+        if (held[k])
+            PyBuffer_Release(&views[k]);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"coded", coded, METH_VARARGS, coded_doc},
     {"changes", changes, METH_O, changes_doc},
     {"positions", positions, METH_VARARGS, positions_doc},
     {"token_types", token_types, METH_VARARGS, token_types_doc},
     {"read_mask", read_mask, METH_VARARGS, read_mask_doc},
+    {"omni_positions", omni_positions, METH_VARARGS, omni_positions_doc},
     {NULL, NULL, 0, NULL},
 };
 

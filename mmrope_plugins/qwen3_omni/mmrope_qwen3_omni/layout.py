@@ -1,9 +1,12 @@
-"""Reading an Omni sequence: where each audio, image, video and audio-in-video item sits, checked
-against the grids and audio lengths before any position is computed."""
+"""Reading an Omni sequence item by item: where each audio, image, video and audio-in-video item
+sits, checked against the grids and audio lengths. The reference implementation's input check,
+and what says why when the compiled reader (``mmrope_core._native.omni_positions``) refuses a
+batch."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -56,7 +59,12 @@ class Counters:
     audio: int = 0
 
 
-def read_items(
+def read_items(sample: int, tokens: np.ndarray, ids: Tokens, counters: Counters, **media) -> list[Item]:
+    """The media items of one sample's valid tokens, in order (see :func:`iter_items`)."""
+    return list(iter_items(sample, tokens, ids, counters, **media))
+
+
+def iter_items(
     sample: int,
     tokens: np.ndarray,
     ids: Tokens,
@@ -67,28 +75,34 @@ def read_items(
     audio_lengths: torch.Tensor | None,
     merge: int,
     use_audio_in_video: bool,
-) -> list[Item]:
+    video_token_first: bool = False,
+) -> Iterator[Item]:
     """The media items of one sample's valid tokens (on the host: numpy compares several times
     faster than torch here), in order; raises a typed error naming the sample when markers,
-    placeholders, grids and audio lengths disagree."""
+    placeholders, grids and audio lengths disagree. A start marker that opens no item (a
+    ``<|vision_start|>`` or ``<|audio_start|>`` sampled in a response, followed by text or
+    ending the sequence) is text, as the model reads it. ``video_token_first``: a video with its
+    audio must begin with a video token (Qwen2.5-Omni finds it by its first one)."""
     vision_starts = np.flatnonzero(tokens == ids.vision_start).tolist()
     audio_starts = np.flatnonzero(tokens == ids.audio_start).tolist()
     in_video = {start + 1 for start in vision_starts}
     starts = sorted([(p, "vision") for p in vision_starts] + [(p, "audio") for p in audio_starts if p not in in_video])
-    items: list[Item] = []
+    expected = 0
     length = tokens.size
     for position, marker in starts:
         following = int(tokens[position + 1]) if position + 1 < length else None
         if marker == "audio":
+            if following != ids.audio:
+                continue  # opens nothing: text
             audio = _take(counters, "audio", audio_lengths, sample, "audio", "feature_attention_mask (audio_seqlens)")
             n = int(audio_lengths[audio])
             _expect_run(sample, tokens, position + 1, n, {ids.audio}, "audio", audio, ids.audio_end)
-            items.append(Item("audio", position, audio, audio, n, 2))
+            item = Item("audio", position, audio, audio, n, 2)
         elif following == ids.image:
             image = _take(counters, "image", image_grid_thw, sample, "image", "image_grid_thw")
             n = int(image_grid_thw[image].prod()) // merge**2
             _expect_run(sample, tokens, position + 1, n, {ids.image}, "image", image, ids.vision_end)
-            items.append(Item("image", position, image, -1, n, 2))
+            item = Item("image", position, image, -1, n, 2)
         elif following == ids.video:
             if use_audio_in_video:
                 raise PlaceholderMismatchError(
@@ -99,7 +113,7 @@ def read_items(
             video = _take(counters, "video", video_grid_thw, sample, "video", "video_grid_thw")
             n = int(video_grid_thw[video].prod()) // merge**2
             _expect_run(sample, tokens, position + 1, n, {ids.video}, "video", video, ids.vision_end)
-            items.append(Item("video", position, video, -1, n, 2))
+            item = Item("video", position, video, -1, n, 2)
         elif following == ids.audio_start:
             if not use_audio_in_video:
                 raise PlaceholderMismatchError(
@@ -107,40 +121,53 @@ def read_items(
                     f"(audio in video), but use_audio_in_video is not set; pass "
                     f"mm_processor_kwargs={{'use_audio_in_video': True}}"
                 )
-            video = _take(counters, "video", video_grid_thw, sample, "video", "video_grid_thw")
-            audio = _take(counters, "audio", audio_lengths, sample, "audio of a video", "feature_attention_mask (audio_seqlens)")
-            video_tokens = int(video_grid_thw[video].prod()) // merge**2
-            audio_tokens = int(audio_lengths[audio])
-            _expect_run(sample, tokens, position + 2, video_tokens + audio_tokens, {ids.video, ids.audio},
-                        "video with its audio", video, ids.audio_end)
-            run = tokens[position + 2 : position + 2 + video_tokens + audio_tokens]
-            found_audio = int((run == ids.audio).sum())
-            if found_audio != audio_tokens:
-                raise PlaceholderMismatchError(
-                    f"sample {sample}, video {video}: its audio needs {audio_tokens} audio tokens (from "
-                    f"feature_attention_mask), found {found_audio} among the video's placeholders"
-                )
-            end = position + 3 + video_tokens + audio_tokens
-            if end >= length or int(tokens[end]) != ids.vision_end:
-                raise PlaceholderMismatchError(
-                    f"sample {sample}, video {video}: the vision end marker is missing after its audio; "
-                    f"the sequence was probably truncated inside the video"
-                )
-            items.append(Item("audio_in_video", position, video, audio, video_tokens + audio_tokens, 4))
+            item = _audio_in_video(sample, tokens, ids, counters, position, video_grid_thw, audio_lengths, merge,
+                                   video_token_first)
         else:
-            raise PlaceholderMismatchError(
-                f"sample {sample}: the vision start marker at token {position} is not followed by an image, "
-                f"video or audio placeholder"
-            )
+            continue  # a vision start opening nothing: text
+        expected += item.media_tokens
+        yield item
     placeholders = int(((tokens == ids.image) | (tokens == ids.video) | (tokens == ids.audio)).sum())
-    expected = sum(item.media_tokens for item in items)
     if placeholders != expected:
         raise PlaceholderMismatchError(
             f"sample {sample}: {placeholders - expected} image, video or audio placeholder tokens stand outside "
             f"any start/end markers (a missing start marker, or placeholders sampled in a response); "
             f"mask them out or restore the markers"
         )
-    return items
+
+
+def _audio_in_video(sample, tokens, ids, counters, position, video_grid_thw, audio_lengths, merge,
+                    video_token_first) -> Item:
+    video = _take(counters, "video", video_grid_thw, sample, "video", "video_grid_thw")
+    audio = _take(counters, "audio", audio_lengths, sample, "audio of a video", "feature_attention_mask (audio_seqlens)")
+    video_tokens = int(video_grid_thw[video].prod()) // merge**2
+    audio_tokens = int(audio_lengths[audio])
+    if audio_tokens < 1:
+        raise PlaceholderMismatchError(
+            f"sample {sample}, video {video}: its audio (audio {audio} of the batch) is too short to make an "
+            f"audio token; pass the processor's feature_attention_mask, or the video without its audio"
+        )
+    _expect_run(sample, tokens, position + 2, video_tokens + audio_tokens, {ids.video, ids.audio},
+                "video with its audio", video, ids.audio_end)
+    run = tokens[position + 2 : position + 2 + video_tokens + audio_tokens]
+    found_audio = int((run == ids.audio).sum())
+    if found_audio != audio_tokens:
+        raise PlaceholderMismatchError(
+            f"sample {sample}, video {video}: its audio needs {audio_tokens} audio tokens (from "
+            f"feature_attention_mask), found {found_audio} among the video's placeholders"
+        )
+    end = position + 3 + video_tokens + audio_tokens
+    if end >= tokens.size or int(tokens[end]) != ids.vision_end:
+        raise PlaceholderMismatchError(
+            f"sample {sample}, video {video}: the vision end marker is missing after its audio; "
+            f"the sequence was probably truncated inside the video"
+        )
+    if video_token_first and int(run[0]) != ids.video:
+        raise PlaceholderMismatchError(
+            f"sample {sample}, video {video}: its placeholders begin with an audio token, but Qwen2.5-Omni "
+            f"finds a video with its audio by its first video token; pass the processor's output unchanged"
+        )
+    return Item("audio_in_video", position, video, audio, video_tokens + audio_tokens, 4)
 
 
 def check_all_used(counters: Counters, image_grid_thw, video_grid_thw, audio_lengths) -> None:

@@ -4,7 +4,7 @@ left and right padding. The plugin checks itself on a few; the tests run hundred
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -21,20 +21,39 @@ def audio_tokens(family: Family, frames: int, thinker: Any, rule: str) -> int:
 
 def random_batch(family: Family, tokens: Tokens, merge: int, thinker: Any, rng: random.Random, *,
                  use_audio_in_video: bool, max_batch: int = 6, max_items: int = 5, text_ids=None,
-                 pad_id: int | None = None, max_frames: int = 8, audio_rule: str | None = None) -> dict[str, Any]:
+                 pad_id: int | None = None, max_frames: int = 8, audio_rule: str | None = None,
+                 kinds: Sequence[str] = ("image", "audio", "video", "video"), ensure_grid: bool = True,
+                 strays: str | None = None) -> dict[str, Any]:
     """A valid batch of ``input_ids``, ``attention_mask`` and the Omni keyword arguments.
 
     ``text_ids`` default to ids that are none of ``tokens``; padding uses the first of them.
+    ``kinds``: what each item is drawn from. ``ensure_grid``: a batch without an image or video
+    gets an image (the reference places media only when a grid is given). ``strays="markers"``
+    puts start and end markers that open nothing between the items, as a sampled response holds
+    them: a vision or audio start before text, before another item's start or ending the row, a
+    lone end marker; ``strays="text"`` puts a text token in each of their places instead, with
+    the same draws, so the two batches differ only there.
     """
     if text_ids is None:
         special = set(vars(tokens).values())
         text_ids = [token for token in range(len(special) + 4) if token not in special][:4]
     pad_id = text_ids[0] if pad_id is None else pad_id
+    markers = (tokens.vision_start, tokens.audio_start, tokens.vision_end, tokens.audio_end)
+
+    def stray() -> tuple[int, int]:
+        """A marker drawn, and the token put in its place."""
+        marker = rng.choice(markers)
+        return marker, marker if strays == "markers" else text_ids[-1]
+
     rows, images, videos, seconds, audio_frames = [], [], [], [], []
     for _ in range(rng.randint(1, max_batch)):
         row = [rng.choice(text_ids) for _ in range(rng.randint(1, 8))]
         for _ in range(rng.randint(0, max_items)):
-            kind = rng.choice(["image", "audio", "video", "video"])
+            if strays and rng.random() < 0.4:
+                marker, token = stray()
+                # a vision start right before an audio start would open a video with its audio
+                row += [token] + ([rng.choice(text_ids)] if marker == tokens.vision_start or rng.random() < 0.5 else [])
+            kind = rng.choice(kinds)
             if kind == "image":
                 grid = (1, merge * rng.randint(1, 5), merge * rng.randint(1, 5))
                 images.append(grid)
@@ -46,7 +65,8 @@ def random_batch(family: Family, tokens: Tokens, merge: int, thinker: Any, rng: 
             else:
                 grid = (rng.randint(1, max_frames), merge * rng.randint(1, 3), merge * rng.randint(1, 3))
                 videos.append(grid)
-                seconds.append(rng.choice([0.5, 1.0, 2.0, 1 / 3, 0.04, rng.uniform(0.05, 2.5)]))
+                # long grids (over 4 s at 25 positions a second) cut Qwen2.5-Omni's 2 s chunks inside a frame
+                seconds.append(rng.choice([0.5, 1.0, 2.0, 1 / 3, 0.04, rng.uniform(0.05, 2.5), rng.uniform(4, 6)]))
                 video_count = grid[0] * grid[1] * grid[2] // merge**2
                 if use_audio_in_video:
                     frames = rng.randint(20, 900)
@@ -56,8 +76,10 @@ def random_batch(family: Family, tokens: Tokens, merge: int, thinker: Any, rng: 
                 else:
                     row += [tokens.vision_start] + [tokens.video] * video_count + [tokens.vision_end]
             row += [rng.choice(text_ids) for _ in range(rng.randint(0, 6))]
+        if strays and rng.random() < 0.3:
+            row.append(stray()[1])  # the row's last token
         rows.append(row)
-    if not images and not videos:  # the reference places media only when a grid is given
+    if ensure_grid and not images and not videos:
         grid = (1, merge, merge)
         images.append(grid)
         rows[0] += [tokens.vision_start, tokens.image, tokens.vision_end]

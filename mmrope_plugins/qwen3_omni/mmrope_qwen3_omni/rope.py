@@ -1,20 +1,28 @@
-"""Omni positions: the installed thinker's ``get_rope_index`` (``reference``) and an
-implementation without per-token Python (``fast``), checked against each other when bound."""
+"""Omni positions: the installed thinker's ``get_rope_index`` (``reference``) and a batched
+kernel (``fast``), checked against each other when bound."""
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
 
+import numpy as np
 import torch
 
-from mmrope_core import InvalidInputError, RopeBinding
-from mmrope_core.kernel import RopeKernel
+from mmrope_core import (
+    InvalidInputError,
+    MmropeError,
+    PlaceholderMismatchError,
+    RopeBinding,
+    RopeKernel,
+    SegmentCutError,
+)
+from mmrope_core._compiled import native
 from mmrope_core.reference import config_only_model, probe_once
 
 from .families import Family
-from .layout import Counters, Item, Tokens, check_all_used, read_items
+from .layout import Counters, Item, Tokens, check_all_used, iter_items, read_items
 
 IMPLEMENTATIONS = ("fast", "reference")
 
@@ -28,13 +36,17 @@ def bind(family: Family, processor: Any, config: Any, options: Mapping[str, Any]
     thinker = thinker_config(family, processor, config)
     ids = token_ids(processor)
     markers = {"vision_end": ids["vision_eos"], "audio_end": ids["audio_eos"]}
-    rule = agreeing_audio_rule(family, thinker, markers)
     dtype = torch.float32 if family.float_positions and not integer else torch.int64
     note = ", integer positions (fractional positions truncated)" if family.float_positions and integer else ""
+    if native is None:  # the batched kernel is a compiled loop
+        rule = agreeing_audio_rule(family, thinker, markers, fast=False)
+        return RopeBinding("mrope", ReferenceRopeIndex(family, thinker, markers, rule, dtype), "reference",
+                           f"{family.name}, transformers reference (the compiled loops are missing){note}")
+    rule = agreeing_audio_rule(family, thinker, markers)
     if implementation == "fast" and rule is not None:
-        return RopeBinding("mrope", FastRopeIndex(family, thinker, markers, rule, dtype), "fast",
-                           f"{family.name}, loop-free implementation{note}")
-    why = "" if implementation == "reference" else " (the fast implementation disagrees with this transformers)"
+        return RopeBinding("mrope", FastRopeIndex(family, thinker, markers, rule, position_dtype=dtype), "fast",
+                           f"{family.name}, batched kernel{note}")
+    why = "" if implementation == "reference" else " (the batched kernel disagrees with this transformers)"
     return RopeBinding("mrope", ReferenceRopeIndex(family, thinker, markers, rule, dtype), "reference",
                        f"{family.name}, transformers reference{why}{note}")
 
@@ -120,15 +132,12 @@ class _Implementation(RopeKernel):
         self.family = family
         self.config = thinker
         self.merge = int(thinker.vision_config.spatial_merge_size)
-        self.position_dtype = position_dtype or (torch.float32 if family.float_positions else torch.int64)
+        self.dtype = torch.float32 if family.float_positions else torch.int64  # the reference's
+        self.position_dtype = self.dtype if position_dtype is None else position_dtype
 
-    def rope_index(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
-                   cu_seqlens: torch.Tensor | None = None, **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        return self(input_ids, attention_mask, **inputs)
-
-    def check(self, input_ids, spans, image_grid_thw, video_grid_thw, audio_lengths, second_per_grids,
+    def check(self, rows: Sequence[np.ndarray], image_grid_thw, video_grid_thw, audio_lengths, second_per_grids,
               use_audio_in_video, tokens: Tokens) -> list[list[Item]]:
-        """Each sample's media items, after checking inputs and layout; ``spans`` index each
+        """Each sample's media items, after checking inputs and layout; ``rows`` are each
         sample's valid tokens."""
         for key, value in (("image_grid_thw", image_grid_thw), ("video_grid_thw", video_grid_thw)):
             if value is not None and (not isinstance(value, torch.Tensor) or value.dim() != 2 or value.shape[1] != 3):
@@ -136,23 +145,29 @@ class _Implementation(RopeKernel):
                                         f"{tuple(getattr(value, 'shape', ()))}")
             if value is not None and bool((value <= 0).any()):
                 raise InvalidInputError(f"{key} holds a size that is not positive: {value.tolist()}")
+            if value is not None and bool((value[:, 1:] % self.merge != 0).any()):
+                raise InvalidInputError(f"{key} holds a height or width not divisible by the spatial merge size "
+                                        f"{self.merge}: {value.tolist()}")
         if video_grid_thw is not None:
-            if second_per_grids is None:
-                raise InvalidInputError("videos need second_per_grids (the processor's video_second_per_grid)")
-            if second_per_grids.numel() != video_grid_thw.shape[0]:
-                raise InvalidInputError(f"second_per_grids has {second_per_grids.numel()} values for "
-                                        f"{video_grid_thw.shape[0]} videos; pass one per video")
-            if not bool(torch.isfinite(second_per_grids.float()).all()) or bool((second_per_grids < 0).any()):
-                raise InvalidInputError(f"second_per_grids must be finite and not negative: {second_per_grids.tolist()}")
+            _check_seconds(second_per_grids, video_grid_thw)
         counters = Counters()
-        items = []
-        for sample, span in enumerate(spans):
-            row = input_ids[sample][span].cpu().numpy()
-            items.append(read_items(sample, row, tokens, counters, image_grid_thw=image_grid_thw,
-                                    video_grid_thw=video_grid_thw, audio_lengths=audio_lengths, merge=self.merge,
-                                    use_audio_in_video=use_audio_in_video))
+        video_token_first = not self.family.float_positions
+        items = [read_items(sample, row, tokens, counters, image_grid_thw=image_grid_thw,
+                            video_grid_thw=video_grid_thw, audio_lengths=audio_lengths, merge=self.merge,
+                            use_audio_in_video=use_audio_in_video, video_token_first=video_token_first)
+                 for sample, row in enumerate(rows)]
         check_all_used(counters, image_grid_thw, video_grid_thw, audio_lengths)
         return items
+
+
+def _check_seconds(second_per_grids: torch.Tensor | None, video_grid_thw: torch.Tensor) -> None:
+    if second_per_grids is None:
+        raise InvalidInputError("videos need second_per_grids (the processor's video_second_per_grid)")
+    if second_per_grids.numel() != video_grid_thw.shape[0]:
+        raise InvalidInputError(f"second_per_grids has {second_per_grids.numel()} values for "
+                                f"{video_grid_thw.shape[0]} videos; pass one per video")
+    if not bool(torch.isfinite(second_per_grids.float()).all()) or bool((second_per_grids < 0).any()):
+        raise InvalidInputError(f"second_per_grids must be finite and not negative: {second_per_grids.tolist()}")
 
 
 def valid_tokens(mask_row: torch.Tensor) -> slice | torch.Tensor:
@@ -185,6 +200,14 @@ def qwen2_5_audio_tokens(lengths: torch.Tensor) -> torch.Tensor:
     return ((lengths - 1) // 2 + 1 - 2) // 2 + 1
 
 
+def audio_window(family: Family, thinker: Any, rule: str) -> int:
+    """The mel frames of one Qwen3-Omni encoder window half (``n_window``) under ``rule``; 0 for
+    Qwen2.5-Omni, whose audio length has no window."""
+    if not family.float_positions:
+        return 0
+    return int(thinker.audio_config.n_window) if rule == "config_window" else 50
+
+
 class ReferenceRopeIndex(_Implementation):
     """The thinker's own ``get_rope_index``, bound to its config alone. Inputs are checked first
     (when the audio-length rule is known), so a mismatch raises a typed error."""
@@ -199,29 +222,34 @@ class ReferenceRopeIndex(_Implementation):
                             family.reference_class)
         self.model = config_only_model(model_cls, thinker, spatial_merge_size=self.merge)
 
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
-                 image_grid_thw=None, video_grid_thw=None, audio_seqlens=None, second_per_grids=None,
-                 use_audio_in_video: bool = False, **ignored: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope_index(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                   cu_seqlens: torch.Tensor | None = None, image_grid_thw=None, video_grid_thw=None,
+                   audio_seqlens=None, second_per_grids=None, use_audio_in_video: bool = False,
+                   **ignored: Any) -> tuple[torch.Tensor, torch.Tensor]:
         second_per_grids = _seconds(second_per_grids)
+        mask = _ones_if_none(input_ids, attention_mask)
         if self.audio_rule is not None:
             lengths = audio_token_counts(self.family, self.config, self.audio_rule, audio_seqlens)
-            spans = [valid_tokens(row) for row in _ones_if_none(input_ids, attention_mask)]
-            self.check(input_ids, spans, image_grid_thw, video_grid_thw, lengths, second_per_grids,
-                       use_audio_in_video, self.tokens)
+            rows = [input_ids[sample][valid_tokens(row)].cpu().numpy() for sample, row in enumerate(mask)]
+            self.check(rows, image_grid_thw, video_grid_thw, lengths, second_per_grids, use_audio_in_video, self.tokens)
         return self.model.get_rope_index(
             input_ids=input_ids, image_grid_thw=image_grid_thw, video_grid_thw=video_grid_thw,
-            attention_mask=_ones_if_none(input_ids, attention_mask).long(), use_audio_in_video=use_audio_in_video,
+            attention_mask=mask.long(), use_audio_in_video=use_audio_in_video,
             audio_seqlens=audio_seqlens, second_per_grids=second_per_grids,
         )
+
+    __call__ = rope_index
 
 
 def audio_token_counts(family: Family, thinker: Any, rule: str, audio_seqlens: Any) -> torch.Tensor | None:
     if audio_seqlens is None:
         return None
     lengths = torch.as_tensor(audio_seqlens).reshape(-1).long()
+    if bool((lengths < 0).any()):
+        raise InvalidInputError(f"audio_seqlens (feature_attention_mask.sum(-1)) holds a negative length: "
+                                f"{lengths.tolist()}")
     if family.float_positions:
-        n_window = thinker.audio_config.n_window if rule == "config_window" else 50
-        return qwen3_audio_tokens(lengths, n_window)
+        return qwen3_audio_tokens(lengths, audio_window(family, thinker, rule))
     return qwen2_5_audio_tokens(lengths)
 
 
@@ -231,169 +259,189 @@ def _seconds(value: Any) -> torch.Tensor | None:
     return torch.tensor(value, dtype=torch.float32)
 
 
+# what _native.omni_positions returns
+_WRITTEN, _MISMATCH, _PADDING_INSIDE, _BAD_MEDIA, _EMPTY_SAMPLE = range(5)
+
+
 class FastRopeIndex(_Implementation):
-    """The same positions with no Python loop over tokens: loops run over samples and media items,
-    and the audio-in-video interleave is a merge computed with ``searchsorted``."""
+    """The batched kernel: every sample and media item of a batch in one compiled read of the
+    tokens, which finds and checks the items, and one write of the positions
+    (``mmrope_core._native.omni_positions``); no Python runs per sample, item or token. When it
+    refuses a batch, the item-by-item reader of :mod:`.layout` says why.
+
+    :meth:`rope_index` (also the instance's call) has the reference ``get_rope_index``'s
+    arguments and results, and takes ``cu_seqlens`` for one packed ``(1, L)`` row;
+    :meth:`position_ids` gives the engine's ``(B, 4, L)`` layout in the same pass."""
+
+    places_packed_rows = True
 
     def __init__(self, family: Family, thinker: Any, markers: Mapping[str, int], audio_rule: str,
                  position_dtype: torch.dtype | None = None) -> None:
         super().__init__(family, thinker, position_dtype)
         self.tokens = tokens_of(thinker, markers)
         self.audio_rule = audio_rule
-        self.per_second = thinker.position_id_per_seconds
-        self.per_chunk = int(thinker.position_id_per_seconds * getattr(thinker, "seconds_per_chunk", 2))
+        t = self.tokens
+        self._token_ids = (t.image, t.video, t.audio, t.vision_start, t.vision_end, t.audio_start, t.audio_end)
+        self._per_second = float(thinker.position_id_per_seconds)
+        chunk = int(thinker.position_id_per_seconds * getattr(thinker, "seconds_per_chunk", 2))
+        self._sizes = (self.merge, chunk, audio_window(family, thinker, audio_rule))
+        if self.merge < 1 or (family.float_positions and self._sizes[2] < 1) or (not family.float_positions and chunk < 1):
+            raise InvalidInputError(
+                f"the {family.name} config's spatial_merge_size ({self.merge}), audio n_window or "
+                f"position_id_per_seconds * seconds_per_chunk ({chunk}) is below 1; pass the model's config"
+            )
 
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
-                 image_grid_thw=None, video_grid_thw=None, audio_seqlens=None, second_per_grids=None,
-                 use_audio_in_video: bool = False, **ignored: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        second_per_grids = _seconds(second_per_grids)
-        mask = _ones_if_none(input_ids, attention_mask)
-        if image_grid_thw is None and video_grid_thw is None:
-            return self._text_only(input_ids, mask)
+    def rope_index(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                   cu_seqlens: torch.Tensor | None = None, image_grid_thw=None, video_grid_thw=None,
+                   audio_seqlens=None, second_per_grids=None, use_audio_in_video: bool = False,
+                   **ignored: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(3, B, L)`` positions and ``(B, 1)`` deltas, as the reference returns them; with
+        ``cu_seqlens`` (``(K + 1,)`` boundaries from 0 to L) one packed ``(1, L)`` row of K
+        samples, each placed as it is alone, and ``(K, 1)`` deltas."""
+        return self._on_device(False, input_ids, attention_mask, cu_seqlens, image_grid_thw, video_grid_thw,
+                               audio_seqlens, second_per_grids, use_audio_in_video)
+
+    __call__ = rope_index
+
+    def position_ids(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                     cu_seqlens: torch.Tensor | None = None, image_grid_thw=None, video_grid_thw=None,
+                     audio_seqlens=None, second_per_grids=None, use_audio_in_video: bool = False,
+                     **ignored: Any) -> torch.Tensor:
+        """The engine's ``(B, 4, L)`` layout, ``(1, 4, L)`` with ``cu_seqlens``: row 0 counts each
+        sample's (segment's) valid tokens from 0, 1 at padding; rows 1 to 3 are
+        :meth:`rope_index`'s positions, in ``position_dtype``. Written in the same pass."""
+        positions, _ = self._on_device(True, input_ids, attention_mask, cu_seqlens, image_grid_thw, video_grid_thw,
+                                       audio_seqlens, second_per_grids, use_audio_in_video)
+        return positions if positions.dtype == self.position_dtype else positions.to(self.position_dtype)
+
+    def _on_device(self, text_row, input_ids, attention_mask, cu_seqlens, *media) -> tuple[torch.Tensor, torch.Tensor]:
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+            raise InvalidInputError(f"input_ids must be a (B, L) tensor, got {type(input_ids).__name__} "
+                                    f"{tuple(getattr(input_ids, 'shape', ()))}")
+        device = input_ids.device
+        ids = input_ids
+        if ids.dtype is not torch.int64 or not ids.is_cpu or not ids.is_contiguous():
+            ids = ids.to(device="cpu", dtype=torch.int64).contiguous()
+        if attention_mask is not None:  # the reference takes a token where the mask is 1
+            attention_mask = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 1
+            if not attention_mask.is_cpu or not attention_mask.is_contiguous():
+                attention_mask = attention_mask.cpu().contiguous()
+        positions, deltas = self._placed(text_row, ids, attention_mask, cu_seqlens, *media)
+        if device.type != "cpu":
+            return positions.to(device), deltas.to(device)
+        return positions, deltas
+
+    def _placed(self, text_row, ids, mask, cu_seqlens, image_grid_thw, video_grid_thw, audio_seqlens,
+                second_per_grids, use_audio_in_video) -> tuple[torch.Tensor, torch.Tensor]:
+        batch, length = ids.shape
+        first = count = None
+        if cu_seqlens is not None:
+            first, count = _segments(cu_seqlens, ids.shape, mask)
+            mask = None
+        videos = _host_grid("video_grid_thw", video_grid_thw)
+        seconds = None
+        if videos is not None:
+            second_per_grids = _seconds(second_per_grids)
+            _check_seconds_count(second_per_grids, video_grid_thw)
+            seconds = _host(second_per_grids, torch.float32)
+        frames = None if audio_seqlens is None else _host(torch.as_tensor(audio_seqlens), torch.int64)
+        out = torch.empty((batch, 4, length) if text_row else (3, batch, length), dtype=self.dtype)
+        deltas = torch.empty(batch if first is None else first.size, 1, dtype=self.dtype)
+        text_only = image_grid_thw is None and video_grid_thw is None
+        status = native.omni_positions(  # type: ignore[union-attr]
+            out.numpy(), text_row, batch, length, ids.numpy(), None if mask is None else mask.numpy(), first, count,
+            self._token_ids, (self.family.float_positions, bool(use_audio_in_video), text_only), self._sizes,
+            self._per_second, _host_grid("image_grid_thw", image_grid_thw), videos, seconds, frames, deltas.numpy(),
+            torch.get_num_threads())
+        if status == _PADDING_INSIDE:
+            return self._compacted(text_row, ids, mask, image_grid_thw, video_grid_thw, audio_seqlens,
+                                   second_per_grids, use_audio_in_video)
+        if status != _WRITTEN:
+            self._refuse(status, ids, mask, cu_seqlens, first, count, image_grid_thw, video_grid_thw, audio_seqlens,
+                         second_per_grids, use_audio_in_video)
+        return out, deltas
+
+    def _compacted(self, text_row, ids, mask, *media) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positions for masks with padding inside a sample: computed with each sample's valid
+        tokens moved to the front, in order, then put back (the padding goes where padding was)."""
+        order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)
+        valid = torch.arange(mask.shape[1]) < mask.sum(dim=1, keepdim=True)
+        compact, deltas = self._placed(text_row, ids.gather(1, order), valid, None, *media)
+        order = order.unsqueeze(1 if text_row else 0).expand_as(compact)
+        return torch.empty_like(compact).scatter_(2, order, compact), deltas
+
+    def _refuse(self, status, ids, mask, cu_seqlens, first, count, image_grid_thw, video_grid_thw, audio_seqlens,
+                second_per_grids, use_audio_in_video) -> NoReturn:
+        """Raise the error that says why the kernel refused the batch, found by reading it item
+        by item."""
+        if status == _EMPTY_SAMPLE:
+            empty = int(np.flatnonzero(count == 0)[0]) if count is not None else int((mask.sum(1) == 0).nonzero()[0, 0])
+            raise InvalidInputError(f"sample {empty} has no valid token; drop empty samples")
         lengths = audio_token_counts(self.family, self.config, self.audio_rule, audio_seqlens)
-        spans = [valid_tokens(row) for row in mask]
-        items = self.check(input_ids, spans, image_grid_thw, video_grid_thw, lengths, second_per_grids,
-                           use_audio_in_video, self.tokens)
-        if self.family.float_positions:
-            out = torch.zeros(3, *input_ids.shape, dtype=torch.float32, device=input_ids.device)
+        media = {"image_grid_thw": image_grid_thw, "video_grid_thw": video_grid_thw, "audio_lengths": lengths,
+                 "merge": self.merge, "use_audio_in_video": use_audio_in_video,
+                 "video_token_first": not self.family.float_positions}
+        if first is not None:
+            rows = [ids[0, begin : begin + size].numpy() for begin, size in zip(first.tolist(), count.tolist())]
+            self._check_segment_cuts(ids[0].numpy(), np.append(first, first[-1] + count[-1]), media)
+        elif mask is None:
+            rows = list(ids.numpy())
         else:
-            out = torch.ones(3, *input_ids.shape, dtype=input_ids.dtype, device=input_ids.device)
-        deltas = []
-        for sample, (sample_items, valid) in enumerate(zip(items, spans)):
-            count = int(mask[sample].sum())
-            chunks = self._sample(sample_items, count, image_grid_thw, video_grid_thw, lengths, second_per_grids)
-            positions = torch.cat([chunk.float() for chunk in chunks] if self.family.float_positions else chunks, dim=1)
-            out[:, sample, valid] = positions.to(out.dtype)
-            deltas.append(positions.max() + 1 - count)
-        return out, torch.tensor(deltas, device=input_ids.device).unsqueeze(1)
+            rows = [row[valid] for row, valid in zip(ids.numpy(), mask.numpy())]
+        self.check(rows, image_grid_thw, video_grid_thw, lengths, _seconds(second_per_grids), use_audio_in_video,
+                   self.tokens)
+        raise PlaceholderMismatchError(
+            "the media placeholders of the batch do not fit its grids and audio lengths; pass the processor's "
+            "outputs for these samples"
+        )
 
-    def _text_only(self, input_ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # what the reference does when no image or video grid is given, audio included
-        mask = mask.long()
-        positions = (mask.float() if self.family.float_positions else mask).cumsum(-1) - 1
-        positions.masked_fill_(mask == 0, 1)
-        positions = positions.unsqueeze(0).expand(3, -1, -1)
-        highest = positions.max(0, keepdim=False)[0].max(-1, keepdim=True)[0]
-        return positions, highest + 1 - torch.sum(mask, dim=-1, keepdim=True)
-
-    def _sample(self, items, count, image_grid_thw, video_grid_thw, lengths, seconds) -> list[torch.Tensor]:
-        chunks: list[torch.Tensor] = []
-        cursor = 0  # index of the next token of the sample
-        qwen3 = self.family.float_positions
-        for item in items:
-            text = item.start - cursor
-            pairs = item.kind == "audio_in_video"
-            if qwen3:
-                start = _next(chunks)
-                if text:
-                    chunks.append(_run(text, start))
-                    start = start + text
-                opening = 2 if pairs else 1
-                chunks.append(_run(opening, start))
-                media_start = start + opening
-            else:
-                if text:
-                    chunks.append(_run(text, _next(chunks)))
-                start = _next(chunks)
-                chunks.append(_run(1, start))
-                if pairs:
-                    chunks.append(_run(1, start))
-                media_start = _next(chunks)
-            last = self._media(chunks, item, media_start, image_grid_thw, video_grid_thw, lengths, seconds)
-            closing = _next([last])
-            chunks.append(_run(2 if (pairs and qwen3) else 1, closing))
-            if pairs and not qwen3:
-                chunks.append(_run(1, closing))
-            cursor = item.start + item.length
-        if cursor < count:
-            chunks.append(_run(count - cursor, _next(chunks)))
-        return chunks
-
-    def _media(self, chunks, item, start, image_grid_thw, video_grid_thw, lengths, seconds) -> torch.Tensor:
-        """Append the item's media positions; return the chunk the reference appended last."""
-        qwen3 = self.family.float_positions
-        if item.kind == "audio":
-            chunks.append(_run(lengths[item.index], start))
-            return chunks[-1]
-        if item.kind == "image":
-            frames = (torch.arange(image_grid_thw[item.index][0]) * 1 * self.per_second)
-            chunks.append(self._vision(start, image_grid_thw[item.index], frames.float() if qwen3 else frames.long()))
-            return chunks[-1]
-        frames = torch.arange(video_grid_thw[item.index][0]) * seconds[item.index].cpu().float() * self.per_second
-        video = self._vision(start, video_grid_thw[item.index], frames.float() if qwen3 else frames.long())
-        if item.kind == "video":
-            chunks.append(video)
-            return video
-        audio = _run(lengths[item.audio_index], start)
-        if qwen3:
-            return self._merge_qwen3(chunks, video, audio, int(video_grid_thw[item.index][0]))
-        return self._merge_qwen2_5(chunks, video, audio, start)
-
-    def _vision(self, start, grid, frames: torch.Tensor) -> torch.Tensor:
-        height, width = int(grid[1]) // self.merge, int(grid[2]) // self.merge
-        dtype = torch.float32 if self.family.float_positions else torch.int64
-        out = torch.empty(3, frames.numel(), height, width, dtype=dtype)
-        out[0] = frames.to(dtype).view(-1, 1, 1) + start
-        out[1] = torch.arange(height).view(1, -1, 1) + start
-        out[2] = torch.arange(width).view(1, 1, -1) + start
-        return out.view(3, -1)
-
-    @staticmethod
-    def _merge_qwen3(chunks, video, audio, frames: int) -> torch.Tensor:
-        # Tokens in order of temporal position; on a tie the video token comes first. All tokens
-        # of a frame share its time, so the comparisons are made once per frame.
-        per_frame = video.shape[1] // frames
-        frame_time = video[0].view(frames, per_frame)[:, 0].contiguous()
-        audio_time = audio[0].to(video.dtype).contiguous()
-        audio_before = torch.searchsorted(audio_time, frame_time, right=False)
-        video_slot = torch.arange(video.shape[1]) + audio_before.view(-1, 1).expand(-1, per_frame).reshape(-1)
-        # audio times increase strictly, so frame f precedes audio k exactly when k >= audio_before[f]
-        frames_before = torch.bincount(audio_before, minlength=audio_time.numel() + 1).cumsum(0)[: audio_time.numel()]
-        audio_slot = torch.arange(audio_time.numel()) + frames_before * per_frame
-        merged = torch.empty(3, video.shape[1] + audio.shape[1], dtype=video.dtype)
-        merged.index_copy_(1, video_slot, video)
-        merged.index_copy_(1, audio_slot, audio.to(video.dtype))
-        chunks.append(merged)
-        if audio.shape[1] and bool(frame_time[-1] <= audio_time[-1]):
-            return audio[:, -1:]  # the audio ran longer: its tail was appended last
-        tail = video_slot > (audio_slot[-1] if audio.shape[1] else -1)
-        return video[:, tail]  # the video ran longer: its tail was appended last
-
-    def _merge_qwen2_5(self, chunks, video, audio, start) -> torch.Tensor:
-        # Both streams are cut into chunks of `seconds_per_chunk`; video chunk j, then audio chunk j.
-        video_chunk = _chunk_ids(video[0] - start, self.per_chunk)
-        audio_chunk = _chunk_ids(audio[0] - start, self.per_chunk)
-        keys = torch.cat([video_chunk * 2, audio_chunk * 2 + 1])
-        order = torch.sort(keys, stable=True).indices
-        chunks.append(torch.cat([video, audio], dim=1)[:, order])
-        video_chunks = int(video_chunk[-1]) + 1 if video_chunk.numel() else 0
-        audio_chunks = int(audio_chunk[-1]) + 1 if audio_chunk.numel() else 0
-        if audio_chunks >= video_chunks and audio_chunks:
-            return audio[:, audio_chunk == audio_chunks - 1]
-        return video[:, video_chunk == video_chunks - 1]
+    def _check_segment_cuts(self, row: np.ndarray, bounds: np.ndarray, media: dict[str, Any]) -> None:
+        """Raise where an item of the packed row, read as one sample, crosses a segment boundary."""
+        items = iter_items(0, row, self.tokens, Counters(), **media)
+        while True:
+            try:
+                item = next(items)
+            except (StopIteration, PlaceholderMismatchError):
+                return
+            inside = np.flatnonzero((bounds > item.start) & (bounds < item.start + item.length))
+            if inside.size:
+                raise SegmentCutError((int(inside[0]),), f"token {int(bounds[inside[0]])}")
 
 
-def _chunk_ids(values: torch.Tensor, per_chunk: int) -> torch.Tensor:
-    """The chunk of each value as transformers' ``get_chunked_index`` cuts a non-decreasing
-    sequence: a new chunk starts at the first value reaching the next multiple of ``per_chunk``,
-    at most one new chunk per value."""
-    if values.numel() == 0:
-        return values.long()
-    target = torch.div(values, per_chunk, rounding_mode="floor").long() + 1
-    index = torch.arange(values.numel())
-    lag = torch.cummin(target - index, dim=0).values.clamp(max=2)
-    return index + lag - 1
+def _host_grid(key: str, grid: Any) -> np.ndarray | None:
+    if grid is None:
+        return None
+    if not isinstance(grid, torch.Tensor) or grid.dim() != 2 or grid.shape[1] != 3:
+        raise InvalidInputError(f"{key} must be a tensor of shape (N, 3), got {type(grid).__name__} "
+                                f"{tuple(getattr(grid, 'shape', ()))}")
+    return _host(grid, torch.int64)
 
 
-def _next(chunks: list[torch.Tensor]) -> Any:
-    """Where the reference starts the next chunk: one past the previous chunk's largest position."""
-    return chunks[-1].max() + 1 if chunks else 0
+def _host(tensor: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
+    """``tensor``'s values as a contiguous numpy array of ``dtype`` on the host, without a copy
+    when it is one (each check here costs a fraction of a conversion's microsecond)."""
+    if tensor.dtype is dtype and tensor.is_cpu and not tensor.requires_grad and tensor.is_contiguous():
+        return tensor.numpy()
+    return tensor.detach().to(device="cpu", dtype=dtype).contiguous().numpy()
 
 
-def _run(length: Any, start: Any) -> torch.Tensor:
-    """``length`` consecutive positions from ``start`` on all three axes (a view: the three rows
-    are one)."""
-    return (torch.arange(length) + start).view(1, -1).expand(3, -1)
+def _check_seconds_count(second_per_grids: torch.Tensor | None, video_grid_thw: torch.Tensor) -> None:
+    if second_per_grids is None or second_per_grids.numel() != video_grid_thw.shape[0]:
+        _check_seconds(second_per_grids, video_grid_thw)
+
+
+def _segments(cu_seqlens: Any, shape: tuple[int, int], mask: torch.Tensor | None) -> tuple[np.ndarray, np.ndarray]:
+    """The first token and the length of each segment of one packed row."""
+    if shape[0] != 1 or (mask is not None and not bool(mask.all())):
+        raise InvalidInputError(f"cu_seqlens describes one packed (1, L) row without padding, got a batch of shape "
+                                f"{tuple(shape)}{' with padding' if mask is not None else ''}")
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.dtype.is_floating_point:
+        raise InvalidInputError("cu_seqlens must be a 1-D integer tensor (K + 1,) of segment boundaries")
+    bounds = _host(cu_seqlens, torch.int64)
+    count = np.diff(bounds)
+    if bounds.size < 2 or bounds[0] != 0 or bounds[-1] != shape[1] or count.min() <= 0:
+        raise InvalidInputError(f"cu_seqlens must increase from 0 to the row length {shape[1]}, got {bounds.tolist()}")
+    return np.ascontiguousarray(bounds[:-1]), count
 
 
 # -- does the fast implementation agree with the installed reference? ------------------------------
@@ -401,9 +449,15 @@ def _run(length: Any, start: Any) -> torch.Tensor:
 AUDIO_RULES = {True: ("config_window", "window_50"), False: ("qwen2_5",)}
 
 
-def agreeing_audio_rule(family: Family, thinker: Any, markers: Mapping[str, int]) -> str | None:
+def agreeing_audio_rule(family: Family, thinker: Any, markers: Mapping[str, int], fast: bool = True) -> str | None:
     """The audio-length rule under which the fast implementation equals the installed reference
-    on probe batches, or None (with one warning per process) when none does."""
+    on probe batches, or None (with one warning per process) when none does. With ``fast``
+    False (no compiled loops, so no batched kernel to probe), the rule the reference's input
+    check can rely on whatever the release: the only one, or both where they agree (a window of
+    50 frames); else None, and the reference runs unchecked."""
+    if not fast:
+        rules = AUDIO_RULES[family.float_positions]
+        return rules[0] if len(rules) == 1 or int(getattr(thinker.audio_config, "n_window", 50)) == 50 else None
     from .probe import probe_batches
 
     def probe() -> str | None:
@@ -424,7 +478,11 @@ def _agrees(fast: FastRopeIndex, reference: ReferenceRopeIndex, batches) -> bool
             want = reference(**batch)
         except Exception:  # the batch's audio lengths follow another rule than this reference's
             return False
-        if not _equal(fast(**batch), want):
+        try:
+            got = fast(**batch)
+        except MmropeError:  # refuses what this reference places
+            return False
+        if not _equal(got, want):
             return False
     return True
 

@@ -147,6 +147,9 @@ def test_generated_batches_cover_what_the_tests_claim():
     assert left > 10 and right > 10 and text_only_rows > 10 and audios > 100
     seconds = torch.cat([b["second_per_grids"] for b in batches if b["second_per_grids"] is not None])
     assert bool((seconds * 25 != (seconds * 25).round()).any())
+    # frames over two of Qwen2.5-Omni's 50-position chunks apart: its interleave cuts them inside a frame
+    grids = torch.cat([b["video_grid_thw"] for b in batches if b["video_grid_thw"] is not None])
+    assert int(((seconds * 25 >= 100) & (grids[:, 0] > 1)).sum()) > 10
 
 
 def test_positions_keep_their_fractions_by_default_and_truncate_only_on_request(manager):
@@ -284,6 +287,91 @@ def test_more_audios_than_masks(qwen3_engine):
     kwargs["image_grid_thw"] = torch.tensor([[1, 2, 2]] * 2)
     with pytest.raises(PlaceholderMismatchError, match="audio 1 of the batch has no entry in feature_attention_mask"):
         engine.get_rope_index(ids, **kwargs)
+
+
+def omni_row(name, row, *, audio_frames=100):
+    """One (1, L) row written as a string: t a word, [ ] vision start and end, ( ) audio start and
+    end, i v a an image, video and audio token, A a whole audio clip of ``audio_frames`` mel
+    frames (its markers and placeholders); { } < > a vision start and end and an audio start and
+    end that open nothing (sampled in a response)."""
+    from mmrope_qwen3_omni.rope import audio_token_counts
+
+    processor, config = built(name)
+    token = ids_of(processor)
+    from mmrope_qwen3_omni.families import family_of
+
+    audio = int(audio_token_counts(family_of(processor), config.thinker_config, "config_window",
+                                   torch.tensor([audio_frames]))[0])
+    row = row.replace("A", "(" + "a" * audio + ")")
+    table = {"t": processor.tokenizer.convert_tokens_to_ids("cat"), "[": token["vision_bos"], "]": token["vision_eos"],
+             "(": token["audio_bos"], ")": token["audio_eos"], "i": token["image"], "v": token["video"],
+             "a": token["audio"], "{": token["vision_bos"], "}": token["vision_eos"], "<": token["audio_bos"],
+             ">": token["audio_eos"]}
+    return torch.tensor([[table[c] for c in row]])
+
+
+@pytest.mark.parametrize("name, needed", [("Qwen3-Omni", 13), ("Qwen2.5-Omni", 25)])
+@pytest.mark.parametrize("impl", ["fast", "reference"])
+def test_an_audio_only_sample_whose_audio_run_disagrees_with_its_mask(manager, name, needed, impl):
+    # no image or video grid: the reference places the batch as text, but the audio must fit its mask
+    engine = RopeEngine.from_processor(*built(name), plugin_manager=manager, implementation=impl)
+    frames = torch.tensor([100])  # 100 mel frames
+    short = omni_row(name, "tt(" + "a" * 10 + ")t")
+    with pytest.raises(PlaceholderMismatchError, match=f"sample 0, audio 0: needs {needed} placeholder tokens, found 10"):
+        engine.get_rope_index(short, audio_seqlens=frames)
+    fitting = omni_row(name, "ttAt")
+    want = transformers_reference(name)(input_ids=fitting, attention_mask=torch.ones_like(fitting), audio_seqlens=frames)
+    got = engine.get_rope_index(fitting, audio_seqlens=frames)
+    assert got[0].dtype == want[0].dtype and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+STRAY_ROWS = [
+    "t[i]t{t",  # a vision start after the media, before text
+    "t[i]tt{",  # ... ending the sequence
+    "t{tt[i]t",  # before an image
+    "t{[i]t",  # right before the image's own start marker
+    "t[i]t<t",  # an audio start before text
+    "t<t[i]tAt",  # ... before an audio clip
+    "tA<[i]t{",
+    "t[i]}tA>t",  # lone end markers
+]
+
+
+@pytest.mark.differential
+@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("row", STRAY_ROWS)
+def test_a_start_marker_sampled_in_a_response_is_text(manager, name, row):
+    """Placed as the reference places it where it places it, and everywhere as the same sequence
+    with the marker read as text (the reference fails on some: a vision start ending the sequence,
+    or before a later image in Qwen3-Omni, an audio start opening no audio)."""
+    fast, _ = engines(manager, name)
+    own = transformers_reference(name)
+    kwargs = {"image_grid_thw": torch.tensor([[1, 2, 2]]), "audio_seqlens": torch.tensor([100] * row.count("A"))}
+    if not row.count("A"):
+        kwargs.pop("audio_seqlens")
+    ids = omni_row(name, row)
+    as_text = omni_row(name, row.translate(str.maketrans("{}<>", "tttt")))
+    want = own(input_ids=as_text, attention_mask=torch.ones_like(as_text), **kwargs)
+    got = fast.get_rope_index(ids, **kwargs)
+    assert got[0].dtype == want[0].dtype and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    try:
+        raw = own(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
+    except (IndexError, ValueError, TypeError, RuntimeError):
+        return
+    assert torch.equal(got[0], raw[0]) and torch.equal(got[1], raw[1])
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("row, kwargs, message", [
+    ("t[i]t", {}, "image 0 of the batch has no entry in image_grid_thw"),
+    ("t[i]t{tit", {"image_grid_thw": torch.tensor([[1, 2, 2]])}, "1 image, video or audio placeholder tokens stand outside"),
+    ("tAt", {}, "audio 0 of the batch has no entry in feature_attention_mask"),
+    ("t[i]t{t[i]t", {"image_grid_thw": torch.tensor([[1, 2, 2]])}, "image 1 of the batch has no entry in image_grid_thw"),
+])
+def test_placeholders_without_their_media_stay_errors(manager, name, row, kwargs, message):
+    fast, _ = engines(manager, name)
+    with pytest.raises(PlaceholderMismatchError, match=message):
+        fast.get_rope_index(omni_row(name, row), **kwargs)
 
 
 def test_collate_pads_audio_features_of_different_lengths(manager):
