@@ -97,7 +97,7 @@ def test_batches_without_grids_are_text_and_checked(manager, name):
                            engine_layout(want[0], mask, fast.position_dtype)), f"batch {index}"
         if "audio_seqlens" in kwargs:
             longer = kwargs["audio_seqlens"] + 400  # each audio needs more placeholders than it has
-            with pytest.raises(PlaceholderMismatchError, match="audio 0: needs .* placeholder tokens, found"):
+            with pytest.raises(PlaceholderMismatchError, match=r"audio 0: needs .* placeholder tokens, found"):
                 fast.get_rope_index(ids, mask, **{**kwargs, "audio_seqlens": longer})
     assert audios > BATCHES // 2
 
