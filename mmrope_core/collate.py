@@ -109,7 +109,7 @@ def _cat(key: str, present: list[tuple[int, torch.Tensor]], varlen: bool, pad_le
 
 
 def _pad_to(value: torch.Tensor, sizes: list[int], pad_left: bool = False) -> torch.Tensor:
-    padding = []
+    padding: list[int] = []
     for have, want in zip(reversed(value.shape[1:]), reversed(sizes)):
         padding += [want - have, 0] if pad_left and not padding else [0, want - have]  # left: the last dim only
     return F.pad(value, padding) if any(padding) else value

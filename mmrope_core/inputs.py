@@ -74,8 +74,9 @@ def _read_cpu_mask(mask: torch.Tensor, tokens_in_every_row: bool) -> torch.Tenso
     batch, length = mask.shape
     values = mask.contiguous().numpy()
     valid = torch.empty(mask.shape, dtype=torch.bool)
+    assert native is not None  # the caller's choice: _read_device_mask otherwise
     all_ones, first_bad, first_empty_row = native.read_mask(values, values.itemsize, batch, length, valid.numpy(),
-                                                              torch.get_num_threads())
+                                                            torch.get_num_threads())
     if first_bad >= 0:
         _refuse_mask_value(mask, *divmod(first_bad, length))
     if tokens_in_every_row:

@@ -154,8 +154,9 @@ class PluginManager:
         for caller in callers:
             for impl in caller.get_hookimpls():
                 if impl.plugin is plugin:
-                    impl.function = _guard.hook_implementation(impl.function, hook=caller.name, name=name, label=label,
-                                                               wrapper=impl.wrapper or impl.hookwrapper)
+                    guarded = _guard.hook_implementation(impl.function, hook=caller.name, name=name, label=label,
+                                                         wrapper=impl.wrapper or impl.hookwrapper)
+                    impl.function = guarded  # type: ignore[misc]
 
     def _label(self, name: str) -> str:
         info = self._infos.get(name)
@@ -229,7 +230,7 @@ class PluginManager:
         caller = getattr(self._pm.hook, hook_name)
         with _guard.answers() as given:
             outcome = caller(**kwargs)
-        values = [outcome] if caller.spec.opts.get("firstresult") else outcome
+        values = [outcome] if _firstresult(caller) else outcome
         return [(self._answered(given, value), value) for value in values if value is not None]
 
     def results_of(self, name: str, hook_name: str, **kwargs: Any) -> list[Any]:
@@ -239,7 +240,7 @@ class PluginManager:
         others = [plugin for other, plugin in self._pm.list_name_plugin() if other != name]
         caller = self._pm.subset_hook_caller(hook_name, remove_plugins=others)
         outcome = caller(**kwargs)
-        values = [outcome] if caller.spec.opts.get("firstresult") else outcome
+        values = [outcome] if _firstresult(caller) else outcome
         return [value for value in values if value is not None]
 
     def _answered(self, given: list[tuple[str, Any]], value: Any) -> PluginInfo:
@@ -263,6 +264,10 @@ class PluginManager:
         rank = {name: index for index, name in enumerate(order)}
         return {processor: sorted(infos, key=lambda info: rank.get(info.name, len(rank)))
                 for processor, infos in sorted(claims.items()) if len(infos) > 1}
+
+
+def _firstresult(caller: Any) -> bool:
+    return caller.spec is not None and bool(caller.spec.opts.get("firstresult"))
 
 
 _default_manager: PluginManager | None = None

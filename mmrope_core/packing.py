@@ -72,7 +72,7 @@ class PackedLayout:
             k = int(np.flatnonzero(steps <= 0)[0])
             raise InvalidInputError(f"cu_seqlens is not increasing at segment {k}: {int(bounds[k])} then "
                                     f"{int(bounds[k + 1])}; every segment needs at least one token")
-        return cls(tuple(shape), steps, bounds[:-1], device)
+        return cls((shape[0], shape[1]), steps, bounds[:-1], device)
 
     @classmethod
     def from_segment_ids(cls, segment_ids: Any, shape: tuple[int, int]) -> PackedLayout:
@@ -83,8 +83,9 @@ class PackedLayout:
             raise InvalidInputError(f"segment_ids has shape {tuple(segment_ids.shape)} but input_ids has {tuple(shape)}")
         rows, length = shape
         # read where the ids change, as the kernel reads token types: in numpy on the CPU
-        flat = ids.reshape(-1)
-        flat = flat.numpy() if flat.device.type == "cpu" else flat
+        flat: np.ndarray | torch.Tensor = ids.reshape(-1)
+        if flat.device.type == "cpu":  # type: ignore[union-attr]
+            flat = flat.numpy()  # type: ignore[union-attr]
         # blocks: the longest runs of one id inside a row
         first = np.union1d(change_points(flat) + 1, np.arange(0, rows * length, length))
         value = values_at(flat, first).astype(np.int64)
@@ -109,13 +110,13 @@ class PackedLayout:
             )
         lengths = size[in_segment]
         if in_segment.all():
-            return cls(tuple(shape), lengths, starts, ids.device)
+            return cls((rows, length), lengths, starts, ids.device)
         opens = in_segment.copy()  # a block that begins a run of segments following one another
         opens[1:] &= ~in_segment[:-1] | (first[1:] % length == 0)
         span_length = np.add.reduceat(lengths, opens[in_segment].nonzero()[0])
         spans = np.array((first[opens], np.add.accumulate(span_length) - span_length, span_length))
         gaps = np.array((first[~in_segment], size[~in_segment]))
-        return cls(tuple(shape), lengths, starts, ids.device, spans, gaps)
+        return cls((rows, length), lengths, starts, ids.device, spans, gaps)
 
     def joined(self, values: torch.Tensor) -> torch.Tensor:
         """``(B, L)`` values as one ``(1, N)`` row: the segments' tokens back to back, in order."""
@@ -188,6 +189,7 @@ class PackedLayout:
         fill = torch.as_tensor(outside, dtype=flat.dtype, device=flat.device)
         fill = fill.reshape(-1, 1) if fill.dim() else fill
         # a copy per run: a few per row, where scattering token by token costs several times more
+        assert self.spans is not None
         length = self.shape[1]
         for start, at, count in self.spans.T.tolist():
             row, column = divmod(start, length)

@@ -48,7 +48,7 @@ def processors_without_torchvision() -> Iterator[Any]:
     import transformers.processing_utils as processing_utils
     import transformers.video_processing_utils as video_processing_utils
 
-    name = processing_utils.MODALITY_TO_BASE_CLASS_MAPPING["video_processor"]
+    name = str(processing_utils.MODALITY_TO_BASE_CLASS_MAPPING["video_processor"])
     base = getattr(video_processing_utils, name)
     module = processing_utils.transformers_module
     resolved = _attribute(module, name)

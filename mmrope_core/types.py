@@ -4,7 +4,7 @@ where it is made and reported with the plugin's name."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ class ExampleCase:
 
     name: str
     build: Callable[[], tuple[Any, Any]]
-    samples: Callable[[Any, Any], list[Mapping[str, Any]]]
+    samples: Callable[[Any, Any], Sequence[Mapping[str, Any]]]
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):

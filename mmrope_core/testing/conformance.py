@@ -93,7 +93,7 @@ class _Checker:
             return []
 
     def example_cases(self) -> list[ExampleCase]:
-        cases = []
+        cases: list[ExampleCase] = []
         for result in self.own("example_cases"):
             if result is None:
                 continue
@@ -268,7 +268,7 @@ class _Checker:
                 single_rope.append(engine.get_rope_index(one[0], one[1], **engine.rope_index_kwargs(one[2])))
         for style, ids, packing, firsts in layouts:
             try:
-                packed = engine.compute_position_ids(ids, None, multi_modal_inputs, **packing)
+                packed = engine.compute_position_ids(ids, None, multi_modal_inputs, **packing)  # type: ignore[arg-type]
                 rope = (engine.get_rope_index(ids, **packing, **engine.rope_index_kwargs(multi_modal_inputs))
                         if engine.rope_kind == "mrope" else None)
             except MmropeError as exc:

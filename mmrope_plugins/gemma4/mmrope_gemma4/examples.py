@@ -40,7 +40,7 @@ def image_samples(processor: Any, rng: Any) -> list[dict[str, Any]]:
         for _ in range(count):
             parts += [processor.image_token, filler_text(rng, rng.randint(1, 4))]
             images.append(random_image(rng, 16 * rng.randint(3, 8), 16 * rng.randint(3, 8)))
-        sample = {"text": [" ".join(parts)], "return_tensors": "pt"}
+        sample: dict[str, Any] = {"text": [" ".join(parts)], "return_tensors": "pt"}
         if images:
             sample["images"] = [images]
         samples.append(sample)

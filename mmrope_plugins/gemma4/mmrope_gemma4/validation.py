@@ -27,7 +27,7 @@ def validate_relaxed(processor: Any, images: Any = None, text: Any = None, video
         raise ValueError(f"{name}: text must be a string or a list of strings")
     if samples is not None and images is not None:
         placeholders = sum(sample.count(processor.image_token) for sample in samples)
-        count = len(make_flat_list_of_images(images))
+        count = len(make_flat_list_of_images(images))  # type: ignore[arg-type]
         if placeholders > count:
             raise ValueError(
                 f"{name}: the text holds {placeholders} {processor.image_token} placeholders but only "

@@ -58,7 +58,7 @@ def random_batch(processor, rng: random.Random, *, max_batch: int = 16, max_imag
         batch["image_grid_thw"] = torch.tensor(image_grids)
     if video_grids:
         batch["video_grid_thw"] = torch.tensor(video_grids)
-        if family.timed_video:
+        if family is not None and family.timed_video:
             batch["second_per_grid_ts"] = torch.tensor(seconds, dtype=torch.float32)
     return batch
 
