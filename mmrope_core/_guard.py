@@ -11,19 +11,21 @@ from typing import Any
 from .errors import MmropeError, PluginHookError
 
 #: (plugin name, result) of each hook implementation that answered, in the hook call under way
+_NO_KEYWORDS: dict[str, Any] = {}
 _answers: contextvars.ContextVar[list[tuple[str, Any]] | None] = contextvars.ContextVar("mmrope_answers", default=None)
 
 
-def call(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, plugin: str, what: str,
-         advice: str) -> Any:
-    """``function(*args, **kwargs)``; ``plugin`` is its plugin's label, ``what`` what it does
-    ("hook varlen_keys", "rope_index"), ``advice`` what a user can do about a failure."""
+def call(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *,
+         plugin: Callable[[], str], what: str, advice: str) -> Any:
+    """``function(*args, **kwargs)``; ``plugin()`` is its plugin's label (asked for only on a
+    failure), ``what`` what it does ("hook varlen_keys", "the kernel's rope_index"), ``advice``
+    what a user can do about a failure."""
     try:
         return function(*args, **kwargs)
     except MmropeError:
         raise
     except Exception as exc:
-        raise failure(exc, plugin=plugin, what=what, advice=advice) from exc
+        raise failure(exc, plugin=plugin(), what=what, advice=advice) from exc
 
 
 def failure(exc: BaseException, *, plugin: str, what: str, advice: str) -> PluginHookError:
@@ -35,6 +37,7 @@ def hook_implementation(function: Callable[..., Any], *, hook: str, name: str, l
     """``function``, a hook implementation of plugin ``name``, guarded and recording its answer
     (see :func:`answers`); ``wrapper`` for pluggy wrapper implementations (generators)."""
     advice = f"Report it to the plugin's authors, or disable it with MMROPE_DISABLE_PLUGINS={name}."
+    what = f"hook {hook}"
 
     if wrapper:
         @functools.wraps(function)
@@ -44,7 +47,7 @@ def hook_implementation(function: Callable[..., Any], *, hook: str, name: str, l
             except MmropeError:  # what the implementations it wraps raised, already guarded, included
                 raise
             except Exception as exc:
-                raise failure(exc, plugin=label(), what=f"hook {hook}", advice=advice) from exc
+                raise failure(exc, plugin=label(), what=what, advice=advice) from exc
             _record(name, result)
             return result
 
@@ -52,7 +55,7 @@ def hook_implementation(function: Callable[..., Any], *, hook: str, name: str, l
 
     @functools.wraps(function)
     def guarded(*args: Any) -> Any:
-        result = call(function, args, {}, plugin=label(), what=f"hook {hook}", advice=advice)
+        result = call(function, args, _NO_KEYWORDS, plugin=label, what=what, advice=advice)
         _record(name, result)
         return result
 

@@ -31,7 +31,8 @@ from .types import STRICT, RopeBinding, ValidationPolicy
 
 _TEXT_ONLY = RopeBinding(kind="1d", implementation="mask", description="no processor: 1-D positions")
 _NO_INPUTS = ReadOnlyInputs(None)  # empty, so it never holds a copy of anything
-_OUTSIDE_SEGMENTS = (1, 0, 0, 0)  # what tokens outside every segment hold in the four rows
+_OUTSIDE_SEGMENTS = (1, 0, 0, 0)
+_KERNEL_ADVICE = "Check the inputs against the processor's output, or try implementation='reference'"  # what tokens outside every segment hold in the four rows
 
 
 class RopeEngine:
@@ -249,9 +250,8 @@ class RopeEngine:
         name = "position_ids" if four_rows else "rope_index"
         method = kernel.position_ids if four_rows else kernel.rope_index  # type: ignore[union-attr]
         arguments = inputs if cu_seqlens is None else {**inputs, "cu_seqlens": cu_seqlens}
-        result = _guard.call(method, (ids, mask), arguments, plugin=self._label(), what=f"the kernel's {name}",
-                             advice="Check the inputs against the processor's output, or try "
-                                    "implementation='reference'")
+        result = _guard.call(method, (ids, mask), arguments, plugin=self._label, what=f"the kernel's {name}",
+                             advice=_KERNEL_ADVICE)
         rows = ids.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
         if four_rows:
             expected = f"a {self.position_dtype} tensor of shape {(ids.shape[0], 4, ids.shape[1])}"
