@@ -1,5 +1,6 @@
 """Omni positions: the installed thinker's ``get_rope_index`` (``reference``) and a batched
-kernel (``fast``), checked against each other when bound."""
+kernel (``fast``), checked against each other when bound. Without the compiled loops the fast
+implementation is a step-by-step kernel with the batched kernel's results and errors."""
 
 from __future__ import annotations
 
@@ -38,15 +39,14 @@ def bind(family: Family, processor: Any, config: Any, options: Mapping[str, Any]
     markers = {"vision_end": ids["vision_eos"], "audio_end": ids["audio_eos"]}
     dtype = torch.float32 if family.float_positions and not integer else torch.int64
     note = ", integer positions (fractional positions truncated)" if family.float_positions and integer else ""
-    if native is None:  # the batched kernel is a compiled loop
-        rule = agreeing_audio_rule(family, thinker, markers, fast=False)
-        return RopeBinding("mrope", ReferenceRopeIndex(family, thinker, markers, rule, dtype), "reference",
-                           f"{family.name}, transformers reference (the compiled loops are missing){note}")
-    rule = agreeing_audio_rule(family, thinker, markers)
+    # the batched kernel is a compiled loop
+    kernel, name = (FastRopeIndex, "batched kernel") if native is not None else (StepwiseRopeIndex, "step-by-step kernel")
+    rule = agreeing_audio_rule(family, thinker, markers, kernel)
     if implementation == "fast" and rule is not None:
-        return RopeBinding("mrope", FastRopeIndex(family, thinker, markers, rule, position_dtype=dtype), "fast",
-                           f"{family.name}, batched kernel{note}")
-    why = "" if implementation == "reference" else " (the batched kernel disagrees with this transformers)"
+        why = "" if native is not None else " (the compiled loops are missing)"
+        return RopeBinding("mrope", kernel(family, thinker, markers, rule, position_dtype=dtype), "fast",
+                           f"{family.name}, {name}{why}{note}")
+    why = "" if implementation == "reference" else f" (the {name} disagrees with this transformers)"
     return RopeBinding("mrope", ReferenceRopeIndex(family, thinker, markers, rule, dtype), "reference",
                        f"{family.name}, transformers reference{why}{note}")
 
@@ -136,9 +136,10 @@ class _Implementation(RopeKernel):
         self.position_dtype = self.dtype if position_dtype is None else position_dtype
 
     def check(self, rows: Sequence[np.ndarray], image_grid_thw, video_grid_thw, audio_lengths, second_per_grids,
-              use_audio_in_video, tokens: Tokens) -> list[list[Item]]:
+              use_audio_in_video, tokens: Tokens, *, refuse_empty: bool = False) -> list[list[Item]]:
         """Each sample's media items, after checking inputs and layout; ``rows`` are each
-        sample's valid tokens."""
+        sample's valid tokens. ``refuse_empty``: a sample without tokens is an error where the
+        reader reaches it, as in the batched kernel."""
         for key, value in (("image_grid_thw", image_grid_thw), ("video_grid_thw", video_grid_thw)):
             if value is not None and (not isinstance(value, torch.Tensor) or value.dim() != 2 or value.shape[1] != 3):
                 raise InvalidInputError(f"{key} must be a tensor of shape (N, 3), got {type(value).__name__} "
@@ -152,10 +153,13 @@ class _Implementation(RopeKernel):
             _check_seconds(second_per_grids, video_grid_thw)
         counters = Counters()
         video_token_first = not self.family.float_positions
-        items = [read_items(sample, row, tokens, counters, image_grid_thw=image_grid_thw,
-                            video_grid_thw=video_grid_thw, audio_lengths=audio_lengths, merge=self.merge,
-                            use_audio_in_video=use_audio_in_video, video_token_first=video_token_first)
-                 for sample, row in enumerate(rows)]
+        items = []
+        for sample, row in enumerate(rows):
+            if refuse_empty and row.size == 0:
+                raise InvalidInputError(f"sample {sample} has no valid token; drop empty samples")
+            items.append(read_items(sample, row, tokens, counters, image_grid_thw=image_grid_thw,
+                                    video_grid_thw=video_grid_thw, audio_lengths=audio_lengths, merge=self.merge,
+                                    use_audio_in_video=use_audio_in_video, video_token_first=video_token_first))
         check_all_used(counters, image_grid_thw, video_grid_thw, audio_lengths)
         return items
 
@@ -259,11 +263,30 @@ def _seconds(value: Any) -> torch.Tensor | None:
     return torch.tensor(value, dtype=torch.float32)
 
 
+class _Kernel(_Implementation):
+    """What the batched and the step-by-step kernels share: the config's sizes, checked when
+    bound, and the audio-length rule the probe found."""
+
+    def __init__(self, family: Family, thinker: Any, markers: Mapping[str, int], audio_rule: str,
+                 position_dtype: torch.dtype | None = None) -> None:
+        super().__init__(family, thinker, position_dtype)
+        self.tokens = tokens_of(thinker, markers)
+        self.audio_rule = audio_rule
+        self._per_second = float(thinker.position_id_per_seconds)
+        self._chunk = int(thinker.position_id_per_seconds * getattr(thinker, "seconds_per_chunk", 2))
+        self._window = audio_window(family, thinker, audio_rule)
+        if self.merge < 1 or (family.float_positions and self._window < 1) or (not family.float_positions and self._chunk < 1):
+            raise InvalidInputError(
+                f"the {family.name} config's spatial_merge_size ({self.merge}), audio n_window or "
+                f"position_id_per_seconds * seconds_per_chunk ({self._chunk}) is below 1; pass the model's config"
+            )
+
+
 # what _native.omni_positions returns
 _WRITTEN, _MISMATCH, _PADDING_INSIDE, _BAD_MEDIA, _EMPTY_SAMPLE = range(5)
 
 
-class FastRopeIndex(_Implementation):
+class FastRopeIndex(_Kernel):
     """The batched kernel: every sample and media item of a batch in one compiled read of the
     tokens, which finds and checks the items, and one write of the positions
     (``mmrope_core._native.omni_positions``); no Python runs per sample, item or token. When it
@@ -277,19 +300,10 @@ class FastRopeIndex(_Implementation):
 
     def __init__(self, family: Family, thinker: Any, markers: Mapping[str, int], audio_rule: str,
                  position_dtype: torch.dtype | None = None) -> None:
-        super().__init__(family, thinker, position_dtype)
-        self.tokens = tokens_of(thinker, markers)
-        self.audio_rule = audio_rule
+        super().__init__(family, thinker, markers, audio_rule, position_dtype)
         t = self.tokens
         self._token_ids = (t.image, t.video, t.audio, t.vision_start, t.vision_end, t.audio_start, t.audio_end)
-        self._per_second = float(thinker.position_id_per_seconds)
-        chunk = int(thinker.position_id_per_seconds * getattr(thinker, "seconds_per_chunk", 2))
-        self._sizes = (self.merge, chunk, audio_window(family, thinker, audio_rule))
-        if self.merge < 1 or (family.float_positions and self._sizes[2] < 1) or (not family.float_positions and chunk < 1):
-            raise InvalidInputError(
-                f"the {family.name} config's spatial_merge_size ({self.merge}), audio n_window or "
-                f"position_id_per_seconds * seconds_per_chunk ({chunk}) is below 1; pass the model's config"
-            )
+        self._sizes = (self.merge, self._chunk, self._window)
 
     def rope_index(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                    cu_seqlens: torch.Tensor | None = None, image_grid_thw=None, video_grid_thw=None,
@@ -315,20 +329,10 @@ class FastRopeIndex(_Implementation):
         return positions if positions.dtype == self.position_dtype else positions.to(self.position_dtype)
 
     def _on_device(self, text_row, input_ids, attention_mask, cu_seqlens, *media) -> tuple[torch.Tensor, torch.Tensor]:
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-            raise InvalidInputError(f"input_ids must be a (B, L) tensor, got {type(input_ids).__name__} "
-                                    f"{tuple(getattr(input_ids, 'shape', ()))}")
-        device = input_ids.device
-        ids = input_ids
-        if ids.dtype is not torch.int64 or not ids.is_cpu or not ids.is_contiguous():
-            ids = ids.to(device="cpu", dtype=torch.int64).contiguous()
-        if attention_mask is not None:  # the reference takes a token where the mask is 1
-            attention_mask = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 1
-            if not attention_mask.is_cpu or not attention_mask.is_contiguous():
-                attention_mask = attention_mask.cpu().contiguous()
-        positions, deltas = self._placed(text_row, ids, attention_mask, cu_seqlens, *media)
-        if device.type != "cpu":
-            return positions.to(device), deltas.to(device)
+        ids, mask = _host_batch(input_ids, attention_mask)
+        positions, deltas = self._placed(text_row, ids, mask, cu_seqlens, *media)
+        if input_ids.device.type != "cpu":
+            return positions.to(input_ids.device), deltas.to(input_ids.device)
         return positions, deltas
 
     def _placed(self, text_row, ids, mask, cu_seqlens, image_grid_thw, video_grid_thw, audio_seqlens,
@@ -338,26 +342,20 @@ class FastRopeIndex(_Implementation):
         if cu_seqlens is not None:
             first, count = _segments(cu_seqlens, ids.shape, mask)
             mask = None
-        videos = _host_grid("video_grid_thw", video_grid_thw)
-        seconds = None
-        if videos is not None:
-            second_per_grids = _seconds(second_per_grids)
-            _check_seconds_count(second_per_grids, video_grid_thw)
-            seconds = _host(second_per_grids, torch.float32)
-        frames = None if audio_seqlens is None else _host(torch.as_tensor(audio_seqlens), torch.int64)
+        images, videos, seconds, frames = _host_media(image_grid_thw, video_grid_thw, second_per_grids, audio_seqlens)
         out = torch.empty((batch, 4, length) if text_row else (3, batch, length), dtype=self.dtype)
         deltas = torch.empty(batch if first is None else first.size, 1, dtype=self.dtype)
         text_only = image_grid_thw is None and video_grid_thw is None
         status = native.omni_positions(  # type: ignore[union-attr]
             out.numpy(), text_row, batch, length, ids.numpy(), None if mask is None else mask.numpy(), first, count,
             self._token_ids, (self.family.float_positions, bool(use_audio_in_video), text_only), self._sizes,
-            self._per_second, _host_grid("image_grid_thw", image_grid_thw), videos, seconds, frames, deltas.numpy(),
+            self._per_second, images, videos, seconds, frames, deltas.numpy(),
             torch.get_num_threads())
         if status == _PADDING_INSIDE:
             return self._compacted(text_row, ids, mask, image_grid_thw, video_grid_thw, audio_seqlens,
                                    second_per_grids, use_audio_in_video)
         if status != _WRITTEN:
-            self._refuse(status, ids, mask, cu_seqlens, first, count, image_grid_thw, video_grid_thw, audio_seqlens,
+            self._refuse(ids, mask, cu_seqlens, first, count, image_grid_thw, video_grid_thw, audio_seqlens,
                          second_per_grids, use_audio_in_video)
         return out, deltas
 
@@ -370,13 +368,10 @@ class FastRopeIndex(_Implementation):
         order = order.unsqueeze(1 if text_row else 0).expand_as(compact)
         return torch.empty_like(compact).scatter_(2, order, compact), deltas
 
-    def _refuse(self, status, ids, mask, cu_seqlens, first, count, image_grid_thw, video_grid_thw, audio_seqlens,
+    def _refuse(self, ids, mask, cu_seqlens, first, count, image_grid_thw, video_grid_thw, audio_seqlens,
                 second_per_grids, use_audio_in_video) -> NoReturn:
         """Raise the error that says why the kernel refused the batch, found by reading it item
         by item."""
-        if status == _EMPTY_SAMPLE:
-            empty = int(np.flatnonzero(count == 0)[0]) if count is not None else int((mask.sum(1) == 0).nonzero()[0, 0])
-            raise InvalidInputError(f"sample {empty} has no valid token; drop empty samples")
         lengths = audio_token_counts(self.family, self.config, self.audio_rule, audio_seqlens)
         media = {"image_grid_thw": image_grid_thw, "video_grid_thw": video_grid_thw, "audio_lengths": lengths,
                  "merge": self.merge, "use_audio_in_video": use_audio_in_video,
@@ -389,7 +384,7 @@ class FastRopeIndex(_Implementation):
         else:
             rows = [row[valid] for row, valid in zip(ids.numpy(), mask.numpy())]
         self.check(rows, image_grid_thw, video_grid_thw, lengths, _seconds(second_per_grids), use_audio_in_video,
-                   self.tokens)
+                   self.tokens, refuse_empty=image_grid_thw is not None or video_grid_thw is not None)
         raise PlaceholderMismatchError(
             "the media placeholders of the batch do not fit its grids and audio lengths; pass the processor's "
             "outputs for these samples"
@@ -406,6 +401,206 @@ class FastRopeIndex(_Implementation):
             inside = np.flatnonzero((bounds > item.start) & (bounds < item.start + item.length))
             if inside.size:
                 raise SegmentCutError((int(inside[0]),), f"token {int(bounds[inside[0]])}")
+
+
+class StepwiseRopeIndex(_Kernel):
+    """The batched kernel's positions and errors without the compiled loops: the batch is read
+    item by item (:mod:`.layout`, the reader that says why the batched kernel refuses a batch),
+    then placed sample by sample and item by item, each item's positions written at once (the
+    audio-in-video interleave with ``searchsorted`` or a stable sort); no Python runs per token.
+    The engine unpacks packed rows for it."""
+
+    def rope_index(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                   cu_seqlens: torch.Tensor | None = None, image_grid_thw=None, video_grid_thw=None,
+                   audio_seqlens=None, second_per_grids=None, use_audio_in_video: bool = False,
+                   **ignored: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(3, B, L)`` positions and ``(B, 1)`` deltas, as the reference returns them."""
+        if cu_seqlens is not None:
+            raise TypeError("the step-by-step Omni kernel does not place packed rows: unpack them first")
+        ids, mask = _host_batch(input_ids, attention_mask)
+        _host_media(image_grid_thw, video_grid_thw, second_per_grids, audio_seqlens)  # checked as the batched kernel does
+        seconds = _seconds(second_per_grids) if video_grid_thw is not None else None
+        lengths = audio_token_counts(self.family, self.config, self.audio_rule, audio_seqlens)
+        mask = _ones_if_none(ids, mask)
+        spans = [valid_tokens(row) for row in mask]
+        text_only = image_grid_thw is None and video_grid_thw is None
+        items = self.check([ids[sample, span].numpy() for sample, span in enumerate(spans)], image_grid_thw,
+                           video_grid_thw, lengths, seconds, use_audio_in_video, self.tokens, refuse_empty=not text_only)
+        if text_only:
+            positions, deltas = self._text_only(mask)
+        else:
+            positions, deltas = self._placed(items, spans, mask, image_grid_thw, video_grid_thw, lengths, seconds)
+        return positions.to(input_ids.device), deltas.to(input_ids.device)
+
+    __call__ = rope_index
+
+    def _text_only(self, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # what the reference does when no image or video grid is given, audio included
+        mask = mask.long()
+        positions = (mask.float() if self.family.float_positions else mask).cumsum(-1) - 1
+        positions.masked_fill_(mask == 0, 1)
+        highest = positions.max(-1, keepdim=True).values  # the padding's 1 counts
+        return positions.unsqueeze(0).repeat(3, 1, 1), highest + 1 - mask.sum(-1, keepdim=True)
+
+    def _placed(self, items, spans, mask, image_grid_thw, video_grid_thw, lengths, seconds) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each sample's positions, from its items, written where its valid tokens are."""
+        out = torch.full((3, *mask.shape), 0 if self.family.float_positions else 1, dtype=self.dtype)  # padding
+        deltas = torch.empty(mask.shape[0], 1, dtype=self.dtype)
+        for sample, (sample_items, span) in enumerate(zip(items, spans)):
+            count = int(mask[sample].sum())
+            chunks = self._sample(sample_items, count, image_grid_thw, video_grid_thw, lengths, seconds)
+            positions = torch.cat([chunk.to(self.dtype) for chunk in chunks], dim=1)
+            out[:, sample, span] = positions
+            deltas[sample] = positions.max() + 1 - count
+        return out, deltas
+
+    def _sample(self, items, count, image_grid_thw, video_grid_thw, lengths, seconds) -> list[torch.Tensor]:
+        """One sample's positions as the chunks the reference appends, in order."""
+        chunks: list[torch.Tensor] = []
+        cursor = 0  # index of the next token of the sample
+        qwen3 = self.family.float_positions
+        for item in items:
+            text = item.start - cursor
+            pairs = item.kind == "audio_in_video"
+            if qwen3:  # counts on over the start markers
+                start = _next(chunks)
+                if text:
+                    chunks.append(_run(text, start))
+                    start = start + text
+                opening = 2 if pairs else 1
+                chunks.append(_run(opening, start))
+                media_start = start + opening
+            else:  # gives both start markers of a video with its audio one position
+                if text:
+                    chunks.append(_run(text, _next(chunks)))
+                start = _next(chunks)
+                chunks.append(_run(1, start))
+                if pairs:
+                    chunks.append(_run(1, start))
+                media_start = _next(chunks)
+            last = self._media(chunks, item, media_start, image_grid_thw, video_grid_thw, lengths, seconds)
+            closing = _next([last])
+            chunks.append(_run(2 if (pairs and qwen3) else 1, closing))
+            if pairs and not qwen3:
+                chunks.append(_run(1, closing))
+            cursor = item.start + item.length
+        if cursor < count:
+            chunks.append(_run(count - cursor, _next(chunks)))
+        return chunks
+
+    def _media(self, chunks, item, start, image_grid_thw, video_grid_thw, lengths, seconds) -> torch.Tensor:
+        """Append the item's media positions; return the chunk the reference appended last."""
+        qwen3 = self.family.float_positions
+        if item.kind == "audio":
+            chunks.append(_run(lengths[item.index], start))
+            return chunks[-1]
+        if item.kind == "image":
+            frames = torch.arange(image_grid_thw[item.index][0]) * 1 * self._per_second
+            chunks.append(self._vision(start, image_grid_thw[item.index], frames.float() if qwen3 else frames.long()))
+            return chunks[-1]
+        frames = torch.arange(video_grid_thw[item.index][0]) * seconds[item.index].cpu().float() * self._per_second
+        video = self._vision(start, video_grid_thw[item.index], frames.float() if qwen3 else frames.long())
+        if item.kind == "video":
+            chunks.append(video)
+            return video
+        audio = _run(lengths[item.audio_index], start)
+        if qwen3:
+            return self._merge_qwen3(chunks, video, audio, int(video_grid_thw[item.index][0]))
+        return self._merge_qwen2_5(chunks, video, audio, start)
+
+    def _vision(self, start, grid, frames: torch.Tensor) -> torch.Tensor:
+        height, width = int(grid[1]) // self.merge, int(grid[2]) // self.merge
+        out = torch.empty(3, frames.numel(), height, width, dtype=self.dtype)
+        out[0] = frames.to(self.dtype).view(-1, 1, 1) + start
+        out[1] = torch.arange(height).view(1, -1, 1) + start
+        out[2] = torch.arange(width).view(1, 1, -1) + start
+        return out.view(3, -1)
+
+    @staticmethod
+    def _merge_qwen3(chunks, video, audio, frames: int) -> torch.Tensor:
+        # Tokens in order of temporal position; on a tie the video token comes first. All tokens
+        # of a frame share its time, so the comparisons are made once per frame.
+        per_frame = video.shape[1] // frames
+        frame_time = video[0].view(frames, per_frame)[:, 0].contiguous()
+        audio_time = audio[0].to(video.dtype).contiguous()
+        audio_before = torch.searchsorted(audio_time, frame_time, right=False)
+        video_slot = torch.arange(video.shape[1]) + audio_before.view(-1, 1).expand(-1, per_frame).reshape(-1)
+        # audio times increase strictly, so frame f precedes audio k exactly when k >= audio_before[f]
+        frames_before = torch.bincount(audio_before, minlength=audio_time.numel() + 1).cumsum(0)[: audio_time.numel()]
+        audio_slot = torch.arange(audio_time.numel()) + frames_before * per_frame
+        merged = torch.empty(3, video.shape[1] + audio.shape[1], dtype=video.dtype)
+        merged.index_copy_(1, video_slot, video)
+        merged.index_copy_(1, audio_slot, audio.to(video.dtype))
+        chunks.append(merged)
+        if audio.shape[1] and bool(frame_time[-1] <= audio_time[-1]):
+            return audio[:, -1:]  # the audio ran longer: its tail was appended last
+        tail = video_slot > (audio_slot[-1] if audio.shape[1] else -1)
+        return video[:, tail]  # the video ran longer: its tail was appended last
+
+    def _merge_qwen2_5(self, chunks, video, audio, start) -> torch.Tensor:
+        # Both streams are cut into chunks of `seconds_per_chunk`; video chunk j, then audio chunk j.
+        video_chunk = _chunk_ids(video[0] - start, self._chunk)
+        audio_chunk = _chunk_ids(audio[0] - start, self._chunk)
+        keys = torch.cat([video_chunk * 2, audio_chunk * 2 + 1])
+        order = torch.sort(keys, stable=True).indices
+        chunks.append(torch.cat([video, audio], dim=1)[:, order])
+        video_chunks = int(video_chunk[-1]) + 1 if video_chunk.numel() else 0
+        audio_chunks = int(audio_chunk[-1]) + 1 if audio_chunk.numel() else 0
+        if audio_chunks >= video_chunks and audio_chunks:
+            return audio[:, audio_chunk == audio_chunks - 1]
+        return video[:, video_chunk == video_chunks - 1]
+
+
+def _chunk_ids(values: torch.Tensor, per_chunk: int) -> torch.Tensor:
+    """The chunk of each value as transformers' ``get_chunked_index`` cuts a non-decreasing
+    sequence: a new chunk starts at the first value reaching the next multiple of ``per_chunk``,
+    at most one new chunk per value."""
+    if values.numel() == 0:
+        return values.long()
+    target = torch.div(values, per_chunk, rounding_mode="floor").long() + 1
+    index = torch.arange(values.numel())
+    lag = torch.cummin(target - index, dim=0).values.clamp(max=2)
+    return index + lag - 1
+
+
+def _next(chunks: list[torch.Tensor]) -> Any:
+    """Where the reference starts the next chunk: one past the previous chunk's largest position."""
+    return chunks[-1].max() + 1 if chunks else 0
+
+
+def _run(length: Any, start: Any) -> torch.Tensor:
+    """``length`` consecutive positions from ``start`` on all three axes (a view: the three rows
+    are one)."""
+    return (torch.arange(length) + start).view(1, -1).expand(3, -1)
+
+
+def _host_batch(input_ids: Any, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The token ids as int64 and the mask as bool, contiguous on the host (the reference takes
+    a token where the mask is 1)."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        raise InvalidInputError(f"input_ids must be a (B, L) tensor, got {type(input_ids).__name__} "
+                                f"{tuple(getattr(input_ids, 'shape', ()))}")
+    ids = input_ids
+    if ids.dtype is not torch.int64 or not ids.is_cpu or not ids.is_contiguous():
+        ids = ids.to(device="cpu", dtype=torch.int64).contiguous()
+    if attention_mask is not None:
+        attention_mask = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 1
+        if not attention_mask.is_cpu or not attention_mask.is_contiguous():
+            attention_mask = attention_mask.cpu().contiguous()
+    return ids, attention_mask
+
+
+def _host_media(image_grid_thw, video_grid_thw, second_per_grids, audio_seqlens) -> tuple[Any, Any, Any, Any]:
+    """The image and video grids, the seconds per video grid and the audio mel frames as host
+    arrays (or None), their shapes and counts checked in the batched kernel's order."""
+    videos = _host_grid("video_grid_thw", video_grid_thw)
+    seconds = None
+    if videos is not None:
+        second_per_grids = _seconds(second_per_grids)
+        _check_seconds_count(second_per_grids, video_grid_thw)
+        seconds = _host(second_per_grids, torch.float32)
+    frames = None if audio_seqlens is None else _host(torch.as_tensor(audio_seqlens), torch.int64)
+    return _host_grid("image_grid_thw", image_grid_thw), videos, seconds, frames
 
 
 def _host_grid(key: str, grid: Any) -> np.ndarray | None:
@@ -449,37 +644,34 @@ def _segments(cu_seqlens: Any, shape: tuple[int, int], mask: torch.Tensor | None
 AUDIO_RULES = {True: ("config_window", "window_50"), False: ("qwen2_5",)}
 
 
-def agreeing_audio_rule(family: Family, thinker: Any, markers: Mapping[str, int], fast: bool = True) -> str | None:
-    """The audio-length rule under which the fast implementation equals the installed reference
-    on probe batches, or None (with one warning per process) when none does. With ``fast``
-    False (no compiled loops, so no batched kernel to probe), the rule the reference's input
-    check can rely on whatever the release: the only one, or both where they agree (a window of
-    50 frames); else None, and the reference runs unchecked."""
-    if not fast:
-        rules = AUDIO_RULES[family.float_positions]
-        return rules[0] if len(rules) == 1 or int(getattr(thinker.audio_config, "n_window", 50)) == 50 else None
+def agreeing_audio_rule(family: Family, thinker: Any, markers: Mapping[str, int],
+                        kernel: type[_Kernel] = FastRopeIndex) -> str | None:
+    """The audio-length rule under which ``kernel`` (the batched kernel, or without the compiled
+    loops the step-by-step one) equals the installed reference on probe batches, or None (with
+    one warning per process) when none does."""
     from .probe import probe_batches
 
     def probe() -> str | None:
         reference = ReferenceRopeIndex(family, thinker, markers)
         tokens = tokens_of(thinker, markers)
         return next((rule for rule in AUDIO_RULES[family.float_positions]
-                     if _agrees(FastRopeIndex(family, thinker, markers, rule), reference,
+                     if _agrees(kernel(family, thinker, markers, rule), reference,
                                 probe_batches(family, tokens, reference.merge, thinker, rule))), None)
 
-    key = ("qwen3_omni", family.name, thinker.position_id_per_seconds, getattr(thinker, "seconds_per_chunk", None),
-           getattr(thinker.audio_config, "n_window", None), int(thinker.vision_config.spatial_merge_size))
+    key = ("qwen3_omni", kernel.__name__, family.name, thinker.position_id_per_seconds,
+           getattr(thinker, "seconds_per_chunk", None), getattr(thinker.audio_config, "n_window", None),
+           int(thinker.vision_config.spatial_merge_size))
     return probe_once(key, probe, fast=f"mmrope-qwen3-omni: the fast {family.name} implementation")
 
 
-def _agrees(fast: FastRopeIndex, reference: ReferenceRopeIndex, batches) -> bool:
+def _agrees(fast: _Kernel, reference: ReferenceRopeIndex, batches) -> bool:
     for batch in batches:
         try:
             want = reference(**batch)
         except Exception:  # the batch's audio lengths follow another rule than this reference's
             return False
         try:
-            got = fast(**batch)
+            got = fast.rope_index(**batch)
         except MmropeError:  # refuses what this reference places
             return False
         if not _equal(got, want):

@@ -9,7 +9,7 @@ import pytest
 import torch
 import transformers
 
-from mmrope_core import InvalidInputError, PlaceholderMismatchError, PluginManager, RopeEngine
+from mmrope_core import InvalidInputError, PlaceholderMismatchError, PluginHookError, PluginManager, RopeEngine
 from mmrope_core.tiny import processors_without_torchvision
 
 FAMILIES = ["Qwen3-Omni", "Qwen2.5-Omni"]
@@ -94,6 +94,26 @@ def test_fast_binding_is_used_on_this_transformers(manager, name):
     fast, reference = engines(manager, name)
     assert fast.implementation == "fast", fast.binding.description
     assert reference.implementation == "reference"
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_without_the_compiled_loops_the_step_by_step_kernel_is_bound(manager, monkeypatch, name):
+    """Not the reference, which fails where the batched kernel does not: a vision start sampled
+    at the end of a response is text."""
+    from mmrope_qwen3_omni import rope
+
+    monkeypatch.setattr(rope, "native", None)
+    fast, reference = engines(manager, name)
+    assert type(fast.binding.kernel) is rope.StepwiseRopeIndex and fast.implementation == "fast"
+    assert "step-by-step kernel (the compiled loops are missing)" in fast.binding.description
+    assert reference.binding.kernel.audio_rule == fast.binding.kernel.audio_rule is not None  # probed
+    kwargs = {"image_grid_thw": torch.tensor([[1, 2, 2]])}
+    as_text = omni_row(name, "t[i]ttt")
+    want = transformers_reference(name)(input_ids=as_text, attention_mask=torch.ones_like(as_text), **kwargs)
+    got = fast.get_rope_index(omni_row(name, "t[i]tt{"), **kwargs)
+    assert got[0].dtype == want[0].dtype and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    with pytest.raises(PluginHookError):
+        reference.get_rope_index(omni_row(name, "t[i]tt{"), **kwargs)
 
 
 @pytest.mark.differential

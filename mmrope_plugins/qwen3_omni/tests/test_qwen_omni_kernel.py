@@ -22,6 +22,7 @@ from test_qwen_omni import (
 )
 
 from mmrope_core import MmropeError, PlaceholderMismatchError, PluginHookError
+from mmrope_qwen3_omni import rope
 
 BATCHES = 40
 
@@ -107,7 +108,9 @@ def test_batches_without_grids_are_text_and_checked(manager, name):
 @pytest.mark.parametrize("use_audio_in_video", [False, True])
 def test_compute_position_ids_is_the_text_row_over_the_reference(manager, name, use_audio_in_video):
     fast, _ = engines(manager, name)
-    assert fast.binding.kernel.places_packed_rows
+    # the batched kernel writes the four rows itself; the step-by-step one, bound without the
+    # compiled loops, leaves the text row to the kernel contract's default
+    assert fast.binding.kernel.places_packed_rows is (rope.native is not None)
     rng = random.Random(f"4 rows/{name}/{use_audio_in_video}")
     for index in range(BATCHES):
         ids, mask, kwargs = split(generated(name, rng, use_audio_in_video))
@@ -171,15 +174,15 @@ def media_of(samples):
 @pytest.mark.parametrize("use_audio_in_video", [False, True])
 def test_packed_rows_equal_each_sample_alone(manager, name, use_audio_in_video):
     """One packed row (cu_seqlens) and rows of segments with padding (segment_ids), placed by the
-    kernel where the segments lie: each segment is the reference's sample alone."""
+    kernel where the segments lie (or by the engine, unpacked, for a kernel that does not place
+    packed rows): each segment is the reference's sample alone."""
     fast, _ = engines(manager, name)
-    calls = []
+    calls = []  # for each call of the kernel, whether it was given the packed row
     kernel = copy.copy(fast.binding.kernel)
     rope_index = kernel.rope_index
 
     def counted(*args, **kwargs):
-        if kwargs.get("cu_seqlens") is not None:
-            calls.append(kwargs["cu_seqlens"])
+        calls.append(kwargs.get("cu_seqlens") is not None)
         return rope_index(*args, **kwargs)
 
     kernel.rope_index = counted
@@ -196,7 +199,7 @@ def test_packed_rows_equal_each_sample_alone(manager, name, use_audio_in_video):
         want = torch.cat([positions for _, _, positions, _ in samples], dim=1)
         count = len(calls)
         positions, deltas = placed.get_rope_index(row, cu_seqlens=cu_seqlens, **media)
-        assert len(calls) == count + 1, f"batch {index}"
+        assert calls[count:] == [kernel.places_packed_rows], f"batch {index}"
         assert positions.dtype == want.dtype and torch.equal(positions[:, 0], want), f"batch {index}"
         assert torch.equal(deltas, torch.stack([delta for _, _, _, delta in samples])), f"batch {index}"
         text = torch.cat([torch.arange(n) for n in lengths.tolist()])
@@ -223,16 +226,20 @@ def test_packed_rows_equal_each_sample_alone(manager, name, use_audio_in_video):
 
 
 def test_a_media_item_cut_by_a_segment_boundary(manager):
+    """A kernel placing the packed row sees the cut; unpacked, the first part is an item
+    missing its placeholders in a sample of its own."""
     fast, _ = engines(manager, "Qwen3-Omni")
+    placed = fast.binding.kernel.places_packed_rows
     first, second = omni_row("Qwen3-Omni", "tt[ii"), omni_row("Qwen3-Omni", "ii]t")
     row, cu_seqlens = torch.cat([first, second], dim=1), torch.tensor([0, 5, 9])
     grids = {"image_grid_thw": torch.tensor([[1, 4, 4]])}
-    with pytest.raises(PlaceholderMismatchError, match=r"segment 1 starts inside a placeholder run that segment 0 "
-                                                       r"began \(row 0, token 5\)"):
+    cut = r"segment 1 starts inside a placeholder run that segment 0 began \(row 0, token {}\)"
+    alone = r"sample k below is segment k.*sample 0, {} 0: needs {} placeholder tokens, found {}"
+    with pytest.raises(PlaceholderMismatchError, match=cut.format(5) if placed else alone.format("image", 4, 2)):
         fast.get_rope_index(row, cu_seqlens=cu_seqlens, **grids)
     audio = omni_row("Qwen3-Omni", "ttAt")
     row = torch.cat([audio[:, :6], audio[:, 6:], first], dim=1)
-    with pytest.raises(PlaceholderMismatchError, match=r"segment 1 starts inside .*\(row 0, token 6\)"):
+    with pytest.raises(PlaceholderMismatchError, match=cut.format(6) if placed else alone.format("audio", 13, 3)):
         fast.get_rope_index(row, cu_seqlens=torch.tensor([0, 6, audio.shape[1], row.shape[1]]),
                             audio_seqlens=torch.tensor([100]), **grids)
 
@@ -348,3 +355,67 @@ def test_a_batch_shared_out_among_threads(manager, name):
         torch.set_num_threads(threads)
     want = reference_positions(name, ids, mask, kwargs)
     assert same(results[0], want) and same(results[1], want)
+
+
+def both_kernels(manager, name, position_dtype=None):
+    """The batched kernel and the step-by-step one, under the audio rule the bound kernel uses."""
+    processor, _ = built(name)
+    bound = engines(manager, name)[0].binding.kernel
+    token = ids_of(processor)
+    markers = {"vision_end": token["vision_eos"], "audio_end": token["audio_eos"]}
+    return tuple(kind(bound.family, bound.config, markers, bound.audio_rule, position_dtype=position_dtype)
+                 for kind in (rope.FastRopeIndex, rope.StepwiseRopeIndex))
+
+
+def outcome(method, *args, **kwargs):
+    """What ``method`` returns, or the exception it raises (the errors must be the same too)."""
+    try:
+        return method(*args, **kwargs)
+    except Exception as exc:
+        return exc
+
+
+def same_outcome(got, want):
+    if isinstance(want, Exception) or isinstance(got, Exception):
+        return type(got) is type(want) and str(got) == str(want)
+    return same(got, want) if isinstance(want, tuple) else got.dtype == want.dtype and torch.equal(got, want)
+
+
+@pytest.mark.differential
+@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("use_audio_in_video", [False, True])
+def test_the_step_by_step_kernel_is_the_batched_kernel(manager, monkeypatch, name, use_audio_in_video):
+    """The kernel bound without the compiled loops gives the batched kernel's positions, four
+    rows and errors: stray markers, batches without grids, padding inside samples, int32 ids,
+    a sample without tokens (the engine refuses it first), broken batches. The compiled loops run here even where MMROPE_DISABLE_COMPILED switched them
+    off for the engines, so both modes compare the two."""
+    from mmrope_core import _native
+
+    monkeypatch.setattr(rope, "native", _native)
+    kernels = {dtype: both_kernels(manager, name, dtype) for dtype in (None, torch.int64)}
+    ran = collections.Counter()
+    for index in range(BATCHES):
+        rng = random.Random(f"step by step/{name}/{use_audio_in_video}/{index}")
+        what = rng.choice(["strays", "text only", "holes", "int32", "empty", "broken", "broken"])
+        if what == "broken":
+            ids, mask, kwargs = mutated(name, rng, use_audio_in_video)
+        else:
+            limits = {"kinds": ("audio",), "ensure_grid": False} if what == "text only" else {}
+            ids, mask, kwargs = split(generated(name, rng, use_audio_in_video, strays=rng.choice([None, "markers"]),
+                                                **limits))
+        if what == "holes":
+            ids, mask = holed(ids, mask, rng)
+        if what == "int32":
+            ids = ids.int()
+        if what == "empty":
+            mask = mask.clone()
+            mask[rng.randrange(mask.shape[0])] = 0
+        fast, stepwise = kernels[None]
+        want = outcome(fast.rope_index, ids, mask, **kwargs)
+        assert same_outcome(outcome(stepwise.rope_index, ids, mask, **kwargs), want), f"{what} batch {index}"
+        ran["refused" if isinstance(want, Exception) else "placed"] += 1
+        for fast, stepwise in kernels.values():
+            want_rows = outcome(fast.position_ids, ids, mask, **kwargs)
+            assert same_outcome(outcome(stepwise.position_ids, ids, mask, **kwargs), want_rows), \
+                f"{what} batch {index}, {fast.position_dtype}"
+    assert ran["refused"] > BATCHES // 10 and ran["placed"] > BATCHES // 2, ran
