@@ -95,11 +95,13 @@ def iter_items(
             if following != ids.audio:
                 continue  # opens nothing: text
             audio = _take(counters, "audio", audio_lengths, sample, "audio", "feature_attention_mask (audio_seqlens)")
+            assert audio_lengths is not None  # _take raises without them
             n = int(audio_lengths[audio])
             _expect_run(sample, tokens, position + 1, n, {ids.audio}, "audio", audio, ids.audio_end)
             item = Item("audio", position, audio, audio, n, 2)
         elif following == ids.image:
             image = _take(counters, "image", image_grid_thw, sample, "image", "image_grid_thw")
+            assert image_grid_thw is not None
             n = int(image_grid_thw[image].prod()) // merge**2
             _expect_run(sample, tokens, position + 1, n, {ids.image}, "image", image, ids.vision_end)
             item = Item("image", position, image, -1, n, 2)
@@ -111,6 +113,7 @@ def iter_items(
                     f"or the processor output made with load_audio_from_video"
                 )
             video = _take(counters, "video", video_grid_thw, sample, "video", "video_grid_thw")
+            assert video_grid_thw is not None
             n = int(video_grid_thw[video].prod()) // merge**2
             _expect_run(sample, tokens, position + 1, n, {ids.video}, "video", video, ids.vision_end)
             item = Item("video", position, video, -1, n, 2)

@@ -13,10 +13,12 @@ from .families import Family
 from .layout import Tokens
 
 
-def audio_tokens(family: Family, frames: int, thinker: Any, rule: str) -> int:
+def audio_tokens(family: Family, frames: int, thinker: Any, rule: str | None) -> int:
     from .rope import audio_token_counts
 
-    return int(audio_token_counts(family, thinker, rule, torch.tensor([frames]))[0])
+    counts = audio_token_counts(family, thinker, rule, torch.tensor([frames]))
+    assert counts is not None
+    return int(counts[0])
 
 
 def random_batch(family: Family, tokens: Tokens, merge: int, thinker: Any, rng: random.Random, *,

@@ -204,7 +204,7 @@ def qwen2_5_audio_tokens(lengths: torch.Tensor) -> torch.Tensor:
     return ((lengths - 1) // 2 + 1 - 2) // 2 + 1
 
 
-def audio_window(family: Family, thinker: Any, rule: str) -> int:
+def audio_window(family: Family, thinker: Any, rule: str | None) -> int:
     """The mel frames of one Qwen3-Omni encoder window half (``n_window``) under ``rule``; 0 for
     Qwen2.5-Omni, whose audio length has no window."""
     if not family.float_positions:
@@ -245,7 +245,7 @@ class ReferenceRopeIndex(_Implementation):
     __call__ = rope_index
 
 
-def audio_token_counts(family: Family, thinker: Any, rule: str, audio_seqlens: Any) -> torch.Tensor | None:
+def audio_token_counts(family: Family, thinker: Any, rule: str | None, audio_seqlens: Any) -> torch.Tensor | None:
     if audio_seqlens is None:
         return None
     lengths = torch.as_tensor(audio_seqlens).reshape(-1).long()
