@@ -54,6 +54,10 @@ class UnknownOptionError(MmropeError, TypeError):
     """An engine option that neither the engine nor the plugin binding the processor knows."""
 
 
+class UnknownConventionError(MmropeError, ValueError):
+    """A position convention that does not exist, or that the family does not offer."""
+
+
 class RopeIndexUnavailableError(MmropeError):
     """``get_rope_index`` was called on an engine whose model uses 1-D RoPE."""
 
