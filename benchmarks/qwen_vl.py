@@ -12,6 +12,7 @@ import dataclasses
 
 import torch
 
+from mmrope_core.kernel import RopeKernel
 from mmrope_qwen_vl.examples import build
 from samples import batch_with_media
 from timing import engine, environment, timed
@@ -19,10 +20,23 @@ from timing import engine, environment, timed
 
 def as_trainers_call(reference, ids, mask, grids):
     """The transformers reference as trainers call it: the model class's ``get_rope_index`` on the
-    batch with its own attention mask (after the binding's input checks), whatever the engine
-    would make of the mask."""
-    binding = reference.binding
-    return lambda: binding.rope_index(ids, attention_mask=mask, mm_token_type_ids=binding.token_types(ids), **grids)
+    batch with its own attention mask (after the reference kernel's input checks), whatever the
+    engine would make of the mask."""
+    kernel = reference.binding.kernel
+    return lambda: kernel.rope_index(ids, attention_mask=mask, **grids)
+
+
+class Prepared(RopeKernel):
+    """A kernel that costs nothing: it returns results computed before."""
+
+    def __init__(self, positions, deltas, position_ids):
+        self.results = (positions, deltas), position_ids
+
+    def rope_index(self, input_ids, attention_mask=None, *, cu_seqlens=None, **inputs):
+        return self.results[0]
+
+    def position_ids(self, input_ids, attention_mask=None, *, cu_seqlens=None, **inputs):
+        return self.results[1]
 
 
 def main() -> None:
@@ -59,39 +73,34 @@ def main() -> None:
 
 
 def single_sample(processor, config, fast, reference, repeat) -> None:
-    """The per-call trainer case: what the engine adds to the plugin's own work (its token types
-    and kernel, called with the same tensors the engine is given), measured around the kernel
-    and with a plugin that costs nothing."""
+    """The per-call trainer case: what the engine adds to the plugin's own work (its kernel,
+    called with the tensors the engine hands it: the mask as bool), measured around the kernel
+    and with a kernel that costs nothing."""
     ids, mask, grids = batch_with_media(processor, 1, 4096, [(1, 28, 28)] * 2, 100)
-    binding = fast.binding
-    types_ = binding.token_types(ids)
-    kernels = {"get_rope_index": binding.rope_index, "compute_position_ids": binding.position_ids}
-    results = {name: kernel(ids, attention_mask=mask, mm_token_type_ids=types_, **grids)
-               for name, kernel in kernels.items()}
+    kernel, valid = fast.binding.kernel, mask.bool()
+    kernels = {"get_rope_index": kernel.rope_index, "compute_position_ids": kernel.position_ids}
     bare = engine(processor, config, "qwen_vl")
-    bare.binding = dataclasses.replace(
-        bare.binding, token_types=lambda ids: types_, rope_index=lambda *a, **k: results["get_rope_index"],
-        position_ids=lambda *a, **k: results["compute_position_ids"],
-    )
+    bare.binding = dataclasses.replace(bare.binding, kernel=Prepared(*kernel.rope_index(ids, valid, **grids),
+                                                                     kernel.position_ids(ids, valid, **grids)))
     fns = {}
-    for name, kernel in kernels.items():
-        fns[f"plugin {name}"] = lambda kernel=kernel: kernel(
-            ids, attention_mask=mask, mm_token_type_ids=binding.token_types(ids), **grids)
+    for name, method in kernels.items():
+        fns[f"plugin {name}"] = lambda method=method: method(ids, valid, **grids)
     fns["engine get_rope_index"] = lambda: fast.get_rope_index(ids, mask, **grids)
     fns["engine compute_position_ids"] = lambda: fast.compute_position_ids(ids, mask, grids)
     fns["bare get_rope_index"] = lambda: bare.get_rope_index(ids, mask, **grids)
     fns["bare compute_position_ids"] = lambda: bare.compute_position_ids(ids, mask, grids)
+    fns["reference get_rope_index"] = as_trainers_call(reference, ids, mask, grids)
     fns["reference compute_position_ids"] = lambda: reference.compute_position_ids(ids, mask, grids)
     us = {name: seconds * 1e6 for name, seconds in timed(fns, repeat).items()}
     print(f"\nsingle sample 1 x 4096, 2 images, best of {repeat} x 5 (microseconds):")
-    header = f"{'':<24}{'plugin':>10}{'engine':>10}{'engine - plugin':>17}{'engine, plugin costing 0':>26}"
+    header = (f"{'':<24}{'plugin':>10}{'engine':>10}{'engine - plugin':>17}{'engine, plugin costing 0':>26}"
+              f"{'reference':>11}{'ref/engine':>12}")
     print(header)
     print("-" * len(header))
     for name in kernels:
-        plugin, whole = us[f"plugin {name}"], us[f"engine {name}"]
-        print(f"{name:<24}{plugin:>10.1f}{whole:>10.1f}{whole - plugin:>17.1f}{us['bare ' + name]:>26.1f}")
-    ratio = us["reference compute_position_ids"] / us["engine compute_position_ids"]
-    print(f"reference compute_position_ids {us['reference compute_position_ids']:.1f} us ({ratio:.1f}x the fast engine)")
+        plugin, whole, ref = us[f"plugin {name}"], us[f"engine {name}"], us[f"reference {name}"]
+        print(f"{name:<24}{plugin:>10.1f}{whole:>10.1f}{whole - plugin:>17.1f}{us['bare ' + name]:>26.1f}"
+              f"{ref:>11.1f}{ref / whole:>11.1f}x")
 
 
 if __name__ == "__main__":

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from mmrope_core import InvalidInputError, _native
+from mmrope_core import InvalidInputError, _compiled, _native
 from mmrope_core.inputs import _read_cpu_mask, _read_device_mask, as_batch
 from mmrope_core.arrays import change_points
-from mmrope_core.mrope import TokenTypeMap
+from mmrope_core.mrope import MropeFamily, MropeKernel, TokenTypeMap
 from mmrope_core.mrope._positions import _coded, _compact, _in_segments, _small_int
 from mmrope_core.mrope._write import counted_on, written_from_runs
 from mmrope_core.mrope._runs import grids_of_runs, scan
@@ -295,3 +295,287 @@ def test_a_mask_value_is_named_where_it_first_occurs(four_threads):
     mask[1, 199_990] = -1
     with pytest.raises(InvalidInputError, match="sample 1, position 199990 holds -1"):
         as_batch(torch.zeros(3, 200_000, dtype=torch.int64), mask)
+
+
+# -- the fused call: one compiled read of the token ids for the Qwen-style kernel -------------------
+
+IMAGE, VIDEO, BEGIN, END, PAD = 151655, 151656, 151652, 151653, 151643
+FAMILIES = {
+    "qwen2": MropeFamily("Qwen2-VL", 2, IMAGE, VIDEO),
+    "qwen2.5": MropeFamily("Qwen2.5-VL", 2, IMAGE, VIDEO, tokens_per_second=2.0),
+    "qwen2.5 int": MropeFamily("Qwen2.5-VL", 2, IMAGE, VIDEO, tokens_per_second=4),
+    "qwen2.5 odd rate": MropeFamily("Qwen2.5-VL", 2, IMAGE, VIDEO, tokens_per_second=1.3),
+    "qwen2.5 whole": MropeFamily("Qwen2.5-VL", 2, IMAGE, VIDEO, tokens_per_second=2.0, temporal_rule="whole_seconds"),
+    "qwen2.5 whole int": MropeFamily("Qwen2.5-VL", 2, IMAGE, VIDEO, tokens_per_second=4,
+                                     temporal_rule="whole_seconds"),
+    "qwen3": MropeFamily("Qwen3-VL", 2, IMAGE, VIDEO, per_frame_video=True),
+    "glm": MropeFamily("GLM-4V", 2, IMAGE, per_frame_video=True, video_markers=(BEGIN, END)),
+    "images only": MropeFamily("PaddleOCR-VL", 2, IMAGE),
+}
+
+
+def fused_and_stepwise(family):
+    """The kernel, and the same kernel with the compiled call switched off."""
+    fused, stepwise = MropeKernel(family), MropeKernel(family)
+    stepwise._fused = None
+    assert fused._fused is not None
+    return fused, stepwise
+
+
+def random_sample(rng, family, grids, seconds, open_end=False):
+    """One sample's token ids laid out as the family's processor lays them out: text, images and
+    videos (one run, a run per frame after a timestamp, or frames of image tokens between video
+    markers); with ``open_end`` a video at its end may lack its end marker (a truncated sample)."""
+    text = lambda low, high: [rng.randrange(10, 60) for _ in range(rng.randint(low, high))]  # noqa: E731
+    row = text(0, 3)
+    for _ in range(rng.randint(0, 4)):
+        video = family.has_video and rng.random() < 0.4
+        t, h, w = (rng.randint(1, 4) if video else 1), 2 * rng.randint(1, 4), 2 * rng.randint(1, 4)
+        per_frame = h * w // 4
+        if not video:
+            row += [IMAGE] * per_frame
+            grids[0].append((1, h, w))
+        else:
+            grids[1].append((t, h, w))
+            seconds.append(rng.choice((0.5, 1.0, 1.3, 2.0, 1 / 3, 0.04, rng.uniform(0.05, 2.5))))
+            if family.video_markers:
+                row += [BEGIN] + [token for _ in range(t) for token in [IMAGE] * per_frame + text(1, 2)] + [END]
+            elif family.per_frame_video:
+                row += [token for _ in range(t) for token in text(1, 2) + [VIDEO] * per_frame]
+            else:
+                row += [VIDEO] * (t * per_frame)
+        row += text(1, 3)  # runs of one kind need text between them
+    if open_end and row[-1:] == [END] and rng.random() < 0.5:
+        row.pop()
+    return row or [11]
+
+
+def random_inputs(rng, family, *, ids_dtype=torch.int64, seconds_dtype=torch.float32, packed=False):
+    """A batch padded on either side (or without a mask: the padding is text), or one packed row
+    with ``cu_seqlens``; ids, mask and the other keyword arguments of ``rope_index``."""
+    grids, seconds = ([], []), []
+    rows = [random_sample(rng, family, grids, seconds, open_end=True) for _ in range(rng.randint(1, 6))]
+    inputs = {}
+    if packed:
+        ids = torch.tensor([[token for row in rows for token in row]], dtype=ids_dtype)
+        inputs["cu_seqlens"] = torch.tensor([0, *map(len, rows)]).cumsum(0)
+        mask = None
+    else:
+        length = max(map(len, rows)) + rng.randint(0, 3)
+        ids = torch.full((len(rows), length), PAD, dtype=ids_dtype)
+        mask = torch.zeros(len(rows), length, dtype=torch.bool)
+        left = rng.random() < 0.5
+        for index, row in enumerate(rows):
+            span = slice(length - len(row), length) if left else slice(0, len(row))
+            ids[index, span] = torch.tensor(row, dtype=ids_dtype)
+            mask[index, span] = True
+        if rng.random() < 0.2:
+            mask = None  # the padding is text
+    if grids[0]:
+        inputs["image_grid_thw"] = torch.tensor(grids[0])
+    if grids[1]:
+        inputs["video_grid_thw"] = torch.tensor(grids[1])
+        if family.tokens_per_second is not None and rng.random() < 0.9:
+            inputs["second_per_grid_ts"] = torch.tensor(seconds, dtype=seconds_dtype)
+    return ids, mask, inputs
+
+
+def outcome(call, *args, **kwargs):
+    """What a call gives: its results, or its error's type and message."""
+    try:
+        return call(*args, **kwargs)
+    except Exception as error:  # the two paths must fail alike
+        return type(error), str(error)
+
+
+def assert_same_outcome(found, expected, where):
+    if isinstance(expected, tuple) and isinstance(expected[0], type):
+        assert found == expected, where
+        return
+    found, expected = (found, expected) if isinstance(found, tuple) else ((found,), (expected,))
+    for got, want in zip(found, expected, strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want), where
+
+
+def assert_both_paths_agree(family, ids, mask, inputs, where, *, fused_expected=True):
+    fused, stepwise = fused_and_stepwise(family)
+    for method in ("rope_index", "position_ids"):
+        call = dict(inputs)
+        assert_same_outcome(outcome(getattr(fused, method), ids, mask, **call),
+                            outcome(getattr(stepwise, method), ids, mask, **call), f"{where}, {method}")
+        cu_seqlens = call.pop("cu_seqlens", None)
+        written = fused._fused(method == "position_ids", ids, mask, cu_seqlens, call)
+        assert (written is not None) == fused_expected, f"{where}, {method}: the compiled call took it or not"
+
+
+compiled_only = pytest.mark.skipif(_compiled.native is None, reason="the compiled loops are switched off")
+
+
+@compiled_only
+@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("ids_dtype", [torch.int64, torch.int32])
+def test_the_fused_call_equals_the_step_by_step_path(name, ids_dtype):
+    family = FAMILIES[name]
+    rng = random.Random(f"fused {name} {ids_dtype}")
+    for index in range(120):
+        seconds_dtype = rng.choice((torch.float32, torch.float64))
+        ids, mask, inputs = random_inputs(rng, family, ids_dtype=ids_dtype, seconds_dtype=seconds_dtype)
+        assert_both_paths_agree(family, ids, mask, inputs, f"batch {index}")
+
+
+@compiled_only
+@pytest.mark.parametrize("name", FAMILIES)
+def test_the_fused_call_equals_the_step_by_step_path_on_packed_rows(name):
+    """Segments back to back in one row, videos in float32 and float64 seconds; GLM segments that
+    leave a video open do not turn the next segment's images into video."""
+    family = FAMILIES[name]
+    rng = random.Random(f"fused packed {name}")
+    for index in range(120):
+        ids, _, inputs = random_inputs(rng, family, packed=True,
+                                       seconds_dtype=rng.choice((torch.float32, torch.float64)))
+        assert_both_paths_agree(family, ids, None, inputs, f"row {index}")
+
+
+@compiled_only
+def test_glm_markers_are_counted_from_each_row_and_segment_start():
+    """An end marker missing in one sample leaves the images after it, in that row or segment
+    only, as video frames: a mismatch there, none elsewhere."""
+    family = FAMILIES["glm"]
+    frame = [IMAGE] * 4
+    opened = [11, BEGIN] + frame + [12]
+    images = [11] + frame + [12]
+    video, image = torch.tensor([[1, 4, 4]]), torch.tensor([[1, 4, 4]])
+    ids = torch.tensor([opened + images])
+    # in one row the image after the open video is its second frame
+    assert_both_paths_agree(family, ids, None, {"video_grid_thw": torch.tensor([[2, 4, 4]])}, "one row")
+    assert_both_paths_agree(family, ids, None, {"image_grid_thw": image, "video_grid_thw": video}, "one row, mismatch",
+                            fused_expected=False)
+    packed = {"image_grid_thw": image, "video_grid_thw": video, "cu_seqlens": torch.tensor([0, 7, 13])}
+    assert_both_paths_agree(family, ids, None, packed, "two segments")
+    batch = torch.tensor([opened, images + [PAD]])
+    assert_both_paths_agree(family, batch, batch != PAD, {"image_grid_thw": image, "video_grid_thw": video}, "two rows")
+
+
+@compiled_only
+@pytest.mark.parametrize("case", [
+    "padding inside", "truncated image", "grid too many", "grid of odd size", "int16 ids", "strided ids",
+    "int32 grid", "float16 seconds", "seconds as a list", "negative seconds", "nan seconds", "seconds too few",
+    "packed batch of two rows", "packed with a mask", "bounds not reaching the end", "a run cut by a segment",
+])
+def test_the_fused_call_hands_unusual_inputs_to_the_step_by_step_path(case):
+    """Each is handed back: the step-by-step path then computes it, or raises its typed error."""
+    image, video, pad = 1001, 1002, 1000  # ids that int16 holds
+    family = MropeFamily("Qwen2.5-VL", 2, image, video, tokens_per_second=2.0)
+    ids = torch.tensor([[11, 12] + [image] * 4 + [13] + [video] * 8 + [14, pad]])
+    mask = ids != pad
+    inputs = {"image_grid_thw": torch.tensor([[1, 4, 4]]), "video_grid_thw": torch.tensor([[2, 4, 4]]),
+              "second_per_grid_ts": torch.tensor([0.7])}
+    assert_both_paths_agree(family, ids, mask, inputs, "the common case")
+    graded = {**inputs, "second_per_grid_ts": torch.tensor([0.7], requires_grad=True)}
+    assert_both_paths_agree(family, ids, mask, graded, "seconds that require grad")
+    if case == "padding inside":
+        mask[0, 1] = False
+    elif case == "truncated image":
+        ids[0, 2] = 15
+    elif case == "grid too many":
+        inputs["image_grid_thw"] = torch.tensor([[1, 4, 4], [1, 2, 2]])
+    elif case == "grid of odd size":
+        inputs["image_grid_thw"] = torch.tensor([[1, 1, 16]])
+    elif case == "int16 ids":
+        ids = ids.to(torch.int16)
+    elif case == "strided ids":
+        ids, mask = ids.repeat_interleave(2, 1)[:, ::2], mask.repeat_interleave(2, 1)[:, ::2]
+    elif case == "int32 grid":
+        inputs["image_grid_thw"] = inputs["image_grid_thw"].to(torch.int32)
+    elif case == "float16 seconds":
+        inputs["second_per_grid_ts"] = torch.tensor([0.7], dtype=torch.float16)
+    elif case == "seconds as a list":
+        inputs["second_per_grid_ts"] = [0.7]
+    elif case == "negative seconds":
+        inputs["second_per_grid_ts"] = torch.tensor([-0.5])
+    elif case == "nan seconds":
+        inputs["second_per_grid_ts"] = torch.tensor([float("nan")])
+    elif case == "seconds too few":
+        inputs["second_per_grid_ts"] = torch.tensor([], dtype=torch.float32)
+    elif case == "packed batch of two rows":
+        ids, mask = torch.cat([ids, ids]), None
+        inputs["cu_seqlens"] = torch.tensor([0, ids.shape[1]])
+    elif case == "packed with a mask":
+        inputs["cu_seqlens"] = torch.tensor([0, ids.shape[1]])
+    elif case == "bounds not reaching the end":
+        mask, inputs["cu_seqlens"] = None, torch.tensor([0, 5])
+    elif case == "a run cut by a segment":
+        mask, inputs["cu_seqlens"] = None, torch.tensor([0, 4, ids.shape[1]])
+    assert_both_paths_agree(family, ids, mask, inputs, case, fused_expected=False)
+
+
+@compiled_only
+def test_the_fused_call_says_why_it_hands_a_batch_back():
+    """Its status: 1 where runs and grids disagree, 2 for padding inside a sample, 3 for the rest."""
+    kernel = MropeKernel(FAMILIES["qwen2"])
+    ids = torch.tensor([[11] + [IMAGE] * 4 + [12, 13]])
+    grid = torch.tensor([[1, 4, 4]]).numpy()
+
+    def status(ids, mask=None, grid=grid, bounds=None):
+        out = np.empty((3, *ids.shape), dtype=np.int64)
+        deltas = np.empty(ids.shape[0] if bounds is None else bounds.size - 1, dtype=np.int64)
+        return _native.mrope_fused(out, deltas, False, ids.numpy(), 8, *ids.shape,
+                                   None if mask is None else mask.numpy(), bounds, (grid, None), None,
+                                   kernel._fused.spec, 1)
+
+    assert status(ids) == 0
+    assert status(ids, grid=torch.tensor([[1, 4, 2]]).numpy()) == 1
+    assert status(ids, grid=None) == 1
+    assert status(ids, torch.tensor([[True, True, False, True, True, True, True]])) == 2
+    assert status(ids, bounds=np.array([0, 3], dtype=np.int64)) == 3
+    assert status(ids, bounds=np.array([0, 3, 7], dtype=np.int64)) == 1  # the image cut in two
+    assert status(ids, bounds=np.array([0, 6, 7], dtype=np.int64)) == 0
+
+
+@compiled_only
+@pytest.mark.parametrize("text_row", [False, True])
+def test_the_fused_call_shares_long_rows_among_threads(text_row):
+    family = FAMILIES["qwen2.5"]
+    rng = random.Random(f"fused threads {text_row}")
+    rows, grids, seconds = [], ([], []), []
+    for _ in range(5):
+        row = []
+        while len(row) < 38_000:
+            row += random_sample(rng, family, grids, seconds)
+        rows.append(row)
+    length = max(map(len, rows)) + 7
+    ids = torch.full((5, length), PAD)
+    for index, row in enumerate(rows):
+        ids[index, : len(row)] = torch.tensor(row)
+    mask = ids != PAD
+    inputs = {"image_grid_thw": torch.tensor(grids[0]), "video_grid_thw": torch.tensor(grids[1]),
+              "second_per_grid_ts": torch.tensor(seconds, dtype=torch.float32)}
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3, 8):
+            torch.set_num_threads(threads)
+            assert_both_paths_agree(family, ids, mask, inputs, f"{threads} threads")
+    finally:
+        torch.set_num_threads(before)
+
+
+@compiled_only
+@pytest.mark.parametrize("name", ["qwen2.5", "qwen2.5 int", "qwen2.5 odd rate", "qwen2.5 whole"])
+@pytest.mark.parametrize("seconds_dtype", [torch.float32, torch.float64])
+def test_the_fused_call_rounds_temporal_ids_in_the_scales_dtype(name, seconds_dtype):
+    """Seconds per grid of real frame rates, where frame * scale truncates differently in float32
+    than in float64 for some frames: each video's temporal ids are rounded in the dtype numpy
+    (and torch) multiply in."""
+    family = FAMILIES[name]
+    seconds = [2 / fps for fps in range(1, 61)] + [0.7, 0.35, 1.3, 0.9, 2.2]  # two frames a grid
+    frames = 16
+    scale = family.tokens_per_second * np.array(seconds, dtype=np.float32)
+    ids_32 = (np.arange(frames, dtype=np.float32)[:, None] * scale).astype(np.int64)
+    ids_64 = (np.arange(frames, dtype=np.float64)[:, None] * scale.astype(np.float64)).astype(np.int64)
+    if family.temporal_rule == "scaled":  # (whole seconds: a float64 scale, or int64 for a whole rate)
+        assert (ids_32 != ids_64).any(), "no scale here tells float32 from float64"
+    row = [11] + [VIDEO] * (frames * 4) + [12]
+    ids = torch.tensor([row] * len(seconds))
+    inputs = {"video_grid_thw": torch.tensor([[frames, 4, 4]] * len(seconds)),
+              "second_per_grid_ts": torch.tensor(seconds, dtype=seconds_dtype)}
+    assert_both_paths_agree(family, ids, None, inputs, f"{seconds_dtype} seconds")

@@ -12,7 +12,10 @@ On the CPU those passes are compiled loops (``mmrope_core._native``) that read o
 token once, the positions written from the runs themselves; on other devices, torch operations
 over the batch, each row of positions the cumsum of a counter row with steps put in where
 positions do not count on. What is per run, per frame or per grid line is a few hundred
-numbers, worked out in numpy, whose small operations cost a fraction of torch's.
+numbers, worked out in numpy, whose small operations cost a fraction of torch's. On a single
+sample even those cost more than the passes over its tokens, so on the CPU the common case (see
+:mod:`._fused`) is one compiled call that reads the ids, finds and matches the runs and writes the
+positions; whatever it does not take goes the step-by-step way.
 """
 
 from ._family import TEMPORAL_RULES, MropeFamily, TemporalRule

@@ -8,6 +8,7 @@ import torch
 
 from ..kernel import RopeKernel
 from ._family import MropeFamily, seconds_per_grid
+from ._fused import FusedPositions
 from ._media import MediaGrids
 from ._positions import check_placeholders, mrope_position_ids, mrope_positions
 
@@ -32,21 +33,40 @@ class MropeKernel(RopeKernel):
         self.family = family
         self.kinds = family.kinds
         self.token_types = family.token_types()
+        # a subclass that reads its inputs its own way takes the step-by-step path
+        own_reading = type(self)._read is MropeKernel._read and type(self).media is MropeKernel.media
+        self._fused = FusedPositions.of(family, self.kinds, self.token_types) if own_reading else None
 
     def __repr__(self) -> str:
         return f"MropeKernel({self.family.name}, temporal rule {self.family.temporal_rule!r})"
 
     def rope_index(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                    cu_seqlens: torch.Tensor | None = None, **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        written = self._written(False, input_ids, attention_mask, cu_seqlens, inputs)
+        if written is not None:
+            return written
         types, media = self._read(input_ids, cu_seqlens, **inputs)
         return mrope_positions(types, _bool(attention_mask), self.kinds, media, cu_seqlens=cu_seqlens,
                                spatial_merge_size=self.family.spatial_merge_size, out_dtype=input_ids.dtype)
 
     def position_ids(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                      cu_seqlens: torch.Tensor | None = None, **inputs: Any) -> torch.Tensor:
+        written = self._written(True, input_ids, attention_mask, cu_seqlens, inputs)
+        if written is not None:
+            return written
         types, media = self._read(input_ids, cu_seqlens, **inputs)
         return mrope_position_ids(types, _bool(attention_mask), self.kinds, media, cu_seqlens=cu_seqlens,
                                   spatial_merge_size=self.family.spatial_merge_size)
+
+    def _written(self, text_row: bool, input_ids: Any, attention_mask: Any, cu_seqlens: Any,
+                 inputs: dict[str, Any]) -> Any:
+        """The positions of the compiled call (see :mod:`._fused`), or None where the
+        step-by-step path is to compute them (or to say why it cannot)."""
+        if self._fused is None or self.token_types is not self._fused.token_types:
+            return None
+        if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
+            return None
+        return self._fused(text_row, input_ids, _bool(attention_mask), cu_seqlens, inputs)
 
     def check(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
               **inputs: Any) -> dict[str, Any]:
