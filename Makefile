@@ -1,17 +1,18 @@
-# Two environments, each built from nothing: the newest supported transformers (.venv) and the
-# oldest (.venv-oldest). Both install mmrope-core, every plugin under mmrope_plugins/ and the
-# third-party example plugin.
+# Three environments, each built from nothing: the newest supported transformers (.venv), the
+# oldest (.venv-oldest), and the trainers' (.venv-trainers: verl 0.9.1, Ray, datasets, on the
+# transformers verl allows). Each installs mmrope-core, every plugin under mmrope_plugins/ and
+# the third-party example plugin.
 PYTHON ?= python3
 PLUGINS := $(patsubst %/pyproject.toml,%,$(wildcard mmrope_plugins/*/pyproject.toml)) examples/third_party_plugin
 EDITABLE := -e . $(addprefix -e ./,$(PLUGINS))
 SOURCES := pyproject.toml mmrope_core/_native.c $(addsuffix /pyproject.toml,$(PLUGINS))
 
-.PHONY: demo test test-newest test-oldest test-without-compiled lint bench clean
+.PHONY: demo test test-newest test-oldest test-without-compiled test-trainers lint bench clean
 
 demo: .venv/.installed
 	.venv/bin/mmrope demo
 
-test: lint test-newest test-without-compiled test-oldest
+test: lint test-newest test-without-compiled test-oldest test-trainers
 
 test-newest: .venv/.installed
 	.venv/bin/python -m pytest -q -p no:cacheprovider
@@ -24,8 +25,12 @@ test-without-compiled: .venv/.installed
 test-oldest: .venv-oldest/.installed
 	.venv-oldest/bin/python -m pytest -q -p no:cacheprovider -m differential
 
+# verl's own agent-loop code, Ray actors, Ray Data and datasets with real engines, and the examples.
+test-trainers: .venv-trainers/.installed
+	.venv-trainers/bin/python -m pytest -q -p no:cacheprovider trainers_tests
+
 lint: .venv/.installed
-	.venv/bin/ruff check mmrope_core mmrope_plugins examples
+	.venv/bin/ruff check mmrope_core mmrope_plugins examples trainers_tests
 	.venv/bin/mypy
 
 bench: .venv/.installed
@@ -45,5 +50,12 @@ bench: .venv/.installed
 	.venv-oldest/bin/pip install -q --no-build-isolation $(EDITABLE)
 	touch $@
 
+.venv-trainers/.installed: requirements/trainers.txt requirements/verl.txt $(SOURCES)
+	$(PYTHON) -m venv .venv-trainers
+	.venv-trainers/bin/pip install -q -r requirements/trainers.txt
+	.venv-trainers/bin/pip install -q --no-deps -r requirements/verl.txt
+	.venv-trainers/bin/pip install -q --no-build-isolation $(EDITABLE)
+	touch $@
+
 clean:
-	rm -rf .venv .venv-oldest
+	rm -rf .venv .venv-oldest .venv-trainers
