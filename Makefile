@@ -27,10 +27,10 @@ test-oldest: .venv-oldest/.installed
 
 # verl's own agent-loop code, Ray actors, Ray Data and datasets with real engines, and the examples.
 test-trainers: .venv-trainers/.installed
-	.venv-trainers/bin/python -m pytest -q -p no:cacheprovider trainers_tests
+	.venv-trainers/bin/python -m pytest -q -p no:cacheprovider tests/trainers
 
 lint: .venv/.installed
-	.venv/bin/ruff check mmrope_core mmrope_plugins examples trainers_tests
+	.venv/bin/ruff check mmrope_core mmrope_plugins examples tests/trainers
 	.venv/bin/mypy
 
 bench: .venv/.installed

@@ -76,6 +76,7 @@ class TokenTypeMap:
                 types = match.mul_(media_type) if media_type != 1 else match
             else:
                 types.add_(match, alpha=media_type)
+        assert types is not None  # self.types is not empty here
         return types.to(torch.int8)
 
     def _on_cpu(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -87,13 +88,13 @@ class TokenTypeMap:
                                 types.numpy(), torch.get_num_threads())
             return types
         ids = input_ids.numpy()  # numpy compares several times faster than torch, each id read once per token
-        types = None
+        found: np.ndarray | None = None
         for token, media_type in self.types.items():
             match = (ids == token).view(np.int8)
             if media_type != 1:
                 match *= media_type
-            types = match if types is None else np.add(types, match, out=types)
-        return torch.from_numpy(types)
+            found = match if found is None else np.add(found, match, out=found)
+        return torch.from_numpy(found)
 
     def __repr__(self) -> str:
         return f"TokenTypeMap({self.types})"

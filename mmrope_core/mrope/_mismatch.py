@@ -70,6 +70,7 @@ def _check_grid(
     found = seg_len[runs]
     paired = min(count, runs.numel())
     if paired:
+        assert expected is not None and grid is not None
         wrong = (found[:paired] != expected[:paired]).nonzero()
         if wrong.numel():
             first = int(wrong[0, 0])

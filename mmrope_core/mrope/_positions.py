@@ -87,7 +87,7 @@ def _in_segments(runs: Runs, shape: tuple[int, int], attention_mask: torch.Tenso
     bounds = cu_seqlens.cpu().numpy() if isinstance(cu_seqlens, torch.Tensor) else np.asarray(cu_seqlens)
     bounds = bounds.astype(np.int64, copy=False)
     covers = bounds.ndim == 1 and bounds.size >= 2 and bounds[0] == 0 and bounds[-1] == shape[1]
-    count = bounds[1:] - bounds[:-1] if covers else None
+    count = bounds[1:] - bounds[:-1] if covers else np.zeros(1, dtype=np.int64)
     if not covers or count.min() <= 0:
         raise InvalidInputError(f"cu_seqlens must increase from 0 to the row length {shape[1]}, got {bounds.tolist()}")
     first = bounds[:-1]
@@ -123,6 +123,7 @@ def check_placeholders(
     token_types = _small_int(token_types)
     runs, spans = scan(_coded(token_types, attention_mask))
     if spans is None:
+        assert attention_mask is not None  # padding inside a sample needs a mask
         token_types, attention_mask, _ = _compact(token_types, attention_mask)
         runs, _ = scan(_coded(token_types, attention_mask))
     for _ in match(runs, kinds, grids, spatial_merge_size):

@@ -13,7 +13,7 @@ from ..errors import InvalidInputError
 from ..kernel import RopeKernel
 from ..reference import kernels_agree, probe_once
 from ..types import RopeBinding
-from ._family import TEMPORAL_RULES, MropeFamily
+from ._family import TEMPORAL_RULES, MropeFamily, TemporalRule
 from ._kernel import MropeKernel
 
 
@@ -28,9 +28,10 @@ def fast_kernel(family: MropeFamily, reference: RopeKernel) -> MropeKernel | Non
         reference = ReferenceKernel(Qwen2VLModel, config, token_types=family.token_types())
         kernel = fast_kernel(family, reference) or reference
     """
-    rules = list(dict.fromkeys((family.temporal_rule, *TEMPORAL_RULES))) if family.tokens_per_second else ["scaled"]
+    rules: list[TemporalRule] = (list(dict.fromkeys((family.temporal_rule, *TEMPORAL_RULES)))  # type: ignore[arg-type]
+                                 if family.tokens_per_second else ["scaled"])
 
-    def probe() -> str | None:
+    def probe() -> TemporalRule | None:
         batches = list(probe_batches(family))
         for rule in rules:
             if kernels_agree(MropeKernel(dataclasses.replace(family, temporal_rule=rule)), reference, batches):
@@ -39,7 +40,7 @@ def fast_kernel(family: MropeFamily, reference: RopeKernel) -> MropeKernel | Non
 
     key = ("mrope", dataclasses.replace(family, temporal_rule="scaled"), getattr(reference, "probe_key", type(reference)))
     rule = probe_once(key, probe, fast=f"the batched {family.name} kernel")
-    return None if rule is None else MropeKernel(dataclasses.replace(family, temporal_rule=rule))
+    return None if rule is None else MropeKernel(dataclasses.replace(family, temporal_rule=rule))  # type: ignore[arg-type]
 
 
 def probe_batches(family: MropeFamily) -> Iterator[dict[str, Any]]:

@@ -114,6 +114,7 @@ def grids_of_runs(runs: Runs, kinds: Sequence[MediaKind], grids: Mapping[int, Me
         if (counts[kind.type_id] if kind.type_id < len(counts) else 0) != number:
             return None
         if number:
+            assert media is not None and grid_thw is not None
             if grid_thw.dim() != 2 or grid_thw.shape[1] != 3:
                 return None
             given.append((numpy(grid_thw), media.temporal_scale))
@@ -124,7 +125,8 @@ def grids_of_runs(runs: Runs, kinds: Sequence[MediaKind], grids: Mapping[int, Me
     grid = (np.concatenate([grid for grid, _ in given]) if len(given) > 1 else given[0][0]).astype(np.int64)
     tokens = grid[:, 0] * grid[:, 1] * grid[:, 2]  # (faster than prod over three columns)
     if len(given) == 1:
-        run_grid, found, kind_runs = grid, runs.length, [slice(None)]
+        run_grid, found = grid, runs.length
+        kind_runs: list[np.ndarray | slice] = [slice(None)]
     else:  # grids are listed kind by kind; runs come in reading order
         order = runs.type.argsort(kind="stable")
         found = runs.length[order]

@@ -59,7 +59,7 @@ def write(code: torch.Tensor, mask: torch.Tensor | None, runs: Runs, spans: Span
     CPU they are written from the runs (:func:`written_from_runs`), on other devices by torch
     passes over the batch (:func:`counted_on`)."""
     if code.device.type == "cpu" and native is not None:
-        return written_from_runs(runs, spans, grid, scaled, merge, code.shape, text_row=text_row)
+        return written_from_runs(runs, spans, grid, scaled, merge, (code.shape[0], code.shape[1]), text_row=text_row)
     return counted_on(code, mask, runs, spans, grid, scaled, merge, text_row=text_row)
 
 
@@ -71,6 +71,7 @@ def written_from_runs(runs: Runs, spans: Spans, grid: np.ndarray, scaled, merge:
     frames = np.ascontiguousarray(grid[:, 0])
     out = torch.empty((batch, 4, length) if text_row else (3, batch, length), dtype=torch.int64)
     deltas = None if text_row else np.empty(spans.count.size, dtype=np.int64)
+    assert native is not None  # write() takes counted_on without it
     native.positions(out.numpy(), batch, length, text_row, spans.first, spans.count, runs.start, runs.length,
                       runs.row, grid[:, 1] // merge, grid[:, 2] // merge, frames, _temporal_ids(frames, scaled),
                       deltas, torch.get_num_threads())

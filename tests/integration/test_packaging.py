@@ -50,12 +50,13 @@ def test_every_sdist_carries_its_licence_and_its_own_tests(built, name):
     assert "LICENSE" in names
     tests = {path for path in names if path.startswith("tests/") and path.endswith(".py")}
     assert tests == {str(path.relative_to(DISTRIBUTIONS[name])) for path in (DISTRIBUTIONS[name] / "tests").rglob("*.py")
-                     if "integration" not in path.parts}
+                     if "integration" not in path.parts and "trainers" not in path.parts}
 
 
 def test_the_core_sdist_ships_no_plugin_or_integration_tests(built):
     names = sdist_names(built, "mmrope_core")
-    assert not any(path.startswith(("mmrope_plugins/", "examples/", "tests/integration")) for path in names)
+    assert not any(path.startswith(("mmrope_plugins/", "examples/", "tests/integration", "tests/trainers"))
+                   for path in names)
     assert "mmrope_core/_native.c" in names  # an sdist must build the extension
 
 
