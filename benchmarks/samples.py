@@ -4,15 +4,12 @@ with the keyword arguments of the family's ``get_rope_index``."""
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from mmrope_qwen_vl.families import family_of as vl_family_of
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 
 def batch_with_media(processor, rows, length, grids, right_pad=0, seconds=1.25):
@@ -74,8 +71,8 @@ def vl_token_ids(processor) -> dict[str, int]:
 
 
 def vl_random_sample(processor, rng: random.Random) -> dict[str, Any]:
-    """One generated sample (tests/qwen_vl_inputs.py): up to 8 images and 2 videos of up to 16 frames."""
-    from qwen_vl_inputs import random_batch
+    """One generated sample (``mmrope_qwen_vl.samples``): up to 8 images and 2 videos of up to 16 frames."""
+    from mmrope_qwen_vl.samples import random_batch
 
     return random_batch(processor, rng, max_batch=1)
 

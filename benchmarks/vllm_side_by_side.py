@@ -7,7 +7,7 @@ A developer tool, not run by CI. It needs the unzipped wheel (vLLM is never inst
     python -m zipfile -e /work/anchors/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl /work/anchors/vllm-0.33.0
     python benchmarks/vllm_side_by_side.py [--source DIR (or VLLM_SOURCE)] [--samples 240] [--repeat 3]
 
-(a) For each family, ``--samples`` generated single samples (Qwen-VL: tests/qwen_vl_inputs.py; Omni:
+(a) For each family, ``--samples`` generated single samples (Qwen-VL: mmrope_qwen_vl.samples; Omni:
 ``mmrope_qwen3_omni.probe.random_batch``, every other one with audio in video; vLLM accepts no
 separate audio then, so such samples are drawn again). Prints how many samples vLLM's positions
 and deltas equal the reference's, and, for the others, where the first difference is (the token
