@@ -27,6 +27,8 @@ import random
 
 import torch
 
+from mmrope_core import MmropeError
+
 from samples import Omni, batch_with_media, omni_batch, omni_processor_outputs, vl_random_sample, vl_token_ids
 from timing import engine, environment, timed
 from vllm_anchor import Anchor, Sample, Tokens
@@ -84,13 +86,18 @@ class Side:
         plugin = "qwen3_omni" if self.omni else "qwen_vl"
         self.fast = engine(processor, config, plugin)
         self.reference = engine(processor, config, plugin, implementation="reference")
+        try:
+            self.convention = engine(processor, config, plugin, convention="vllm")
+        except MmropeError as exc:  # a family without a vLLM convention
+            print(f"{name}: no vllm convention ({exc})")
+            self.convention = None
         self.model = anchor.model(name, config, self.tokens)
 
     # -- (a) equality -----------------------------------------------------------------------------
 
     def compare(self, count: int) -> None:
         rng = random.Random(f"vllm side by side {self.name}")
-        equal = fast_equal = fast_vllm = deltas_equal = redrawn = with_video = 0
+        equal = fast_equal = fast_vllm = deltas_equal = redrawn = with_video = convention_equal = 0
         kinds: dict[str, list] = collections.defaultdict(list)
         for index in range(count):
             if self.omni:
@@ -110,6 +117,9 @@ class Side:
             positions = positions.double()
             deltas_equal += float(want_delta[0, 0]) == delta
             fast_vllm += torch.equal(got[:, 0].double(), positions)
+            if self.convention is not None:
+                ours, ours_delta = self.convention.get_rope_index(ids, mask, **kwargs)
+                convention_equal += torch.equal(ours[:, 0].double(), positions) and float(ours_delta[0, 0]) == delta
             if torch.equal(positions, want):
                 equal += 1
                 continue
@@ -119,7 +129,9 @@ class Side:
         note = f"; {redrawn} audio-in-video samples drawn again (separate audio)" if redrawn else ""
         print(f"{self.name}: vLLM equals the reference in {equal}/{count} samples ({with_video} hold videos; "
               f"deltas {deltas_equal}/{count}); "
-              f"mmrope fast equals the reference in {fast_equal}/{count}, vLLM in {fast_vllm}/{count}{note}")
+              f"mmrope fast equals the reference in {fast_equal}/{count}, vLLM in {fast_vllm}/{count}; "
+              f"mmrope convention='vllm' equals vLLM (positions and delta) in "
+              f"{convention_equal if self.convention is not None else '-'}/{count}{note}")
         for kind, shifts in sorted(kinds.items(), key=lambda item: -len(item[1])):
             print(f"    first difference at {kind}: {len(shifts)} samples, vLLM shifted by {_shifts(shifts)}")
 

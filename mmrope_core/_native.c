@@ -105,7 +105,8 @@ acquire_reading(const char *name, PyObject *input_obj, Py_ssize_t itemsize, PyOb
 
 /* Positions written from the runs themselves: each sample's tokens in order, text counting on
  * from where the previous run left off, a media run on its (t, h, w) grid from its start, the
- * text after it `max(h, w)` past that start (merged grid lines). No counters, no steps. */
+ * text after it `max(h, w)` past that start (merged grid lines), or with `past_frames` (vLLM's
+ * rule) past its last frame's temporal id too. No counters, no steps. */
 typedef struct {
     const int64_t *first, *count;  /* samples: flat index of the first token, number of tokens */
     Py_ssize_t samples;
@@ -115,16 +116,23 @@ typedef struct {
     int64_t *position;  /* each run's first position */
     int64_t *frame_start;  /* where each run's temporal ids begin in `temporal` */
     Py_ssize_t *first_run;  /* the runs of sample s: first_run[s] to first_run[s + 1] */
+    int past_frames;  /* text after a run resumes past its largest position on any axis */
 } Layout;
 
 enum { TEXT_ROW, T_ROW, H_ROW, W_ROW };
 
-/* Where the text after run r goes on: `max(h, w)` past the run's first position. */
+/* Where the text after run r goes on: `max(h, w)` past the run's first position; with
+ * `past_frames`, at least one past its last frame's temporal id. */
 static int64_t
 after_run(const Layout *layout, Py_ssize_t r)
 {
     const int64_t height = layout->height[r], width = layout->width[r];
-    return layout->position[r] + (height > width ? height : width);
+    int64_t extent = height > width ? height : width;
+    if (layout->past_frames) {
+        const int64_t last = layout->temporal[layout->frame_start[r] + layout->frames[r] - 1] + 1;
+        extent = last > extent ? last : extent;
+    }
+    return layout->position[r] + extent;
 }
 
 VECTOR_CLONES static void
@@ -283,10 +291,10 @@ positions(PyObject *module, PyObject *args)
 {
     PyObject *out_obj, *deltas_obj, *objects[9];
     Py_ssize_t batch, length;
-    int text_row, threads;
-    if (!PyArg_ParseTuple(args, "OnnpOOOOOOOOOOi:positions", &out_obj, &batch, &length, &text_row, &objects[0],
+    int text_row, threads, past_frames = 0;
+    if (!PyArg_ParseTuple(args, "OnnpOOOOOOOOOOi|p:positions", &out_obj, &batch, &length, &text_row, &objects[0],
                           &objects[1], &objects[2], &objects[3], &objects[4], &objects[5], &objects[6], &objects[7],
-                          &objects[8], &deltas_obj, &threads))
+                          &objects[8], &deltas_obj, &threads, &past_frames))
         return NULL;
     static const char *names[9] = {"first", "count", "start", "length", "sample", "height", "width", "frames", "temporal"};
     Py_buffer views[9], out, deltas = {0};
@@ -319,7 +327,7 @@ positions(PyObject *module, PyObject *args)
         goto release_outputs;
     }
     Layout layout = {views[0].buf, views[1].buf, samples, views[2].buf, views[3].buf, views[5].buf,
-                     views[6].buf, views[7].buf, views[8].buf, scratch, scratch + runs, first_run};
+                     views[6].buf, views[7].buf, views[8].buf, scratch, scratch + runs, first_run, past_frames};
     if (lay_out(&layout, runs, views[4].buf, views[8].len / 8, batch, length,
                 deltas_obj == Py_None ? NULL : deltas.buf) < 0)
         goto release_outputs;
@@ -1587,7 +1595,8 @@ typedef struct {
 typedef struct {
     const void *seconds;  /* float32 or float64 per video by `seconds_size`; NULL: 1 (int64) each */
     Py_ssize_t seconds_size;
-    int whole_seconds;
+    int whole_seconds, in_float64;  /* the temporal rule: seconds truncated first, or in float64 */
+    int past_frames;  /* text after a run resumes past its last frame too */
     int given, per_second_is_int;  /* tokens per second given, as a Python int */
     double per_second;
     int64_t per_second_int;
@@ -1615,7 +1624,7 @@ fused_scale(const FusedTiming *t, Py_ssize_t video, FusedScale *scale)
         }
         return 0;
     }
-    if (t->seconds_size == 4) {  /* float32 seconds stay float32: tokens_per_second becomes float32 */
+    if (t->seconds_size == 4 && !t->in_float64) {  /* float32 seconds stay float32, tokens_per_second too */
         const float s = ((const float *)t->seconds)[video];
         if (!(s >= 0 && s < INFINITY))
             return -1;
@@ -1623,7 +1632,8 @@ fused_scale(const FusedTiming *t, Py_ssize_t video, FusedScale *scale)
         scale->f32 = (float)t->per_second * s;
         return 0;
     }
-    const double s = ((const double *)t->seconds)[video];
+    const double s = t->seconds_size == 4 ? (double)((const float *)t->seconds)[video]
+                                          : ((const double *)t->seconds)[video];
     if (!(s >= 0 && s < INFINITY))
         return -1;
     scale->dtype = SCALE_F64;
@@ -1738,17 +1748,22 @@ fused_match(const FusedRuns *runs, const FusedKind *kinds, Py_ssize_t kind_count
     return FUSED_WRITTEN;
 }
 
-/* The constants of a kernel: (tokens, types, markers, merge, kinds, per_second, whole_seconds). */
+/* The constants of a kernel: (tokens, types, markers, merge, kinds, per_second, rule, past_frames), the
+ * rule 0 (scaled), 1 (whole seconds) or 2 (in float64). */
 static int
 fused_spec(PyObject *spec, FusedRead *read, int64_t *merge, FusedKind *kinds, Py_ssize_t *kind_count,
            FusedTiming *timing)
 {
     PyObject *tokens, *types, *markers, *kind_specs, *per_second;
     long long merge_value;
-    int whole_seconds;
-    if (!PyArg_ParseTuple(spec, "O!O!OLO!Op:mrope_fused spec", &PyTuple_Type, &tokens, &PyTuple_Type, &types,
-                          &markers, &merge_value, &PyTuple_Type, &kind_specs, &per_second, &whole_seconds))
+    int rule, past_frames;
+    if (!PyArg_ParseTuple(spec, "O!O!OLO!Oip:mrope_fused spec", &PyTuple_Type, &tokens, &PyTuple_Type, &types,
+                          &markers, &merge_value, &PyTuple_Type, &kind_specs, &per_second, &rule, &past_frames))
         return -1;
+    if (rule < 0 || rule > 2) {
+        PyErr_SetString(PyExc_ValueError, "mrope_fused: the temporal rule is 0, 1 or 2");
+        return -1;
+    }
     *merge = merge_value;
     read->tokens = PyTuple_GET_SIZE(tokens);
     *kind_count = PyTuple_GET_SIZE(kind_specs);
@@ -1774,7 +1789,9 @@ fused_spec(PyObject *spec, FusedRead *read, int64_t *merge, FusedKind *kinds, Py
             (kinds[k].type < 1 || kinds[k].type > 127 || (kinds[k].timed && kinds[k].per_frame)))
             PyErr_SetString(PyExc_ValueError, "mrope_fused: kinds are types 1 to 127, timed or per frame");
     }
-    timing->whole_seconds = whole_seconds;
+    timing->whole_seconds = rule == 1;
+    timing->in_float64 = rule == 2;
+    timing->past_frames = past_frames;
     timing->per_second_is_int = PyLong_CheckExact(per_second);
     timing->given = per_second != Py_None;
     if (timing->per_second_is_int && !PyErr_Occurred()) {
@@ -1798,7 +1815,7 @@ PyDoc_STRVAR(mrope_fused_doc,
 "each sample's largest position + 1 - its tokens into `deltas` (int64 (S,), or None).\n"
 "`ids`: (B, L) integers of `itemsize` bytes (8 or 4); `mask`: bool (B, L) or None; `bounds`:\n"
 "None, or int64 (K + 1,) segment boundaries of one packed row (then the samples are its\n"
-"segments). `spec`: (tokens, types, markers, merge, kinds, tokens_per_second, whole_seconds):\n"
+"segments). `spec`: (tokens, types, markers, merge, kinds, tokens_per_second, rule, past_frames):\n"
 "token ids and their media types, or markers (image, video begin, video end) for video frames\n"
 "that are image tokens between markers; kinds ((type, per_frame, timed), ...) with `grids`, one\n"
 "int64 (N, 3) array or None each; `seconds` (float32 or float64 per video of the timed kind, or\n"
@@ -1960,7 +1977,7 @@ mrope_fused(PyObject *module, PyObject *args)
         goto release;
     }
     Layout layout = {read.first, read.count, samples, joined.start, joined.length, matched.height, matched.width,
-                     matched.frames, matched.temporal, scratch, scratch + joined.size, first_run};
+                     matched.frames, matched.temporal, scratch, scratch + joined.size, first_run, timing.past_frames};
     if (lay_out(&layout, joined.size, joined.sample, matched.frames_total, batch, length,
                 held[V_DELTAS] ? views[V_DELTAS].buf : NULL) < 0)
         goto release;

@@ -14,6 +14,7 @@ import torch
 from . import _guard
 from .collate import batch_processor_outputs
 from .collate import collate as _collate
+from .conventions import KNOWN, convention
 from .errors import (
     InvalidInputError,
     PluginConflictError,
@@ -69,8 +70,10 @@ class RopeEngine:
         """
         plugins = plugin_manager or get_plugin_manager()
         if processor is None:
-            EngineOptions(options).refuse_unread("a text-only engine (processor=None)")
-            return cls(None, config, _TEXT_ONLY, plugins=plugins)
+            read = EngineOptions(options)
+            convention(read, "a text-only model", KNOWN)  # 1-D positions are every convention's
+            read.refuse_unread("a text-only engine (processor=None)")
+            return cls(None, config, _TEXT_ONLY, plugins=plugins, options=options)
         plugin, binding = _bind(plugins, processor, config, EngineOptions(options))
         policy = STRICT
         for info, result in plugins.results("validate_inputs_policy", processor=processor):

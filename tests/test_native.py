@@ -44,11 +44,14 @@ def matched_runs(types, mask, grids, cu_seqlens=None):
     return code, mask, runs, spans, grids_of_runs(runs, KINDS, grids, 2)
 
 
-def both_ways(code, mask, runs, spans, matched, text_row):
+def both_ways(code, mask, runs, spans, matched, text_row, resume_past_frames=False):
     """Positions and deltas written from the runs (the CPU's way), and counted on in torch passes
-    (other devices' way, run here on the CPU)."""
-    written = written_from_runs(runs, spans, matched.grid, matched.scaled, 2, code.shape, text_row=text_row)
-    counted = counted_on(code, mask, runs, spans, matched.grid, matched.scaled, 2, text_row=text_row)
+    (other devices' way, run here on the CPU); text after a run resumes past its frames too with
+    ``resume_past_frames`` (vLLM's rule)."""
+    written = written_from_runs(runs, spans, matched.grid, matched.scaled, 2, code.shape, text_row=text_row,
+                                resume_past_frames=resume_past_frames)
+    counted = counted_on(code, mask, runs, spans, matched.grid, matched.scaled, 2, text_row=text_row,
+                         resume_past_frames=resume_past_frames)
     return written, counted
 
 
@@ -58,23 +61,26 @@ def assert_same(written, counted, where):
     assert (deltas is None and expected_deltas is None) or torch.equal(deltas, expected_deltas), where
 
 
+@pytest.mark.parametrize("resume_past_frames", [False, True])
 @pytest.mark.parametrize("text_row", [False, True])
 @pytest.mark.parametrize("mask_style", ["padded", "none", "holes"])
-def test_positions_written_from_runs_equal_the_torch_passes(mask_style, text_row):
+def test_positions_written_from_runs_equal_the_torch_passes(mask_style, text_row, resume_past_frames):
     rng = random.Random(f"native rows {mask_style} {text_row}")
     for index in range(150):
         types, mask, grids = generated(rng, mask_style)
-        assert_same(*both_ways(*matched_runs(types, mask, grids), text_row), f"batch {index}")
+        assert_same(*both_ways(*matched_runs(types, mask, grids), text_row, resume_past_frames), f"batch {index}")
 
 
+@pytest.mark.parametrize("resume_past_frames", [False, True])
 @pytest.mark.parametrize("text_row", [False, True])
-def test_packed_positions_written_from_runs_equal_the_torch_passes(text_row):
+def test_packed_positions_written_from_runs_equal_the_torch_passes(text_row, resume_past_frames):
     rng = random.Random(f"native packed {text_row}")
     for index in range(150):
         segments, grids = random_packed_row(rng, rng.randint(1, 6))
         row = torch.tensor([[t for segment in segments for t in segment]], dtype=torch.int8)
         cu_seqlens = torch.tensor([0, *map(len, segments)]).cumsum(0)
-        assert_same(*both_ways(*matched_runs(row, None, media(*grids), cu_seqlens), text_row), f"row {index}")
+        assert_same(*both_ways(*matched_runs(row, None, media(*grids), cu_seqlens), text_row, resume_past_frames),
+                    f"row {index}")
 
 
 def long_batch(rows, length):
@@ -311,6 +317,12 @@ FAMILIES = {
     "qwen3": MropeFamily("Qwen3-VL", 2, IMAGE, VIDEO, per_frame_video=True),
     "glm": MropeFamily("GLM-4V", 2, IMAGE, per_frame_video=True, video_markers=(BEGIN, END)),
     "images only": MropeFamily("PaddleOCR-VL", 2, IMAGE),
+    # vLLM's rules: text resumes past a video's last frame; temporal ids in float64
+    "qwen2 vllm": MropeFamily("Qwen2-VL", 2, IMAGE, VIDEO, resume_past_frames=True),
+    "qwen2.5 vllm": MropeFamily("Qwen2.5-VL", 2, IMAGE, VIDEO, tokens_per_second=2.0, temporal_rule="float64",
+                                resume_past_frames=True),
+    "qwen2.5 vllm odd rate": MropeFamily("Qwen2.5-VL", 2, IMAGE, VIDEO, tokens_per_second=1.3,
+                                         temporal_rule="float64", resume_past_frames=True),
 }
 
 

@@ -13,13 +13,18 @@ from ._media import MarkedVideoTypes, MediaKind, TokenTypeMap
 
 #: How ``tokens_per_second * second_per_grid_ts`` becomes a video's temporal scale:
 #: ``scaled`` multiplies as given (transformers >= 5.11), ``whole_seconds`` truncates the seconds
-#: first (transformers 5.10). ``seconds`` is a tensor, or a numpy array of the tensor's dtype.
-TemporalRule = Literal["scaled", "whole_seconds"]
+#: first (transformers 5.10), ``float64`` multiplies in float64 whatever the seconds' dtype (vLLM).
+#: ``seconds`` is a tensor, or a numpy array of the tensor's dtype.
+TemporalRule = Literal["scaled", "whole_seconds", "float64"]
 TEMPORAL_RULES: dict[str, Callable[[Any, Any], Any]] = {
     "scaled": lambda tps, seconds: tps * seconds,
     "whole_seconds": lambda tps, seconds: tps * (seconds.astype(np.int64) if isinstance(seconds, np.ndarray)
                                                  else seconds.long()),
+    "float64": lambda tps, seconds: float(tps) * (seconds.astype(np.float64) if isinstance(seconds, np.ndarray)
+                                                  else seconds.double()),
 }
+#: The rules a transformers release may follow (the probe tries these).
+TRANSFORMERS_RULES: tuple[TemporalRule, ...] = ("scaled", "whole_seconds")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +47,9 @@ class MropeFamily:
             processor writes a timestamp between frames), each taking a ``(1, h, w)`` grid.
         video_markers: ``(begin, end)`` token ids for families whose video frames reuse the
             image token between begin- and end-of-video markers (GLM-4V).
+        resume_past_frames: the text after a run resumes past its last frame's temporal id too,
+            where that is further than ``max(h, w)`` (vLLM's rule; transformers resumes at
+            ``max(h, w)`` past the run's start).
     """
 
     name: str
@@ -54,6 +62,7 @@ class MropeFamily:
     temporal_rule: TemporalRule = "scaled"
     per_frame_video: bool = False
     video_markers: tuple[int, int] | None = None
+    resume_past_frames: bool = False
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):

@@ -24,6 +24,7 @@ WRITTEN, MISMATCH, PADDING_INSIDE, UNUSUAL = range(4)
 
 _IDS = (torch.int64, torch.int32)
 _SECONDS = (torch.float32, torch.float64)
+_RULE_CODES = {"scaled": 0, "whole_seconds": 1, "float64": 2}  # the compiled call's
 
 
 class FusedPositions:
@@ -122,4 +123,4 @@ def _spec(family: MropeFamily, kinds: tuple[MediaKind, ...], token_types: Any) -
         if family.per_frame_video and per_second is not None:
             return None  # the step-by-step path decides what such a family means
     return (tokens, types, markers, family.spatial_merge_size, tuple(kind_specs), per_second,
-            family.temporal_rule == "whole_seconds")
+            _RULE_CODES[family.temporal_rule], family.resume_past_frames)

@@ -47,6 +47,7 @@ class MropeKernel(RopeKernel):
             return written
         types, media = self._read(input_ids, cu_seqlens, **inputs)
         return mrope_positions(types, _bool(attention_mask), self.kinds, media, cu_seqlens=cu_seqlens,
+                               resume_past_frames=self.family.resume_past_frames,
                                spatial_merge_size=self.family.spatial_merge_size, out_dtype=input_ids.dtype)
 
     def position_ids(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
@@ -56,6 +57,7 @@ class MropeKernel(RopeKernel):
             return written
         types, media = self._read(input_ids, cu_seqlens, **inputs)
         return mrope_position_ids(types, _bool(attention_mask), self.kinds, media, cu_seqlens=cu_seqlens,
+                                  resume_past_frames=self.family.resume_past_frames,
                                   spatial_merge_size=self.family.spatial_merge_size)
 
     def _written(self, text_row: bool, input_ids: Any, attention_mask: Any, cu_seqlens: Any,

@@ -24,6 +24,7 @@ def mrope_positions(
     spatial_merge_size: int,
     out_dtype: torch.dtype = torch.int64,
     cu_seqlens: torch.Tensor | np.ndarray | None = None,
+    resume_past_frames: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Positions ``(3, B, L)`` (0 at padding) and deltas ``(B, 1)`` (``max + 1 - valid length``),
     as a family's ``get_rope_index`` returns them.
@@ -33,9 +34,11 @@ def mrope_positions(
     positions restart at 0 in every segment, deltas are ``(K, 1)``, and sample k in errors is
     segment k. Raises :class:`~mmrope_core.PlaceholderMismatchError` naming the sample when
     placeholder runs and grids disagree in number or size, or a run crosses a segment boundary.
+    With ``resume_past_frames`` (vLLM's rule), the text after a run resumes past its last
+    frame's temporal id too, where that is further than ``max(h, w)``.
     """
     positions, deltas = _computed(token_types, attention_mask, kinds, grids, spatial_merge_size, text_row=False,
-                                cu_seqlens=cu_seqlens)
+                                  cu_seqlens=cu_seqlens, resume_past_frames=resume_past_frames)
     return (positions if positions.dtype == out_dtype else positions.to(out_dtype)), deltas
 
 
@@ -47,6 +50,7 @@ def mrope_position_ids(
     *,
     spatial_merge_size: int,
     cu_seqlens: torch.Tensor | np.ndarray | None = None,
+    resume_past_frames: bool = False,
 ) -> torch.Tensor:
     """The ``(B, 4, L)`` int64 layout of ``RopeEngine.compute_position_ids`` in one pass: row 0
     counts each sample's valid tokens from 0 (1 at padding), rows 1 to 3 are the positions
@@ -54,11 +58,11 @@ def mrope_position_ids(
     in :func:`mrope_positions`, for its ``packed_position_ids`` (every row restarts at 0 in
     every segment)."""
     positions, _ = _computed(token_types, attention_mask, kinds, grids, spatial_merge_size, text_row=True,
-                           cu_seqlens=cu_seqlens)
+                             cu_seqlens=cu_seqlens, resume_past_frames=resume_past_frames)
     return positions
 
 
-def _computed(token_types, attention_mask, kinds, grids, merge, *, text_row, cu_seqlens=None):
+def _computed(token_types, attention_mask, kinds, grids, merge, *, text_row, cu_seqlens=None, resume_past_frames=False):
     token_types = _small_int(token_types)
     code = _coded(token_types, attention_mask)
     runs, spans = scan(code, padded=attention_mask is not None)
@@ -66,13 +70,14 @@ def _computed(token_types, attention_mask, kinds, grids, merge, *, text_row, cu_
     if cu_seqlens is not None:
         runs, spans, cut = _in_segments(runs, code.shape, attention_mask, cu_seqlens)
     if spans is None:  # padding inside a sample
-        return _compacted(token_types, attention_mask, kinds, grids, merge, text_row)
+        return _compacted(token_types, attention_mask, kinds, grids, merge, text_row, resume_past_frames)
     matched = grids_of_runs(runs, kinds, grids, merge)
     if matched is None:
         if cut is not None:  # a run split at a boundary, whose parts do not fit the grids: an item cut in two
             raise SegmentCutError(*cut)
         explain(runs, kinds, grids, merge)
-    return write(code, attention_mask, runs, spans, matched.grid, matched.scaled, merge, text_row=text_row)
+    return write(code, attention_mask, runs, spans, matched.grid, matched.scaled, merge, text_row=text_row,
+                 resume_past_frames=resume_past_frames)
 
 
 def _in_segments(runs: Runs, shape: tuple[int, int], attention_mask: torch.Tensor | None,
@@ -168,10 +173,12 @@ def _compact(token_types: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tenso
     return token_types.gather(1, order), compact_mask, order
 
 
-def _compacted(token_types, mask, kinds, grids, merge, text_row) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _compacted(token_types, mask, kinds, grids, merge, text_row,
+               resume_past_frames=False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Positions for masks with padding inside a sample: computed with each sample's valid tokens
     moved to the front, then put back."""
     compact_types, compact_mask, order = _compact(token_types, mask)
-    compact, deltas = _computed(compact_types, compact_mask, kinds, grids, merge, text_row=text_row)
+    compact, deltas = _computed(compact_types, compact_mask, kinds, grids, merge, text_row=text_row,
+                                resume_past_frames=resume_past_frames)
     order = order.unsqueeze(1 if text_row else 0).expand_as(compact)
     return torch.zeros_like(compact).scatter_(2, order, compact), deltas

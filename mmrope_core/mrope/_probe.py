@@ -4,16 +4,17 @@ small batches covering text, images, videos with fractional seconds and both pad
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 import torch
 
-from ..errors import InvalidInputError
+from ..conventions import TRANSFORMERS, VLLM_0_33, convention, described
+from ..errors import InvalidInputError, UnknownConventionError
 from ..kernel import RopeKernel
 from ..reference import kernels_agree, probe_once
 from ..types import RopeBinding
-from ._family import TEMPORAL_RULES, MropeFamily, TemporalRule
+from ._family import TRANSFORMERS_RULES, MropeFamily, TemporalRule
 from ._kernel import MropeKernel
 
 
@@ -28,7 +29,7 @@ def fast_kernel(family: MropeFamily, reference: RopeKernel) -> MropeKernel | Non
         reference = ReferenceKernel(Qwen2VLModel, config, token_types=family.token_types())
         kernel = fast_kernel(family, reference) or reference
     """
-    rules: list[TemporalRule] = (list(dict.fromkeys((family.temporal_rule, *TEMPORAL_RULES)))  # type: ignore[arg-type]
+    rules: list[TemporalRule] = (list(dict.fromkeys((family.temporal_rule, *TRANSFORMERS_RULES)))
                                  if family.tokens_per_second else ["scaled"])
 
     def probe() -> TemporalRule | None:
@@ -81,10 +82,16 @@ def probe_batches(family: MropeFamily) -> Iterator[dict[str, Any]]:
 IMPLEMENTATIONS = ("fast", "reference")
 
 
-def bind_mrope(family: MropeFamily, reference: RopeKernel, options: Mapping[str, Any]) -> RopeBinding:
+def bind_mrope(family: MropeFamily, reference: RopeKernel, options: Mapping[str, Any],
+               conventions: Collection[str] = (TRANSFORMERS,)) -> RopeBinding:
     """The binding of a Qwen-style family, for ``bind_rope_index``: the batched kernel, or the
     ``reference`` kernel where ``options`` ask for ``implementation="reference"`` or where the
     batched kernel does not reproduce the installed transformers (see :func:`fast_kernel`).
+
+    ``conventions`` are the position conventions the family offers (``options["convention"]``
+    chooses; see :mod:`mmrope_core.conventions`). Under ``vllm-0.33`` the batched kernel follows
+    vLLM 0.33's rules for the Qwen-VL families (text resumes past a video's last frame, temporal
+    ids in float64); no reference computes them, so ``implementation`` must be ``"fast"``.
 
     Example::
 
@@ -93,10 +100,20 @@ def bind_mrope(family: MropeFamily, reference: RopeKernel, options: Mapping[str,
                                     check=MropeKernel(family).check)
         return bind_mrope(family, reference, options)
     """
+    chosen = convention(options, family.name, conventions)
     implementation = options.get("implementation", "fast")
     if implementation not in IMPLEMENTATIONS:
         raise InvalidInputError(f"implementation={implementation!r} is not an implementation of {family.name}; use "
                                 f"one of {IMPLEMENTATIONS}")
+    if chosen == VLLM_0_33:
+        if implementation == "reference":
+            raise UnknownConventionError(
+                f"implementation='reference' is transformers' own get_rope_index: it has no {chosen} convention; "
+                f"drop implementation= (the batched kernel follows {chosen}) or the convention"
+            )
+        timed = {"temporal_rule": "float64"} if family.tokens_per_second is not None else {}
+        vllm = dataclasses.replace(family, resume_past_frames=True, **timed)  # type: ignore[arg-type]
+        return RopeBinding("mrope", MropeKernel(vllm), "fast", f"{family.name}, batched kernel{described(chosen)}")
     if implementation == "reference":
         return RopeBinding("mrope", reference, "reference", f"{family.name}, transformers reference")
     kernel = fast_kernel(family, reference)

@@ -34,18 +34,21 @@ class RunLayout:
     scaled: list[tuple[np.ndarray | slice, np.ndarray | torch.Tensor]]
 
     @classmethod
-    def of(cls, runs: Runs, grid: np.ndarray, scaled, spans: Spans, merge: int) -> RunLayout:
+    def of(cls, runs: Runs, grid: np.ndarray, scaled, spans: Spans, merge: int,
+           resume_past_frames: bool = False) -> RunLayout:
         frames = grid[:, 0]
         height, width = grid[:, 1] // merge, grid[:, 2] // merge
+        last_frame = frames - 1
+        for kind_runs, scale in scaled:
+            last_frame[kind_runs] = _temporal(last_frame[kind_runs], scale)
         extent = np.maximum(height, width)  # the text after a run continues max(h, w) after its start
+        if resume_past_frames:  # or past its last frame, where that is further (vLLM's rule)
+            extent = np.maximum(extent, last_frame + 1)
         first, last = spans.first[runs.row], spans.last[runs.row]
         gain = extent - runs.length
         gained = np.bincount(runs.row, weights=gain, minlength=spans.count.size).astype(np.int64)
         earlier = np.add.accumulate(gain) - gain - (np.add.accumulate(gained) - gained)[runs.row]
         pos = runs.start - first + earlier
-        last_frame = frames - 1
-        for kind_runs, scale in scaled:
-            last_frame[kind_runs] = _temporal(last_frame[kind_runs], scale)
         end = np.array((last_frame, height - 1, width - 1)) + pos
         largest = pos + np.maximum(last_frame, extent - 1)
         sample_end = spans.count + gained - 1
@@ -53,18 +56,20 @@ class RunLayout:
 
 
 def write(code: torch.Tensor, mask: torch.Tensor | None, runs: Runs, spans: Spans, grid: np.ndarray, scaled,
-          merge: int, *, text_row: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+          merge: int, *, text_row: bool = False, resume_past_frames: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Positions ``(3, B, L)`` and deltas ``(B, 1)``; with ``text_row``, positions ``(B, 4, L)``
     whose row 0 counts each sample's valid tokens from 0 (1 at padding), and no deltas. On the
     CPU they are written from the runs (:func:`written_from_runs`), on other devices by torch
     passes over the batch (:func:`counted_on`)."""
     if code.device.type == "cpu" and native is not None:
-        return written_from_runs(runs, spans, grid, scaled, merge, (code.shape[0], code.shape[1]), text_row=text_row)
-    return counted_on(code, mask, runs, spans, grid, scaled, merge, text_row=text_row)
+        return written_from_runs(runs, spans, grid, scaled, merge, (code.shape[0], code.shape[1]), text_row=text_row,
+                                 resume_past_frames=resume_past_frames)
+    return counted_on(code, mask, runs, spans, grid, scaled, merge, text_row=text_row,
+                      resume_past_frames=resume_past_frames)
 
 
 def written_from_runs(runs: Runs, spans: Spans, grid: np.ndarray, scaled, merge: int, shape: tuple[int, int], *,
-                      text_row: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      text_row: bool = False, resume_past_frames: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`write` on the CPU: a compiled loop writes each sample's tokens in order, text
     counting on, each media run on its grid, once per row of the output."""
     batch, length = shape
@@ -74,7 +79,7 @@ def written_from_runs(runs: Runs, spans: Spans, grid: np.ndarray, scaled, merge:
     assert native is not None  # write() takes counted_on without it
     native.positions(out.numpy(), batch, length, text_row, spans.first, spans.count, runs.start, runs.length,
                       runs.row, grid[:, 1] // merge, grid[:, 2] // merge, frames, _temporal_ids(frames, scaled),
-                      deltas, torch.get_num_threads())
+                      deltas, torch.get_num_threads(), resume_past_frames)
     return out, None if deltas is None else torch.from_numpy(deltas[:, None])
 
 
@@ -93,14 +98,15 @@ def _temporal_ids(frames: np.ndarray, scaled) -> np.ndarray:
 
 
 def counted_on(code: torch.Tensor, mask: torch.Tensor | None, runs: Runs, spans: Spans, grid: np.ndarray, scaled,
-               merge: int, *, text_row: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+               merge: int, *, text_row: bool = False,
+               resume_past_frames: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`write` in torch passes over the batch, for devices other than the CPU. Each row of
     the positions is the cumsum of a counter: 1 at every valid text token (in the width row and
     the text row, at every valid media token too), 0 at padding, overwritten by the step to take
     at the few tokens where positions do not simply count on (see :func:`_steps`)."""
     batch, length = code.shape
     device = code.device
-    layout = RunLayout.of(runs, grid, scaled, spans, merge)
+    layout = RunLayout.of(runs, grid, scaled, spans, merge, resume_past_frames)
     index, steps = _steps(runs, layout, spans, length, text_row)
     out = torch.empty((batch, 4, length) if text_row else (3, batch, length), dtype=torch.int64, device=device)
     _count_on(out, code, mask, index, steps, text_row)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-EXAMPLES = Path(__file__).parents[1] / "examples"
+EXAMPLES = Path(__file__).parents[2] / "examples"
 
 
 def test_datasets_map_example():

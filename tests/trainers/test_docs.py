@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 TESTED_ELSEWHERE = ("# my_verl_setup.py",)  # test_verl.py runs it as verl's external_lib
 
 

@@ -10,7 +10,7 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-EXAMPLES = Path(__file__).parents[1] / "examples"
+EXAMPLES = Path(__file__).parents[2] / "examples"
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the tasks below, for workers that cannot import it
 
 

@@ -326,7 +326,7 @@ def test_verls_own_cpu_test_of_the_rope_kwargs_hook():
 
 def docs_block(starting):
     """The python block of docs/trainers.md that starts with ``starting``."""
-    text = (Path(__file__).parents[1] / "docs" / "trainers.md").read_text()
+    text = (Path(__file__).parents[2] / "docs" / "trainers.md").read_text()
     blocks = [block.split("```", 1)[0] for block in text.split("```python\n")[1:]]
     return next(block for block in blocks if block.startswith(starting))
 

@@ -24,9 +24,12 @@ def is_gemma4(processor: Any) -> bool:
 
 
 @hookimpl
-def bind_rope_index(processor: Any):
+def bind_rope_index(processor: Any, options: Any):
     if not is_gemma4(processor):
         return None
+    from mmrope_core.conventions import KNOWN, convention
+
+    convention(options, "Gemma4", KNOWN)  # 1-D positions: vLLM's are transformers'
     return RopeBinding(kind="1d", implementation="mask", description="Gemma4: 1-D RoPE, positions from the attention mask")
 
 

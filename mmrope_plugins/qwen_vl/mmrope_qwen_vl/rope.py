@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mmrope_core import InvalidInputError, RopeBinding
+from mmrope_core.conventions import TRANSFORMERS, VLLM_0_33
 from mmrope_core.mrope import MropeFamily, MropeKernel, bind_mrope
 from mmrope_core.reference import ReferenceKernel
 
@@ -21,7 +22,8 @@ def bind(family: Family, processor: Any, config: Any, options: Mapping[str, Any]
     model_class = getattr(importlib.import_module(f"transformers.models.{module}"), name)
     reference = ReferenceKernel(model_class, config, token_types=described.token_types(),
                                 check=MropeKernel(described).check)
-    return bind_mrope(described, reference, options)
+    # vLLM 0.33's rules for these families are known (Qwen3-VL's and GLM's equal transformers')
+    return bind_mrope(described, reference, options, conventions=(TRANSFORMERS, VLLM_0_33))
 
 
 def describe(family: Family, processor: Any, config: Any) -> MropeFamily:
