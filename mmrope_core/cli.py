@@ -28,6 +28,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     check = commands.add_parser("check", help="run the conformance checks on an installed plugin")
     check.add_argument("name", help="the plugin's entry-point name or its distribution (see `mmrope plugins`)")
     check.add_argument("--seed", type=int, default=0, help="seed of the generated samples")
+    verify = commands.add_parser(
+        "verify", help="compare the fast kernel with the transformers reference, and transformers' positions with "
+                       "the vLLM convention, on generated samples")
+    where = verify.add_mutually_exclusive_group(required=True)
+    where.add_argument("path", nargs="?", help="a local model directory (processor and config)")
+    where.add_argument("--family", help="an installed family's example processor, e.g. Qwen2.5-VL (see `mmrope demo`)")
+    verify.add_argument("--samples", type=int, default=100, help="generated samples (default 100)")
+    verify.add_argument("--seed", type=int, default=0, help="seed of the generated samples")
+    verify.add_argument("--json", action="store_true", help="print JSON instead of text")
     args = parser.parse_args(argv)
     if args.command == "plugins":
         return _plugins(args.json)
@@ -39,7 +48,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     _quiet_transformers()
     if args.command == "check":
         return _check(args.name, args.seed)
+    if args.command == "verify":
+        return _verify(args)
     return _demo(args.seed)
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from .errors import MmropeError
+    from .manager import get_plugin_manager
+    from .verify import example_cases, verify
+
+    if args.path is not None:
+        from transformers import AutoConfig, AutoProcessor
+
+        from .tiny import processors_without_torchvision
+
+        with processors_without_torchvision():  # the processor's videos are not processed here
+            processor = AutoProcessor.from_pretrained(args.path, local_files_only=True)
+        config = AutoConfig.from_pretrained(args.path, local_files_only=True)
+        batches = None
+    else:
+        cases = {case.name: case for case in example_cases(get_plugin_manager())}
+        if args.family not in cases:
+            print(f"no installed family is named {args.family!r}; installed: {', '.join(cases) or 'none'}",
+                  file=sys.stderr)
+            return 2
+        processor, config = cases[args.family].build()
+        batches = cases[args.family].batches
+    try:
+        report = verify(processor, config, samples=args.samples, seed=args.seed, batches=batches)
+    except MmropeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(report.as_dict(), indent=2) if args.json else "\n".join(report.lines()))
+    return 0 if report.fast_agrees else 1
 
 
 def _check(name: str, seed: int) -> int:

@@ -14,7 +14,7 @@ import torch
 from . import _guard
 from .collate import batch_processor_outputs
 from .collate import collate as _collate
-from .conventions import KNOWN, convention
+from .conventions import KNOWN, TRANSFORMERS, convention
 from .errors import (
     InvalidInputError,
     PluginConflictError,
@@ -350,6 +350,9 @@ def _rebuild(processor: Any, config: Any, options: dict[str, Any]) -> RopeEngine
 def _bind(plugins: PluginManager, processor: Any, config: Any, options: EngineOptions) -> tuple[PluginInfo, RopeBinding]:
     for info, result in plugins.results("bind_rope_index", processor=processor, config=config, options=options):
         _expect(isinstance(result, RopeBinding), info, "bind_rope_index", "a RopeBinding", result)
+        if options.given("convention") and not options.was_read("convention"):
+            # a plugin that never asks for one computes transformers' positions: refuse the others
+            convention(options, f"plugin {info.label}", (TRANSFORMERS,))
         options.refuse_unread(f"plugin {info.label}, which binds {type(processor).__name__}")
         return info, result
     raise UnsupportedProcessorError(_unsupported_message(plugins, processor))

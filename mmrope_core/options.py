@@ -40,6 +40,13 @@ class EngineOptions(Mapping[str, Any]):
     def __repr__(self) -> str:
         return f"EngineOptions({self._values!r})"
 
+    def was_read(self, key: str) -> bool:
+        return key in self._asked
+
+    def given(self, key: str) -> bool:
+        """Whether the caller gave ``key``, without counting as asking for it."""
+        return key in self._values
+
     def refuse_unread(self, reader: str) -> None:
         """Raise :class:`UnknownOptionError` for the options nobody asked for; ``reader`` names
         who was asked (the plugin that bound the processor)."""

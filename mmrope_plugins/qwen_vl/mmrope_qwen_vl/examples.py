@@ -80,5 +80,12 @@ def _markers(processor: Any) -> tuple[str, str]:
     return tokenizer.begin_of_image_token, tokenizer.end_of_image_token
 
 
+def one_sample(processor: Any, rng: Any) -> dict[str, Any]:
+    """One generated sample with images and videos (:func:`~.samples.random_batch`)."""
+    from .samples import random_batch
+
+    return random_batch(processor, rng, max_batch=1)
+
+
 def example_cases() -> list[ExampleCase]:
-    return [ExampleCase(name, functools.partial(build, name), image_samples) for name in _SPECS]
+    return [ExampleCase(name, functools.partial(build, name), image_samples, one_sample) for name in _SPECS]

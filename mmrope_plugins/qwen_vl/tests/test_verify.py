@@ -1,0 +1,93 @@
+"""``mmrope verify`` on the Qwen-VL families: fast against the reference, transformers against vLLM."""
+
+import json
+import subprocess
+import sys
+
+import torch
+
+from mmrope_core import ExampleCase, PluginManager, RopeBinding, hookimpl
+from mmrope_core.kernel import RopeKernel
+from mmrope_core.tiny import processors_without_torchvision
+from mmrope_core.verify import verify
+from mmrope_qwen_vl.examples import build, one_sample
+
+
+def mmrope(*args):
+    return subprocess.run([sys.executable, "-m", "mmrope_core", *args], capture_output=True, text=True)
+
+
+def test_verify_a_family_reports_where_vllm_differs():
+    result = mmrope("verify", "--family", "Qwen2.5-VL", "--samples", "40", "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert report["fast_agrees"] and report["fast_equal"] == 40 and report["convention"] == "vllm-0.33"
+    assert 0 < report["differ"] < 40 and report["tokens_shifted"] > 0 and report["largest_shift"] > 0
+    assert report["deltas_differ"] == report["differ"]  # a shift after a video moves the largest position
+    assert "convention='vllm'" in report["advice"][0]
+
+
+def test_verify_a_model_directory_reads_what_the_family_shows(tmp_path):
+    processor, config = build("Qwen2-VL")
+    processor.save_pretrained(tmp_path)
+    config.save_pretrained(tmp_path)
+    from_path = mmrope("verify", str(tmp_path), "--samples", "30", "--json")
+    from_family = mmrope("verify", "--family", "Qwen2-VL", "--samples", "30", "--json")
+    assert from_path.returncode == 0, from_path.stderr
+    path_report, family_report = json.loads(from_path.stdout), json.loads(from_family.stdout)
+    assert path_report == family_report and path_report["differ"] > 0
+
+
+def test_verify_says_the_same_positions_for_per_frame_families():
+    result = mmrope("verify", "--family", "GLM-4V", "--samples", "20")
+    assert result.returncode == 0, result.stderr
+    assert "0/20 samples differ" in result.stdout and "either convention" in result.stdout
+
+
+class Shifted(RopeKernel):
+    """Counts tokens from ``offset``: a stand-in for a fast kernel that drifted from its reference."""
+
+    def __init__(self, offset):
+        self.offset = offset
+
+    def rope_index(self, input_ids, attention_mask=None, *, cu_seqlens=None, **ignored):
+        positions = torch.arange(input_ids.shape[1]).expand(3, *input_ids.shape) + self.offset
+        return positions, torch.full((input_ids.shape[0], 1), self.offset)
+
+
+class Drifted:
+    @hookimpl(tryfirst=True)
+    def bind_rope_index(self, processor, options):
+        if type(processor).__name__ != "Qwen2VLProcessor":
+            return None
+        offset = 1 if options.get("implementation", "fast") == "fast" else 0
+        return RopeBinding("mrope", Shifted(offset), options.get("implementation", "fast"))
+
+
+def test_a_fast_kernel_that_differs_from_its_reference_fails_the_verification(capsys):
+    manager = PluginManager(env={"MMROPE_LOAD_PLUGINS": "qwen_vl"})
+    processor, config = build("Qwen2-VL")
+    with manager.registered(Drifted(), "drifted"):
+        report = verify(processor, config, samples=5, plugin_manager=manager, batches=one_sample)
+    assert report.fast_equal == 0 and report.fast_differs == [0, 1, 2, 3, 4] and not report.fast_agrees
+    assert report.convention is None and "offers 'transformers'" in report.convention_note
+    assert "please report it" in report.advice()[0]
+
+
+def test_verify_names_what_is_installed_for_an_unknown_family():
+    result = mmrope("verify", "--family", "Qwen9-VL")
+    assert result.returncode == 2 and "no installed family is named 'Qwen9-VL'" in result.stderr
+    assert "Qwen2-VL" in result.stderr.split("installed:")[1]
+
+
+def test_a_processor_without_a_generator_is_named():
+    import pytest
+
+    from mmrope_core import MmropeError
+
+    processor, config = build("Qwen2-VL")
+    with processors_without_torchvision(), pytest.raises(MmropeError, match="generates samples for"):
+        verify(type("OtherProcessor", (type(processor),), {})(processor.image_processor, processor.tokenizer,
+                                                                video_processor=processor.video_processor), config,
+               samples=1)
+    assert ExampleCase  # the generator comes from ExampleCase.batches
