@@ -184,20 +184,18 @@ ONE_D_SPECS = (
 
 #: Model types whose family plugins answer first; this plugin binds them when it is alone (the
 #: tests check that it then reproduces them too). Not example cases: their plugins show them.
-FAMILY_PLUGIN_SPECS = tuple(
-    Spec(f"{model_type} (without its family plugin)", model_type, processor, image_processor, tokens, ids, image_text,
-         video_processor=True)
-    for model_type, processor, image_processor, tokens, ids, image_text in (
-        ("qwen2_vl", "Qwen2VLProcessor", ("qwen2_vl", "Qwen2VLImageProcessorPil", {}), QWEN_TOKENS, QWEN_IDS,
-         _QWEN_IMAGE),
-        ("qwen2_5_vl", "Qwen2_5_VLProcessor", ("qwen2_vl", "Qwen2VLImageProcessorPil", {}), QWEN_TOKENS, QWEN_IDS,
-         _QWEN_IMAGE),
-        *((model_type, "Qwen3VLProcessor", ("qwen2_vl", "Qwen2VLImageProcessorPil", {}), QWEN_TOKENS, QWEN_IDS,
-           _QWEN_IMAGE) for model_type in ("qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")),
-        *((model_type, "Glm4vProcessor", ("glm4v", "Glm4vImageProcessorPil", {}), GLM_TOKENS, GLM_IDS, _GLM_IMAGE)
-          for model_type in ("glm4v", "glm4v_moe")),
-        ("glm46v", "Glm46VProcessor", ("glm46v", "Glm46VImageProcessorPil", {}), GLM_TOKENS, GLM_IDS, _GLM_IMAGE),
-    )
+_QWEN_PIL: tuple[str, str, Mapping[str, Any]] = ("qwen2_vl", "Qwen2VLImageProcessorPil", {})
+_GLM_PIL: tuple[str, str, Mapping[str, Any]] = ("glm4v", "Glm4vImageProcessorPil", {})
+FAMILY_PLUGIN_SPECS = (
+    *(Spec(f"{model_type} (without its family plugin)", model_type, processor, _QWEN_PIL, QWEN_TOKENS, QWEN_IDS,
+           _QWEN_IMAGE, video_processor=True)
+      for model_type, processor in (("qwen2_vl", "Qwen2VLProcessor"), ("qwen2_5_vl", "Qwen2_5_VLProcessor"),
+                                    ("qwen3_vl", "Qwen3VLProcessor"), ("qwen3_vl_moe", "Qwen3VLProcessor"),
+                                    ("qwen3_5", "Qwen3VLProcessor"), ("qwen3_5_moe", "Qwen3VLProcessor"))),
+    *(Spec(f"{model_type} (without its family plugin)", model_type, processor, _GLM_PIL, GLM_TOKENS, GLM_IDS,
+           _GLM_IMAGE, video_processor=True)
+      for model_type, processor in (("glm4v", "Glm4vProcessor"), ("glm4v_moe", "Glm4vProcessor"),
+                                    ("glm46v", "Glm46VProcessor"))),
 )
 
 
