@@ -16,8 +16,8 @@ from mmrope_core import InvalidInputError, RopeBinding
 from mmrope_core.reference import ReferenceKernel
 
 from .fast import Candidate, candidates, probed_kernel
-from .models import Decision, decide
-from .reference import _SUPPLIED, TransformersReference, processor_token_types
+from .models import Decision, decide, sees_images
+from .reference import _SUPPLIED, TransformersReference, media_token_ids, processor_token_types
 
 IMPLEMENTATIONS = ("fast", "reference")
 
@@ -75,6 +75,12 @@ def bind(processor: Any, config: Any, options: Mapping[str, Any]) -> RopeBinding
         return None
     varlen = frozenset((names | _TOKEN_ALIGNED) - _NOT_MULTIMODAL)
     if decision.kind == "1d":
+        if any(media_token_ids(processor)) and not sees_images(config):
+            raise InvalidInputError(
+                f"{type(processor).__name__} places media tokens, but the config given (model_type "
+                f"{decision.model_type!r}) describes a model that takes no images; pass the vision-language model's "
+                f"own config (AutoConfig.from_pretrained on its checkpoint)"
+            )
         _remember(processor, Bound(varlen_keys=varlen))
         return RopeBinding("1d", implementation="mask",
                            description=f"{decision.model_type}: 1-D positions from the attention mask ({decision.reason})")

@@ -134,6 +134,17 @@ def computes_positions_with(model_class: type, method: str) -> bool:
     return False
 
 
+def sees_images(config: Any) -> bool:
+    """Whether ``config`` describes a model that takes images: transformers lists its model type
+    among the image-text-to-text or multimodal models, or it has a vision sub-config."""
+    from transformers.models.auto import modeling_auto
+
+    model_type = str(getattr(config, "model_type", ""))
+    if any(model_type in getattr(modeling_auto, mapping, {}) for mapping in MAPPINGS[1:]):
+        return True
+    return any("vision" in key for key in getattr(config, "sub_configs", None) or {}) or hasattr(config, "vision_config")
+
+
 def declares_mrope(config: Any) -> bool:
     """Whether the config or one of its text configs lists M-RoPE sections (``mrope_section``,
     or HunYuan's ``xdrope_section``) in its RoPE parameters. Many M-RoPE checkpoints' defaults

@@ -26,8 +26,9 @@ FAST = ["qwen4_exp", "cosmos3_omni", "cosmos3_edge", "cohere_compass", "glm_ocr"
 REFERENCE = ["hy_v4_vl", "hunyuan_vl", "minicpmv4_7", "glm_image"]
 ONE_D = ["llava", "llava_next", "llava_onevision", "gemma3", "internvl", "idefics3", "mllama", "aria", "exaone4_5"]
 #: processors that cannot be built offline (torchvision image processors, the num2words package) and
-#: other vision-language models without M-RoPE: their configs alone decide
-ONE_D_CONFIG_ONLY = ["pixtral", "mistral3", "llama4", "phi4_multimodal", "smolvlm", "paligemma", "video_llama_3",
+#: other vision-language models without M-RoPE: their configs alone decide (Pixtral checkpoints
+#: carry a llava or mistral3 config; "pixtral" is the model type of their vision encoder)
+ONE_D_CONFIG_ONLY = ["mistral3", "llama4", "phi4_multimodal", "smolvlm", "paligemma", "video_llama_3",
                      "lfm3_vl", "gemma4"]
 
 
@@ -166,6 +167,21 @@ def test_the_implementation_option(manager):
     assert bind(manager, model_type, implementation="reference").implementation == "reference"
     with pytest.raises(InvalidInputError, match=r"implementation='turbo'.*'fast', 'reference'"):
         bind(manager, model_type, implementation="turbo")
+
+
+@pytest.mark.parametrize("model_type", present(ONE_D + ONE_D_CONFIG_ONLY))
+def test_the_vision_language_configs_take_images(model_type):
+    from mmrope_transformers.models import sees_images
+
+    assert sees_images(transformers.AutoConfig.for_model(model_type))
+
+
+def test_a_text_only_config_for_a_processor_of_images_is_refused(manager):
+    """Not 1-D by mistake: a Qwen-VL or LLaVA processor with a language model's config."""
+    for model_type in ("llava", "qwen4_exp" if "qwen4_exp" in transformers.CONFIG_MAPPING else "glm_ocr"):
+        processor, _ = built(model_type)
+        with pytest.raises(InvalidInputError, match=r"places media tokens.*model_type 'llama'.*own config"):
+            RopeEngine.from_processor(processor, transformers.AutoConfig.for_model("llama"), plugin_manager=manager)
 
 
 def test_without_a_config_the_plugin_declines(manager):
