@@ -3,7 +3,8 @@ probing, not by name.
 
 From the processor and the config come candidate descriptions of the layouts the core's
 batched kernel knows (Qwen2-VL runs, Qwen3-VL frames, GLM-4V video markers, timed videos,
-videos merged in time); the first whose kernel equals the reference on probe batches is bound.
+videos merged in time, rows ending with a newline placeholder); the first whose kernel equals
+the reference on probe batches is bound.
 """
 
 from __future__ import annotations
@@ -13,11 +14,20 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any, get_args
 
+import numpy as np
 import torch
 
-from mmrope_core.mrope import MropeFamily, MropeKernel, probe_batches
+from mmrope_core.mrope import (
+    MediaGrids,
+    MediaKind,
+    MropeFamily,
+    MropeKernel,
+    check_placeholders,
+    mrope_position_ids,
+    mrope_positions,
+    probe_batches,
+)
 from mmrope_core.mrope._family import TemporalRule
-from mmrope_core.mrope._media import MediaGrids
 from mmrope_core.reference import kernels_agree, probe_once
 
 from .reference import media_token_ids
@@ -43,6 +53,98 @@ class TemporalMergeKernel(MropeKernel):
         return super().media(image_grid_thw, video_grid_thw, second_per_grid_ts)
 
 
+class NewlineColumnKernel(MropeKernel):
+    """The batched kernel of a family whose rows of merged patches each end with a newline
+    placeholder and whose video is one run of frames laid out as blocks (HY-V4-VL): a frame of
+    ``h' x w'`` merged patches is ``h' x (w' + 1)`` tokens placed as an image of that size, and
+    the next frame (or text) starts ``max(h', w' + 1)`` later, where Qwen-style text resumes
+    after such an image. So each frame is placed as an image one column wider: video runs are
+    cut into frames by typing every other frame 3, and each kind takes its frames' grids."""
+
+    def __init__(self, family: MropeFamily) -> None:
+        super().__init__(family)
+        if family.video_token_id is not None:
+            image, video = family.kinds
+            self.kinds = (image, video, MediaKind(3, video.name, video.token, video.grid_key))
+
+    def __repr__(self) -> str:
+        return f"NewlineColumnKernel({self.family.name})"
+
+    def rope_index(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                   cu_seqlens: torch.Tensor | None = None, **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        mask = _bool(attention_mask)
+        types, media = self._frames(input_ids, mask, cu_seqlens, **inputs)
+        return mrope_positions(types, mask, self.kinds, media, cu_seqlens=cu_seqlens,
+                               spatial_merge_size=self.family.spatial_merge_size, out_dtype=input_ids.dtype)
+
+    def position_ids(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                     cu_seqlens: torch.Tensor | None = None, **inputs: Any) -> torch.Tensor:
+        mask = _bool(attention_mask)
+        types, media = self._frames(input_ids, mask, cu_seqlens, **inputs)
+        return mrope_position_ids(types, mask, self.kinds, media, cu_seqlens=cu_seqlens,
+                                  spatial_merge_size=self.family.spatial_merge_size)
+
+    def check(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+              **inputs: Any) -> dict[str, Any]:
+        mask = _bool(attention_mask)
+        types, media = self._frames(input_ids, mask, None, **inputs)
+        check_placeholders(types, mask, self.kinds, media, spatial_merge_size=self.family.spatial_merge_size)
+        return inputs
+
+    def _frames(self, input_ids: torch.Tensor, mask: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
+                image_grid_thw: Any = None, video_grid_thw: Any = None,
+                **ignored: Any) -> tuple[torch.Tensor, dict[int, MediaGrids | None]]:
+        merge = self.family.spatial_merge_size
+        types = self.token_types(input_ids, cu_seqlens)
+        media: dict[int, MediaGrids | None] = {1: self.media(_wider(image_grid_thw, merge))[1], 2: None, 3: None}
+        videos = self.media(None, video_grid_thw)[2] if self.family.video_token_id is not None else None
+        if videos is None or videos.grid_thw.shape[0] == 0:
+            return types, media
+        grids = videos.grid_thw
+        frames = _wider(torch.repeat_interleave(grids, grids[:, 0], dim=0), merge)
+        frames[:, 0] = 1
+        odd = torch.cat([torch.arange(int(count)) % 2 == 1 for count in grids[:, 0].tolist()])
+        media[2] = MediaGrids(frames[~odd])
+        media[3] = MediaGrids(frames[odd]) if bool(odd.any()) else None
+        return _every_other_frame(types, grids, merge, mask, cu_seqlens), media
+
+
+def _bool(mask: torch.Tensor | None) -> torch.Tensor | None:
+    return mask if mask is None or mask.dtype == torch.bool else mask.bool()
+
+
+def _wider(grids: Any, merge: int) -> Any:
+    """Grids one merged column wider: the newline placeholder ending each row."""
+    if not isinstance(grids, torch.Tensor) or grids.dim() != 2 or grids.shape[1] != 3:
+        return grids
+    wider = grids.clone()
+    wider[:, 2] += merge
+    return wider
+
+
+def _every_other_frame(types: torch.Tensor, grids: torch.Tensor, merge: int, mask: torch.Tensor | None,
+                       cu_seqlens: torch.Tensor | None) -> torch.Tensor:
+    """``types`` with the odd frames of each video run typed 3, over valid tokens only. Left as
+    they are where the runs do not fit the grids: the kernel then says where they do not."""
+    flat = types.cpu().numpy().reshape(-1)
+    where = np.arange(flat.size) if mask is None else np.flatnonzero(mask.cpu().numpy().reshape(-1))
+    is_video = flat[where] == 2
+    fresh = np.ones(where.size, dtype=bool)  # where a run may begin: after a non-video token or a row's end
+    fresh[1:] = (where[1:] // types.shape[1] != where[:-1] // types.shape[1]) | ~is_video[:-1]
+    if cu_seqlens is not None:  # nor does a run go on across a segment boundary
+        fresh[np.isin(where, cu_seqlens.cpu().numpy()[1:-1])] = True
+    run = np.cumsum(is_video & fresh)[is_video] - 1
+    lengths = np.bincount(run, minlength=0) if run.size else run
+    frame_tokens = (grids[:, 1] // merge * (grids[:, 2] // merge + 1)).numpy()
+    if lengths.size != grids.shape[0] or not np.array_equal(lengths, frame_tokens * grids[:, 0].numpy()):
+        return types
+    within = np.arange(run.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    odd = within // frame_tokens[run] % 2 == 1
+    out = flat.copy()
+    out[where[np.flatnonzero(is_video)[odd]]] = 3
+    return torch.from_numpy(out.reshape(types.shape)).to(types.device)
+
+
 @dataclasses.dataclass(frozen=True)
 class Candidate:
     """One layout to try: a family description, and the frames merged in time (1: none)."""
@@ -50,9 +152,12 @@ class Candidate:
     layout: str
     family: MropeFamily
     temporal_merge_size: int = 1
+    newline_column: bool = False
 
     def kernel(self, temporal_rule: TemporalRule | None = None) -> MropeKernel:
         family = self.family if temporal_rule is None else dataclasses.replace(self.family, temporal_rule=temporal_rule)
+        if self.newline_column:
+            return NewlineColumnKernel(family)
         if self.temporal_merge_size > 1:
             return TemporalMergeKernel(family, self.temporal_merge_size)
         return MropeKernel(family)
@@ -64,7 +169,12 @@ class Candidate:
     def batches(self) -> Iterator[dict[str, Any]]:
         """Probe batches laid out for this candidate; merged videos get ``t * merge`` frames (and
         one more, which the merge drops)."""
+        merge = self.family.spatial_merge_size
         for index, batch in enumerate(probe_batches(self.family)):
+            if self.newline_column:  # the probe's runs (6 image tokens, 3 frames of 4) with a newline column
+                batch["image_grid_thw"] = torch.tensor([[1, 2 * merge, 2 * merge]] * 2)
+                if "video_grid_thw" in batch:
+                    batch["video_grid_thw"] = torch.tensor([[3, 2 * merge, merge]] * 2)
             if self.temporal_merge_size > 1 and "video_grid_thw" in batch:
                 grids = batch["video_grid_thw"].clone()
                 grids[:, 0] = grids[:, 0] * self.temporal_merge_size + index % 2
@@ -99,6 +209,7 @@ def candidates(name: str, processor: Any, config: Any) -> tuple[list[Candidate],
     merged = getattr(vision, "temporal_merge_size", None)
     if video is not None and isinstance(merged, int) and merged > 1:
         out.append(Candidate(f"videos merged {merged} frames to one", base, merged))
+    out.append(Candidate("rows ending with a newline placeholder, frames as blocks", base, newline_column=True))
     return out, ""
 
 

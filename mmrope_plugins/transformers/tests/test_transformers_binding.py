@@ -22,8 +22,8 @@ MODELS_DIR = pathlib.Path(transformers.__file__).parent / "models"
 #: (model type, implementation) on this transformers: the layouts the batched kernel knows, and
 #: the model types with rules of their own
 FAST = ["qwen4_exp", "cosmos3_omni", "cosmos3_edge", "cohere_compass", "glm_ocr", "glmga", "paddleocr_vl",
-        "ernie4_5_vl_moe"]
-REFERENCE = ["hy_v4_vl", "hunyuan_vl", "minicpmv4_7", "glm_image"]
+        "ernie4_5_vl_moe", "hy_v4_vl"]
+REFERENCE = ["hunyuan_vl", "minicpmv4_7", "glm_image"]
 ONE_D = ["llava", "llava_next", "llava_onevision", "gemma3", "internvl", "idefics3", "mllama", "aria", "exaone4_5"]
 #: processors that cannot be built offline (torchvision image processors, the num2words package) and
 #: other vision-language models without M-RoPE: their configs alone decide (Pixtral checkpoints

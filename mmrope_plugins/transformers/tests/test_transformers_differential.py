@@ -102,6 +102,29 @@ def test_generated_layouts_equal_the_models_own(model_type):
         assert_equal_to_own(model_type, *split(random_batch(model_type, processor, config, rng)))
 
 
+@pytest.mark.parametrize("model_type", [model_type for model_type in MODEL_TYPES if model_type in LAYOUTS])
+def test_padding_inside_samples_is_skipped_as_the_model_skips_it(model_type):
+    """Masked tokens put anywhere in a sample, inside media runs too: the model reads valid
+    tokens only, and so does the engine."""
+    processor, config = built(model_type)
+    rng = random.Random(f"holes/{model_type}")
+    for _ in range(5 if engine_of(model_type).implementation == "fast" else 2):
+        input_ids, attention_mask, inputs = split(random_batch(model_type, processor, config, rng))
+        input_ids, attention_mask = with_holes(input_ids, attention_mask, processor.tokenizer.pad_token_id, rng)
+        assert_equal_to_own(model_type, input_ids, attention_mask, inputs)
+
+
+def with_holes(input_ids, attention_mask, pad, rng, holes=6):
+    """Each row with ``holes`` masked pad tokens inserted at random places among its tokens."""
+    rows = []
+    for ids, mask in zip(input_ids.tolist(), attention_mask.tolist()):
+        pairs = list(zip(ids, mask))
+        for _ in range(holes):
+            pairs.insert(rng.randint(1, len(pairs) - 1), (pad, 0))
+        rows.append(pairs)
+    return torch.tensor([[token for token, _ in row] for row in rows]), torch.tensor([[m for _, m in row] for row in rows])
+
+
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
 def test_processor_made_batches_equal_the_models_own(model_type):
     """The processor's own output, one call per sample, batched as trainers batch it (both sides),
