@@ -15,7 +15,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from mmrope_core import ExampleCase
-from mmrope_core.tiny import filler_text, processors_without_torchvision, random_image, word_level_tokenizer
+from mmrope_core.tiny import (
+    FILLER_WORDS,
+    filler_text,
+    processors_without_torchvision,
+    random_image,
+    word_level_tokenizer,
+)
 
 QWEN_TOKENS = {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>",
                "vision_start_token": "<|vision_start|>", "vision_end_token": "<|vision_end|>"}
@@ -47,6 +53,9 @@ class Spec:
         processor_kwargs, config_kwargs, call_kwargs: further arguments of the processor's
             constructor, ``AutoConfig.for_model`` and each processor call.
         images_in_a_list: the processor takes each sample's images as a nested list.
+        newline_token: ``"\n"`` is a token of its own (MiniCPM-V joins slices with it).
+        video_processor_attributes: set on the placeholder video processor, which the processor
+            reads them from.
         counts: images per sample, one sample each.
         sizes: ``(low, high, step)``: image sides are ``step * randint(low, high)`` pixels.
     """
@@ -64,6 +73,8 @@ class Spec:
     config_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     call_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     images_in_a_list: bool = False
+    newline_token: bool = False
+    video_processor_attributes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     counts: tuple[int, ...] = (2, 1)
     sizes: tuple[int, int, int] = (2, 4, 28)
 
@@ -128,7 +139,8 @@ MROPE_SPECS = (
           "image_id_start_token": "<image_id>", "image_id_end_token": "</image_id>"},
          {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>", "image_start_id": "<image>",
           "image_end_id": "</image>", "slice_start_id": "<slice>", "slice_end_id": "</slice>", "newline_id": "\n"},
-         words=DIGITS[:10], video_processor=True, sizes=(2, 8, 28)),
+         words=DIGITS[:10], video_processor=True, sizes=(2, 8, 28), newline_token=True,
+         video_processor_attributes={"slice_mode": True, "downsample_mode": "16x"}),
     Spec("GLM-Image (glm_image)", "glm_image", "GlmImageProcessor",
          ("glm_image", "GlmImageImageProcessorPil", {"patch_size": 16, "temporal_patch_size": 1, "merge_size": 1}),
          {"image_token": "<|image|>", "grid_bos_token": "<sop>", "grid_eos_token": "<eop>",
@@ -207,17 +219,17 @@ def build(spec: Spec) -> tuple[Any, Any]:
     module, image_class, image_kwargs = spec.image_processor
     image_module = importlib.import_module(f"transformers.models.{module}.image_processing_pil_{module}")
     image_processor = getattr(image_module, image_class)(**image_kwargs)
-    tokenizer = word_level_tokenizer(spec.tokens, words=(*_WORDS, *spec.words))
-    if spec.model_type == "minicpmv4_7":
+    tokenizer = word_level_tokenizer(spec.tokens, words=(*FILLER_WORDS, *spec.words))
+    if spec.newline_token:
         from tokenizers import AddedToken
 
-        # slices are joined with "\n", which a whitespace pre-tokenizer would drop
+        # a whitespace pre-tokenizer would drop it
         tokenizer.add_tokens([AddedToken("\n", normalized=False, special=True)])
     parts: dict[str, Any] = {"image_processor": image_processor, "tokenizer": tokenizer, **spec.processor_kwargs}
     with processors_without_torchvision() as video_processor:
         if spec.video_processor:
-            if spec.model_type == "minicpmv4_7":  # its processor reads these from the video processor
-                video_processor.slice_mode, video_processor.downsample_mode = True, "16x"
+            for key, value in spec.video_processor_attributes.items():
+                setattr(video_processor, key, value)
             parts["video_processor"] = video_processor
         processor = getattr(transformers, spec.processor)(**parts)
     ids = {key: tokenizer.convert_tokens_to_ids(token) for key, token in spec.config_ids.items()}
@@ -228,9 +240,6 @@ def build(spec: Spec) -> tuple[Any, Any]:
         if text is not None and hasattr(text, key):
             setattr(text, key, value)
     return processor, config
-
-
-_WORDS = ("the", "cat", "sat", "on", "a", "mat", "and", "looked", "at", "it")
 
 
 def samples(spec: Spec, processor: Any, rng: Any) -> list[Mapping[str, Any]]:
