@@ -37,6 +37,7 @@ bench: .venv/.installed
 	.venv/bin/python benchmarks/qwen_vl.py
 	.venv/bin/python benchmarks/qwen_omni.py
 	.venv/bin/python benchmarks/packing.py
+	.venv/bin/python benchmarks/transformers_families.py
 
 .venv/.installed: requirements/newest.txt $(SOURCES)
 	$(PYTHON) -m venv .venv

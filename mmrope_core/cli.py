@@ -23,6 +23,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     plugins = commands.add_parser("plugins", help="list installed plugins, their state and hooks")
     plugins.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    plugins.add_argument("--models", action="store_true",
+                         help="build every plugin's example processors and list the model type each binds, by which "
+                              "plugin and implementation")
     demo = commands.add_parser("demo", help="build tiny processors of every installed family and show their positions")
     demo.add_argument("--seed", type=int, default=0, help="seed of the generated prompts and images")
     check = commands.add_parser("check", help="run the conformance checks on an installed plugin")
@@ -38,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     verify.add_argument("--seed", type=int, default=0, help="seed of the generated samples")
     verify.add_argument("--json", action="store_true", help="print JSON instead of text")
     args = parser.parse_args(argv)
-    if args.command == "plugins":
+    if args.command == "plugins" and not args.models:
         return _plugins(args.json)
     missing = _missing_demo_modules()
     if missing:
@@ -46,6 +49,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"pip install 'mmrope-core[demo]'", file=sys.stderr)
         return 2
     _quiet_transformers()
+    if args.command == "plugins":
+        return _models(args.json)
     if args.command == "check":
         return _check(args.name, args.seed)
     if args.command == "verify":
@@ -128,6 +133,22 @@ def _plugins(as_json: bool) -> int:
         print("error: a plugin failed to load and MMROPE_STRICT_PLUGINS is set", file=sys.stderr)
         return 1
     return 0
+
+
+def _models(as_json: bool) -> int:
+    from .demo import bound_models
+
+    rows = bound_models()
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return 0 if all(row["kind"] != "failed" for row in rows) else 1
+    table = [("MODEL TYPE", "PROCESSOR", "EXAMPLE OF", "BOUND BY", "KIND", "IMPLEMENTATION", "DESCRIPTION")]
+    table += [(row["model_type"], row["processor"], row["example_of"], row["plugin"], row["kind"], row["implementation"],
+               row["description"]) for row in rows]
+    widths = [max(len(row[column]) for row in table) for column in range(len(table[0]) - 1)]
+    for row in table:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
+    return 0 if all(row["kind"] != "failed" for row in rows) else 1
 
 
 def _demo(seed: int) -> int:

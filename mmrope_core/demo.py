@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import time
+import warnings
 from typing import Any, TextIO
 
 import torch
@@ -34,6 +35,32 @@ def run(seed: int, out: TextIO) -> int:
     return 1 if failures else 0
 
 
+def bound_models() -> list[dict[str, str]]:
+    """For every installed plugin's example processor: its model type, the plugin that binds it
+    (asked as trainers ask, every plugin installed) and what that plugin bound, for ``mmrope
+    plugins --models``."""
+    manager = get_plugin_manager()
+    rows = []
+    for info, result in manager.results("example_cases"):
+        for case in result:
+            row = {"model_type": "-", "processor": "-", "example_of": info.name, "plugin": "-", "kind": "failed",
+                   "implementation": "-", "description": ""}
+            try:
+                processor, config = case.build()
+                row["processor"] = type(processor).__name__
+                row["model_type"] = str(getattr(config, "model_type", None) or "-")
+                with warnings.catch_warnings():  # the description says why a reference was bound
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    engine = RopeEngine.from_processor(processor, config)
+            except Exception as exc:  # one case's failure must not hide the others
+                row["description"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            else:
+                row.update(plugin=engine.plugin_name or "-", kind=engine.rope_kind,
+                           implementation=engine.implementation, description=engine.binding.description)
+            rows.append(row)
+    return sorted(rows, key=lambda row: (row["model_type"], row["example_of"]))
+
+
 def _show(case: Any, rng: random.Random, out: TextIO) -> None:
     processor, config = case.build()
     engine = RopeEngine.from_processor(processor, config)
@@ -58,7 +85,8 @@ def _show(case: Any, rng: random.Random, out: TextIO) -> None:
         if not same:
             raise MmropeError(f"{case.name}: positions differ from the reference")
     tokens = processor.tokenizer.convert_ids_to_tokens(input_ids[0].tolist())
-    rows = ["text", "t", "h", "w"] if positions.dim() == 3 else ["pos"]
+    rows = (["text", "t", "h", "w"] if positions.shape[1] == 4 else ["text", *(f"axis{i}" for i in range(1, positions.shape[1]))]
+            ) if positions.dim() == 3 else ["pos"]
     sample = positions[0] if positions.dim() == 3 else positions[:1]
     columns = _shown_columns(tokens)
     print("  sample 0 (long placeholder runs shortened to '..'):", file=out)

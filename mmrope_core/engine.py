@@ -32,8 +32,8 @@ from .types import STRICT, RopeBinding, ValidationPolicy
 
 _TEXT_ONLY = RopeBinding(kind="1d", implementation="mask", description="no processor: 1-D positions")
 _NO_INPUTS = ReadOnlyInputs(None)  # empty, so it never holds a copy of anything
-_OUTSIDE_SEGMENTS = (1, 0, 0, 0)
-_KERNEL_ADVICE = "Check the inputs against the processor's output, or try implementation='reference'"  # what tokens outside every segment hold in the four rows
+_OUTSIDE_TEXT_ROW = 1  # what tokens outside every segment hold in the text row (0 in the others)
+_KERNEL_ADVICE = "Check the inputs against the processor's output, or try implementation='reference'"
 
 
 class RopeEngine:
@@ -150,7 +150,8 @@ class RopeEngine:
         Returns:
             For M-RoPE, ``(B, 4, L)``: row 0 counts valid tokens 0..n-1 (1 at padding), rows 1..3
             are the family's ``(t, h, w)`` positions (padding holds what the family's reference
-            puts there). The model takes its transpose, ``(4, B, L)``. For 1-D RoPE, ``(B, L)``
+            puts there). The model takes its transpose, ``(4, B, L)``. A kernel with more rows
+            (:attr:`~mmrope_core.kernel.RopeKernel.rope_rows`) gives ``(B, rope_rows + 1, L)``. For 1-D RoPE, ``(B, L)``
             ``clip(cumsum(mask) - 1, 0)``. The dtype is :attr:`position_dtype`. Packed rows restart
             at 0 in every segment and hold 0 (row 0: 1) outside segments.
         """
@@ -170,7 +171,8 @@ class RopeEngine:
         segment_ids: torch.Tensor | None = None,
         **inputs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Drop-in for the model's ``get_rope_index``: ``(3, B, L)`` positions and ``(B, 1)`` deltas.
+        """Drop-in for the model's ``get_rope_index``: ``(3, B, L)`` positions (``(rope_rows, B, L)``
+        for a kernel with more rows) and ``(B, 1)`` deltas.
 
         Keyword arguments are those of the family's reference (``image_grid_thw``, ...); a
         caller's ``mm_token_type_ids`` is ignored: the kernel builds its own from ``input_ids``.
@@ -223,8 +225,8 @@ class RopeEngine:
             segments = layout.unpack(ids)
             result = self._kernel(segments, None if layout.uniform else layout.unpacked_mask(), inputs, four_rows)
         if four_rows:
-            out = result.new_empty(layout.shape[0], 4, layout.shape[1])
-            layout.pack(result.transpose(0, 1), _OUTSIDE_SEGMENTS, out=out.transpose(0, 1))
+            out = result.new_empty(layout.shape[0], result.shape[1], layout.shape[1])
+            layout.pack(result.transpose(0, 1), _outside_segments(result.shape[1]), out=out.transpose(0, 1))
             return out
         positions, deltas = result
         return layout.pack(positions), deltas
@@ -238,13 +240,14 @@ class RopeEngine:
             row, column = divmod(int(layout.starts[cut.segments[0]]), layout.shape[1])
             raise SegmentCutError(cut.segments, f"row {row}, token {column}") from None
         if four_rows:
+            rows = result.shape[1]
             if layout.gaps is None:  # the joined row is the batch: each row's four rows follow one another again
-                return result.reshape(4, *layout.shape).transpose(0, 1).contiguous()
-            out = result.new_empty(layout.shape[0], 4, layout.shape[1])
-            layout.spread(result.reshape(4, -1), _OUTSIDE_SEGMENTS, out=out.transpose(0, 1))
+                return result.reshape(rows, *layout.shape).transpose(0, 1).contiguous()
+            out = result.new_empty(layout.shape[0], rows, layout.shape[1])
+            layout.spread(result.reshape(rows, -1), _outside_segments(rows), out=out.transpose(0, 1))
             return out
         positions, deltas = result
-        return layout.spread(positions.reshape(3, -1)), deltas
+        return layout.spread(positions.reshape(positions.shape[0], -1)), deltas
 
     def _kernel(self, ids: torch.Tensor, mask: torch.Tensor | None, inputs: dict[str, Any], four_rows: bool,
                 cu_seqlens: torch.Tensor | None = None) -> Any:
@@ -256,14 +259,15 @@ class RopeEngine:
         result = _guard.call(method, (ids, mask), arguments, plugin=self._label, what=f"the kernel's {name}",
                              advice=_KERNEL_ADVICE)
         rows = ids.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+        axes = getattr(kernel, "rope_rows", 3)
         if four_rows:
-            expected = f"a {self.position_dtype} tensor of shape {(ids.shape[0], 4, ids.shape[1])}"
-            ok = (isinstance(result, torch.Tensor) and result.shape == (ids.shape[0], 4, ids.shape[1])
+            expected = f"a {self.position_dtype} tensor of shape {(ids.shape[0], axes + 1, ids.shape[1])}"
+            ok = (isinstance(result, torch.Tensor) and result.shape == (ids.shape[0], axes + 1, ids.shape[1])
                   and result.dtype == self.position_dtype)
         else:
-            expected = f"positions of shape {(3, *ids.shape)} and deltas of shape {(rows, 1)}"
+            expected = f"positions of shape {(axes, *ids.shape)} and deltas of shape {(rows, 1)}"
             ok = (isinstance(result, tuple) and len(result) == 2 and all(isinstance(t, torch.Tensor) for t in result)
-                  and result[0].shape == (3, *ids.shape) and result[1].shape == (rows, 1))
+                  and result[0].shape == (axes, *ids.shape) and result[1].shape == (rows, 1))
         if not ok:
             raise PluginContractError(f"the kernel's {name} of plugin {self._label()} returned {_shapes(result)}; "
                                       f"expected {expected}")
@@ -337,6 +341,11 @@ def _segments_as_samples() -> Iterator[None]:
         raise
     except InvalidInputError as exc:
         raise type(exc)(f"in the packed input, sample k below is segment k (counted row by row): {exc}") from exc
+
+
+def _outside_segments(rows: int) -> tuple[int, ...]:
+    """What tokens outside every segment hold in each of ``rows`` rows of the model's layout."""
+    return (_OUTSIDE_TEXT_ROW,) + (0,) * (rows - 1)
 
 
 def _skip_validation(*args: Any, **kwargs: Any) -> None:

@@ -49,6 +49,10 @@ class RopeKernel(abc.ABC):
     position_dtype: torch.dtype = torch.int64
     #: :meth:`rope_index` and :meth:`position_ids` take ``cu_seqlens`` (see the class docstring).
     places_packed_rows: bool = False
+    #: Rows of :meth:`rope_index`'s positions: 3 (``t, h, w``) for most families; a model with
+    #: more axes (HunYuan-VL's four xD-RoPE sections) sets its own, and :meth:`position_ids`
+    #: then has one more.
+    rope_rows: int = 3
 
     @abc.abstractmethod
     def rope_index(
@@ -59,9 +63,9 @@ class RopeKernel(abc.ABC):
         cu_seqlens: torch.Tensor | None = None,
         **inputs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The family's ``get_rope_index``: ``(3, B, L)`` positions and ``(B, 1)`` deltas
-        (``max + 1 - valid tokens``), with padding holding what the family's reference puts
-        there; with ``cu_seqlens``, ``(3, 1, T)`` and ``(K, 1)``."""
+        """The family's ``get_rope_index``: ``(3, B, L)`` positions (``(rope_rows, B, L)``) and
+        ``(B, 1)`` deltas (``max + 1 - valid tokens``), with padding holding what the family's
+        reference puts there; with ``cu_seqlens``, ``(3, 1, T)`` and ``(K, 1)``."""
 
     def position_ids(
         self,
@@ -71,13 +75,13 @@ class RopeKernel(abc.ABC):
         cu_seqlens: torch.Tensor | None = None,
         **inputs: Any,
     ) -> torch.Tensor:
-        """The ``(B, 4, L)`` layout the model takes, in :attr:`position_dtype`: row 0 counts each
-        sample's valid tokens from 0 (1 at padding; with ``cu_seqlens``, each segment's tokens),
-        rows 1 to 3 are :meth:`rope_index`'s positions. Override it where a kernel writes the
+        """The ``(B, 4, L)`` layout the model takes (``(B, rope_rows + 1, L)``), in
+        :attr:`position_dtype`: row 0 counts each sample's valid tokens from 0 (1 at padding; with
+        ``cu_seqlens``, each segment's tokens), the other rows are :meth:`rope_index`'s positions. Override it where a kernel writes the
         four rows faster than this default does."""
         packed = {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}
         positions, _ = self.rope_index(input_ids, attention_mask, **packed, **inputs)
-        out = torch.empty(input_ids.shape[0], 4, input_ids.shape[1], dtype=self.position_dtype,
+        out = torch.empty(input_ids.shape[0], self.rope_rows + 1, input_ids.shape[1], dtype=self.position_dtype,
                           device=input_ids.device)
         if cu_seqlens is None:
             text_positions(attention_mask, out=out[:, 0])

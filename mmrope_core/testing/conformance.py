@@ -187,7 +187,8 @@ class _Checker:
         except MmropeError as exc:
             self.fail(hook, "computes positions for its own examples", f"{type(exc).__name__}: {exc}")
             return
-        expected_shape = (*right[0].shape[:1], 4, right[0].shape[1]) if engine.rope_kind == "mrope" else tuple(right[0].shape)
+        rows = engine.binding.kernel.rope_rows if engine.binding.kernel is not None else 3
+        expected_shape = (*right[0].shape[:1], rows + 1, right[0].shape[1]) if engine.rope_kind == "mrope" else tuple(right[0].shape)
         if tuple(batched.shape) != expected_shape:
             self.fail(hook, "output shape", f"expected {expected_shape}, got {tuple(batched.shape)}")
             return
@@ -227,8 +228,9 @@ class _Checker:
             except MmropeError as exc:
                 self.fail(hook, "get_rope_index computes its own examples", f"{type(exc).__name__}: {exc}")
                 return
-            if positions.shape != (3, *ids.shape) or deltas.shape != (ids.shape[0], 1):
-                self.fail(hook, "get_rope_index returns (3, B, L) and (B, 1)",
+            rows = engine.binding.kernel.rope_rows if engine.binding.kernel is not None else 3
+            if positions.shape != (rows, *ids.shape) or deltas.shape != (ids.shape[0], 1):
+                self.fail(hook, "get_rope_index returns (3, B, L) (a kernel's rope_rows) and (B, 1)",
                           f"got {tuple(positions.shape)} and {tuple(deltas.shape)}")
                 return
             text = torch.empty_like(ids)

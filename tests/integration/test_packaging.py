@@ -18,6 +18,7 @@ DISTRIBUTIONS = {
     "mmrope_qwen_vl": ROOT / "mmrope_plugins" / "qwen_vl",
     "mmrope_gemma4": ROOT / "mmrope_plugins" / "gemma4",
     "mmrope_qwen3_omni": ROOT / "mmrope_plugins" / "qwen3_omni",
+    "mmrope_transformers": ROOT / "mmrope_plugins" / "transformers",
     "mmrope_paddleocr_vl": ROOT / "examples" / "third_party_plugin",
 }
 

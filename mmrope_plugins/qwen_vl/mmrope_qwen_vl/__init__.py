@@ -14,12 +14,14 @@ from mmrope_core import hookimpl
 from .families import FAMILIES, family_of
 
 PROCESSOR_CLASSES = tuple(FAMILIES)
+MODEL_TYPES = frozenset(model_type for family in FAMILIES.values() for model_type in family.models)
 
 
 @hookimpl
 def bind_rope_index(processor: Any, config: Any, options: Any):
     family = family_of(processor)
-    if family is None:
+    if family is None or getattr(config, "model_type", None) not in (None, *MODEL_TYPES):
+        # a model type of no family here (Qwen4-exp and Cosmos3-Omni share Qwen3VLProcessor): another plugin's
         return None
     from .rope import bind
 

@@ -1,0 +1,244 @@
+"""Which batched kernel, if any, reproduces a model class's ``get_rope_index``: decided by
+probing, not by name.
+
+From the processor and the config come candidate descriptions of the layouts the core's
+batched kernel knows (Qwen2-VL runs, Qwen3-VL frames, GLM-4V video markers, timed videos,
+videos merged in time, rows ending with a newline placeholder); the first whose kernel equals
+the reference on probe batches is bound.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any, get_args
+
+import numpy as np
+import torch
+
+from mmrope_core.mrope import (
+    MediaGrids,
+    MediaKind,
+    MropeFamily,
+    MropeKernel,
+    check_placeholders,
+    mrope_position_ids,
+    mrope_positions,
+    probe_batches,
+)
+from mmrope_core.mrope._family import TemporalRule
+from mmrope_core.reference import kernels_agree, probe_once
+
+from .reference import media_token_ids
+
+
+class TemporalMergeKernel(MropeKernel):
+    """The batched kernel of a family whose videos are merged in time before placement
+    (ERNIE-4.5-VL): a video of ``t`` frames is one run of ``t // temporal_merge_size`` merged
+    frames, placed as the family's kernel places a video of that many frames."""
+
+    def __init__(self, family: MropeFamily, temporal_merge_size: int) -> None:
+        super().__init__(family)
+        self.temporal_merge_size = temporal_merge_size
+
+    def __repr__(self) -> str:
+        return f"TemporalMergeKernel({self.family.name}, {self.temporal_merge_size} frames merged)"
+
+    def media(self, image_grid_thw: Any = None, video_grid_thw: Any = None,
+              second_per_grid_ts: Any = None) -> dict[int, MediaGrids | None]:
+        if isinstance(video_grid_thw, torch.Tensor) and video_grid_thw.dim() == 2 and video_grid_thw.shape[1] == 3:
+            video_grid_thw = video_grid_thw.clone()
+            video_grid_thw[:, 0] = torch.div(video_grid_thw[:, 0], self.temporal_merge_size, rounding_mode="floor")
+        return super().media(image_grid_thw, video_grid_thw, second_per_grid_ts)
+
+
+class NewlineColumnKernel(MropeKernel):
+    """The batched kernel of a family whose rows of merged patches each end with a newline
+    placeholder and whose video is one run of frames laid out as blocks (HY-V4-VL): a frame of
+    ``h' x w'`` merged patches is ``h' x (w' + 1)`` tokens placed as an image of that size, and
+    the next frame (or text) starts ``max(h', w' + 1)`` later, where Qwen-style text resumes
+    after such an image. So each frame is placed as an image one column wider: video runs are
+    cut into frames by typing every other frame 3, and each kind takes its frames' grids."""
+
+    def __init__(self, family: MropeFamily) -> None:
+        super().__init__(family)
+        if family.video_token_id is not None:
+            image, video = family.kinds
+            self.kinds = (image, video, MediaKind(3, video.name, video.token, video.grid_key))
+
+    def __repr__(self) -> str:
+        return f"NewlineColumnKernel({self.family.name})"
+
+    def rope_index(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                   cu_seqlens: torch.Tensor | None = None, **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        mask = _bool(attention_mask)
+        types, media = self._frames(input_ids, mask, cu_seqlens, **inputs)
+        return mrope_positions(types, mask, self.kinds, media, cu_seqlens=cu_seqlens,
+                               spatial_merge_size=self.family.spatial_merge_size, out_dtype=input_ids.dtype)
+
+    def position_ids(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                     cu_seqlens: torch.Tensor | None = None, **inputs: Any) -> torch.Tensor:
+        mask = _bool(attention_mask)
+        types, media = self._frames(input_ids, mask, cu_seqlens, **inputs)
+        return mrope_position_ids(types, mask, self.kinds, media, cu_seqlens=cu_seqlens,
+                                  spatial_merge_size=self.family.spatial_merge_size)
+
+    def check(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+              **inputs: Any) -> dict[str, Any]:
+        mask = _bool(attention_mask)
+        types, media = self._frames(input_ids, mask, None, **inputs)
+        check_placeholders(types, mask, self.kinds, media, spatial_merge_size=self.family.spatial_merge_size)
+        return inputs
+
+    def _frames(self, input_ids: torch.Tensor, mask: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
+                image_grid_thw: Any = None, video_grid_thw: Any = None,
+                **ignored: Any) -> tuple[torch.Tensor, dict[int, MediaGrids | None]]:
+        merge = self.family.spatial_merge_size
+        types = self.token_types(input_ids, cu_seqlens)
+        media: dict[int, MediaGrids | None] = {1: self.media(_wider(image_grid_thw, merge))[1], 2: None, 3: None}
+        videos = self.media(None, video_grid_thw)[2] if self.family.video_token_id is not None else None
+        if videos is None or videos.grid_thw.shape[0] == 0:
+            return types, media
+        grids = videos.grid_thw
+        frames = _wider(torch.repeat_interleave(grids, grids[:, 0], dim=0), merge)
+        frames[:, 0] = 1
+        odd = torch.cat([torch.arange(int(count)) % 2 == 1 for count in grids[:, 0].tolist()])
+        media[2] = MediaGrids(frames[~odd])
+        media[3] = MediaGrids(frames[odd]) if bool(odd.any()) else None
+        return _every_other_frame(types, grids, merge, mask, cu_seqlens), media
+
+
+def _bool(mask: torch.Tensor | None) -> torch.Tensor | None:
+    return mask if mask is None or mask.dtype == torch.bool else mask.bool()
+
+
+def _wider(grids: Any, merge: int) -> Any:
+    """Grids one merged column wider: the newline placeholder ending each row."""
+    if not isinstance(grids, torch.Tensor) or grids.dim() != 2 or grids.shape[1] != 3:
+        return grids
+    wider = grids.clone()
+    wider[:, 2] += merge
+    return wider
+
+
+def _every_other_frame(types: torch.Tensor, grids: torch.Tensor, merge: int, mask: torch.Tensor | None,
+                       cu_seqlens: torch.Tensor | None) -> torch.Tensor:
+    """``types`` with the odd frames of each video run typed 3, over valid tokens only. Left as
+    they are where the runs do not fit the grids: the kernel then says where they do not."""
+    flat = types.cpu().numpy().reshape(-1)
+    where = np.arange(flat.size) if mask is None else np.flatnonzero(mask.cpu().numpy().reshape(-1))
+    is_video = flat[where] == 2
+    fresh = np.ones(where.size, dtype=bool)  # where a run may begin: after a non-video token or a row's end
+    fresh[1:] = (where[1:] // types.shape[1] != where[:-1] // types.shape[1]) | ~is_video[:-1]
+    if cu_seqlens is not None:  # nor does a run go on across a segment boundary
+        fresh[np.isin(where, cu_seqlens.cpu().numpy()[1:-1])] = True
+    run = np.cumsum(is_video & fresh)[is_video] - 1
+    lengths = np.bincount(run, minlength=0) if run.size else run
+    frame_tokens = (grids[:, 1] // merge * (grids[:, 2] // merge + 1)).numpy()
+    if lengths.size != grids.shape[0] or not np.array_equal(lengths, frame_tokens * grids[:, 0].numpy()):
+        return types
+    within = np.arange(run.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    odd = within // frame_tokens[run] % 2 == 1
+    out = flat.copy()
+    out[where[np.flatnonzero(is_video)[odd]]] = 3
+    return torch.from_numpy(out.reshape(types.shape)).to(types.device)
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One layout to try: a family description, and the frames merged in time (1: none)."""
+
+    layout: str
+    family: MropeFamily
+    temporal_merge_size: int = 1
+    newline_column: bool = False
+
+    def kernel(self, temporal_rule: TemporalRule | None = None) -> MropeKernel:
+        family = self.family if temporal_rule is None else dataclasses.replace(self.family, temporal_rule=temporal_rule)
+        if self.newline_column:
+            return NewlineColumnKernel(family)
+        if self.temporal_merge_size > 1:
+            return TemporalMergeKernel(family, self.temporal_merge_size)
+        return MropeKernel(family)
+
+    def rules(self) -> list[TemporalRule]:
+        """The temporal rules to try: for timed videos every rule (they changed between releases)."""
+        return list(get_args(TemporalRule)) if self.family.tokens_per_second is not None else ["scaled"]
+
+    def batches(self) -> Iterator[dict[str, Any]]:
+        """Probe batches laid out for this candidate; merged videos get ``t * merge`` frames (and
+        one more, which the merge drops)."""
+        merge = self.family.spatial_merge_size
+        for index, batch in enumerate(probe_batches(self.family)):
+            if self.newline_column:  # the probe's runs (6 image tokens, 3 frames of 4) with a newline column
+                batch["image_grid_thw"] = torch.tensor([[1, 2 * merge, 2 * merge]] * 2)
+                if "video_grid_thw" in batch:
+                    batch["video_grid_thw"] = torch.tensor([[3, 2 * merge, merge]] * 2)
+            if self.temporal_merge_size > 1 and "video_grid_thw" in batch:
+                grids = batch["video_grid_thw"].clone()
+                grids[:, 0] = grids[:, 0] * self.temporal_merge_size + index % 2
+                batch["video_grid_thw"] = grids
+            yield batch
+
+
+def candidates(name: str, processor: Any, config: Any) -> tuple[list[Candidate], str]:
+    """The layouts the batched kernel could take for this processor and config, most common
+    first, or none and why: the kernel places one image and at most one video placeholder id,
+    merged ``vision_config.spatial_merge_size`` patches per side."""
+    images, videos, audios = media_token_ids(processor)
+    vision = getattr(config, "vision_config", None)
+    merge = getattr(vision, "spatial_merge_size", None)
+    if len(images) != 1 or len(videos) > 1 or audios:
+        return [], "its processor's placeholder ids are not one image and at most one video id"
+    if not isinstance(merge, int) or merge < 1:
+        return [], "its config has no vision_config.spatial_merge_size"
+    image, video = images[0], (videos[0] if videos else None)
+    seconds = getattr(vision, "tokens_per_second", None)
+    seconds = seconds if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) else None
+    base = MropeFamily(name, spatial_merge_size=merge, image_token_id=image, video_token_id=video,
+                       image_token=str(getattr(processor, "image_token", "image placeholder")),
+                       video_token=str(getattr(processor, "video_token", None) or "video placeholder"))
+    out = [Candidate("Qwen2-VL runs", dataclasses.replace(base, tokens_per_second=seconds) if seconds else base)]
+    if video is not None:
+        out.append(Candidate("Qwen3-VL frames", dataclasses.replace(base, per_frame_video=True)))
+    markers = getattr(processor, "video_start_id", None), getattr(processor, "video_end_id", None)
+    if all(isinstance(marker, int) for marker in markers):
+        out.append(Candidate("GLM-4V video markers", dataclasses.replace(
+            base, video_token_id=None, per_frame_video=True, video_markers=markers)))  # type: ignore[arg-type]
+    merged = getattr(vision, "temporal_merge_size", None)
+    if video is not None and isinstance(merged, int) and merged > 1:
+        out.append(Candidate(f"videos merged {merged} frames to one", base, merged))
+    out.append(Candidate("rows ending with a newline placeholder, frames as blocks", base, newline_column=True))
+    return out, ""
+
+
+def probed_kernel(key: Any, options: Sequence[Candidate], reference: Any, token_types_agree: Any,
+                  *, what: str, why_none: str = "") -> tuple[Candidate, MropeKernel] | None:
+    """The first candidate whose kernel equals ``reference`` on its probe batches (and whose token
+    types equal the processor's, ``token_types_agree(family)``), worked out once per process per
+    ``key``; None, with one warning, when none does (``why_none`` says why there are none)."""
+
+    def probe() -> str:
+        for index, candidate in enumerate(options):
+            if not token_types_agree(candidate.family):
+                continue
+            batches = list(candidate.batches())
+            for rule in candidate.rules():
+                if kernels_agree(candidate.kernel(rule), reference, batches):
+                    return f"{index}:{rule}"
+        if options:
+            why = (f"follows none of the batched kernel's layouts on probe inputs (tried: "
+                   f"{', '.join(candidate.layout for candidate in options)})")
+        else:
+            why = f"fits no layout of the batched kernel: {why_none}"
+        warnings.warn(f"mmrope-transformers: {what} {why}, so its transformers reference computes the positions "
+                      f"(same results, slower)", RuntimeWarning, stacklevel=2)
+        return ""
+
+    answer = probe_once(key, probe, fast=f"the batched kernel of {what}")
+    if not answer:
+        return None
+    index, rule = answer.split(":")
+    candidate = options[int(index)]
+    return candidate, candidate.kernel(next(known for known in candidate.rules() if known == rule))
