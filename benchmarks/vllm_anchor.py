@@ -37,7 +37,8 @@ Where vLLM's placeholder ranges start:
 - Omni audio in video: ``<|audio_start|>`` to ``<|audio_end|>`` (inside the vision markers), for
   the video (embeds: video tokens) and for its audio (same range, embeds: audio tokens;
   ``_derive_audio_from_video_placeholders``). vLLM rejects a request with ``use_audio_in_video``
-  whose audios are not all inside videos (``ValueError`` there); so does this module.
+  and videos whose audios are not all inside videos (``ValueError`` there); so does this module.
+  Without videos the flag changes nothing (``_maybe_apply_prompt_updates`` reads it from the videos).
 
 vLLM's token layout for audio in video (the prompt holds ``<vision start><video><vision end>``;
 vLLM drops the separate audio update and replaces the video token):
@@ -94,6 +95,8 @@ class Family:
     model_class: str
     fields: tuple[str, str]  # (module, factory) of the model's multimodal field config
     thinker: bool = False
+    # (multimodal processor class, its method) laying out a video's tokens with its audio
+    audio_in_video: tuple[str, str] | None = None
 
 
 FAMILIES = {
@@ -103,9 +106,12 @@ FAMILIES = {
     "Qwen3-VL": Family("qwen3_vl", "Qwen3VLForConditionalGeneration", ("qwen2_vl", "_create_qwen2vl_field_factory")),
     "GLM-4V": Family("glm4_1v", "Glm4vForConditionalGeneration", ("qwen2_vl", "_create_qwen2vl_field_factory")),
     "Qwen2.5-Omni": Family("qwen2_5_omni_thinker", "Qwen2_5OmniThinkerForConditionalGeneration",
-                           ("qwen2_5_omni_thinker", "create_qwen2_5_omni_thinker_field_factory"), thinker=True),
+                           ("qwen2_5_omni_thinker", "create_qwen2_5_omni_thinker_field_factory"), thinker=True,
+                           audio_in_video=("Qwen2_5OmniThinkerMultiModalProcessor",
+                                           "omni_get_updates_use_audio_in_video")),
     "Qwen3-Omni": Family("qwen3_omni_moe_thinker", "Qwen3OmniMoeThinkerForConditionalGeneration",
-                         ("qwen2_5_omni_thinker", "create_qwen2_5_omni_thinker_field_factory"), thinker=True),
+                         ("qwen2_5_omni_thinker", "create_qwen2_5_omni_thinker_field_factory"), thinker=True,
+                         audio_in_video=("Qwen3OmniMoeThinkerMultiModalProcessor", "get_updates_use_audio_in_video")),
 }
 
 
@@ -172,6 +178,26 @@ class Anchor:
     def positions(self, family: str, sample: Sample, config: Any, tokens: Tokens) -> tuple[torch.Tensor, int]:
         model = self.model(family, config, tokens)
         return model.get_mrope_input_positions(list(sample.input_ids), self.features(family, sample, config, tokens))
+
+    def audio_in_video_tokens(self, family: str, config: Any, tokens: Tokens, audio_tokens: int,
+                              grid: Sequence[int], second_per_grid: float | None) -> list[int]:
+        """vLLM's own token layout of a video with its audio: what its prompt update puts in place
+        of the video token, ``<audio start> ... <audio end>`` (the vision markers stay around it),
+        built by the family's multimodal processor method, called as ``_get_prompt_updates`` calls
+        it (the grid a tensor row, the seconds a float of the float32 tensor, else its default)."""
+        spec = FAMILIES[family]
+        if spec.audio_in_video is None:
+            raise LookupError(f"{family} lays out no video with its audio")
+        class_name, method = spec.audio_in_video
+        cls = self._code.model_class(f"{_MODELS}/{spec.module}.py", class_name, roots=(method,))
+        if second_per_grid is None:
+            second_per_grid = 2.0 if family == "Qwen3-Omni" else 1.0
+        else:
+            second_per_grid = torch.tensor([second_per_grid], dtype=torch.float32)[0].item()
+        updates = getattr(object.__new__(cls), method)(
+            thinker_config=_hf_config(config, tokens, True), audio_len=int(audio_tokens),
+            video_grid_thw=torch.tensor(list(grid), dtype=torch.long), video_second_per_grid_t=second_per_grid)
+        return [int(token) for token in updates]
 
     def model(self, family: str, config: Any, tokens: Tokens) -> Any:
         """The model object vLLM calls, with only its position methods and ``config``."""
@@ -263,7 +289,7 @@ def _placeholder_ranges(family: str, ids: torch.Tensor, sample: Sample, tokens: 
             taken, frames = frames[:grid[0]], frames[grid[0]:]
             offset, end = taken[0][0] - 1, taken[-1][1] + 1  # first frame's vision start .. last vision end
             found["video"].append((offset, end - offset, ids[offset:end] == tokens.video))
-    elif FAMILIES[family].thinker and sample.use_audio_in_video:
+    elif FAMILIES[family].thinker and sample.use_audio_in_video and len(sample.video_grid_thw):
         found["image"] = [(a, b - a, None) for a, b in _token_runs(ids, tokens.image)]
         for offset, end in _runs(ids, tokens.audio_start, tokens.audio_end):
             if offset == 0 or int(ids[offset - 1]) != tokens.vision_start:
@@ -354,11 +380,11 @@ class _Extractor:
         return namespace[name]
 
     @functools.cache
-    def model_class(self, path: str, name: str) -> type:
+    def model_class(self, path: str, name: str, roots: tuple[str, ...] = ("get_mrope_input_positions",)) -> type:
         """A class named ``name`` holding the position methods of ``path``'s class of that name:
-        ``get_mrope_input_positions`` and every method it reaches through ``self``/the class."""
+        ``roots`` and every method they reach through ``self``/the class."""
         methods: dict[str, Any] = {}
-        wanted = ["get_mrope_input_positions"]
+        wanted = list(roots)
         while wanted:
             method = wanted.pop()
             if method in methods:

@@ -6,6 +6,7 @@ A developer tool, not run by CI. It needs the unzipped wheel (vLLM is never inst
     pip download vllm==0.33.0 --no-deps -d /work/anchors
     python -m zipfile -e /work/anchors/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl /work/anchors/vllm-0.33.0
     python benchmarks/vllm_side_by_side.py [--source DIR (or VLLM_SOURCE)] [--samples 240] [--repeat 3]
+    python benchmarks/vllm_side_by_side.py --convention vllm [--samples 240] [--repeat 3]
 
 (a) For each family, ``--samples`` generated single samples (Qwen-VL: mmrope_qwen_vl.samples; Omni:
 ``mmrope_qwen3_omni.probe.random_batch``, every other one with audio in video; vLLM accepts no
@@ -17,6 +18,9 @@ temporal row, or (t, h, w) when the rows differ).
 ``get_mrope_input_positions`` on the features its input processor builds, a Python loop over rows)
 and mmrope (``engine.get_rope_index``; ``engine.compute_position_ids`` in its own column). Machines
 are noisy: compare the ratios, measured in the same run.
+
+``--convention vllm`` measures mmrope's ``convention="vllm"`` engines against vLLM instead (the
+Omni families; see vllm_convention.py).
 """
 
 from __future__ import annotations
@@ -44,10 +48,17 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--families", nargs="*", default=[*VL_FAMILIES, *OMNI_FAMILIES])
     parser.add_argument("--no-timing", action="store_true")
+    parser.add_argument("--convention", choices=("transformers", "vllm"), default="transformers",
+                        help="vllm: mmrope's convention='vllm' engines against vLLM (Omni families)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     anchor = Anchor(args.source)
     print(f"vLLM {anchor.version} from {anchor.source}; {environment()}\n")
+    if args.convention == "vllm":
+        from vllm_convention import main as convention_main
+
+        convention_main(anchor, [Side(name, anchor) for name in args.families if name in OMNI_FAMILIES], args)
+        return
     sides = {name: Side(name, anchor) for name in args.families}
     print(f"(a) {args.samples} generated single samples per family\n")
     for side in sides.values():

@@ -694,7 +694,10 @@ changes(PyObject *module, PyObject *values_obj)
  * temporal ids are frame * seconds per grid * positions per second): every sum is the float32
  * sum the reference makes, in its order, so the values are bitwise its own. The scalars are
  * kept as doubles, which hold every float32 and every position of an int64 batch exactly;
- * omni_add rounds to float32 where the reference works in it. */
+ * omni_add rounds to float32 where the reference works in it.
+ *
+ * With `vllm` set, the positions are those vLLM 0.33 computes for each sample (int64 for both
+ * generations, see omni_sample_vllm); the items are read the same way. */
 
 enum { OMNI_IMAGE, OMNI_VIDEO, OMNI_AUDIO, OMNI_AUDIO_IN_VIDEO };
 
@@ -720,8 +723,11 @@ typedef struct {
     int64_t special_low;  /* start markers and placeholders lie in [special_low, special_low + special_span] */
     uint64_t special_span;
     int qwen3, audio_in_video, text_only;
+    int vllm;  /* vLLM 0.33's positions */
+    int float32;  /* positions are float32 (Qwen3-Omni's reference), else int64 */
     int64_t merge, chunk, n_window;  /* chunk: positions per chunk of a video with its audio (Qwen2.5-Omni) */
     float per_second;
+    double factor;  /* vLLM: temporal positions per second, a double as Python holds it */
     const int64_t *image_grid, *video_grid, *audio_frames;
     const float *seconds;
     Py_ssize_t images, videos, audios;
@@ -797,6 +803,7 @@ omni_read(Omni *o, Py_ssize_t *capacity)
     for (Py_ssize_t s = 0; s < o->samples; s++) {
         o->first_item[s] = found;
         const int64_t *ids = o->ids + o->first[s], n = o->count[s];
+        int paired = 0, alone = 0;  /* videos with their audio, and audios of their own */
         if (n == 0 && !o->text_only)
             return OMNI_EMPTY_SAMPLE;
         for (int64_t i = 0; i < n;) {
@@ -827,12 +834,13 @@ omni_read(Omni *o, Py_ssize_t *capacity)
                 const int64_t video_tokens = omni_vision_tokens(o, o->video_grid + 3 * item.media);
                 const int64_t audio_tokens = omni_audio_tokens(o, o->audio_frames[item.audio]);
                 const int64_t end = i + 2 + video_tokens + audio_tokens;  /* its audio end marker */
-                /* Qwen2.5-Omni finds such a video by its first video token */
+                /* transformers' Qwen2.5-Omni finds such a video by its first video token; vLLM reads none */
                 if (audio_tokens < 1 || end + 1 >= n || count_token(ids + i + 2, end - i - 2, o->video) != video_tokens ||
                     count_token(ids + i + 2, end - i - 2, o->audio) != audio_tokens || ids[end] != o->audio_end ||
-                    ids[end + 1] != o->vision_end || (!o->qwen3 && ids[i + 2] != o->video))
+                    ids[end + 1] != o->vision_end || (!o->qwen3 && !o->vllm && ids[i + 2] != o->video))
                     return OMNI_MISMATCH;
                 item.tokens = video_tokens + audio_tokens + 4;
+                paired = 1;
             } else if (id == o->audio_start && next == o->audio) {
                 if (audio >= o->audios)
                     return OMNI_MISMATCH;
@@ -843,6 +851,7 @@ omni_read(Omni *o, Py_ssize_t *capacity)
                     ids[i + 1 + tokens] != o->audio_end)
                     return OMNI_MISMATCH;
                 item.tokens = tokens + 2;
+                alone = 1;
             } else if (id == o->image || id == o->video || id == o->audio) {
                 return OMNI_MISMATCH;  /* a placeholder outside any item */
             } else {
@@ -860,6 +869,8 @@ omni_read(Omni *o, Py_ssize_t *capacity)
             o->items[found++] = item;
             i += item.tokens;
         }
+        if (o->vllm && paired && alone)  /* vLLM refuses such a request; the caller says why */
+            return OMNI_MISMATCH;
     }
     o->first_item[o->samples] = found;
     return image == o->images && video == o->videos && audio == o->audios ? OMNI_WRITTEN : OMNI_MISMATCH;
@@ -869,7 +880,7 @@ omni_read(Omni *o, Py_ssize_t *capacity)
 static double
 omni_add(const Omni *o, double a, double b)
 {
-    return o->qwen3 ? (double)((float)a + (float)b) : a + b;
+    return o->float32 ? (double)((float)a + (float)b) : a + b;
 }
 
 static double
@@ -898,7 +909,7 @@ ramp_f32(float *restrict out, int32_t count, int32_t first, float start)
 static void
 omni_fill(const Omni *o, char *row, int64_t at, int64_t count, double value)
 {
-    if (o->qwen3)
+    if (o->float32)
         fill_f32((float *)row + at, count, (float)value);
     else
         fill((int64_t *)row + at, count, (int64_t)value);
@@ -908,7 +919,7 @@ omni_fill(const Omni *o, char *row, int64_t at, int64_t count, double value)
 static void
 omni_ramp(const Omni *o, char *row, int64_t at, int64_t count, int64_t first, double start)
 {
-    if (o->qwen3)
+    if (o->float32)
         ramp_f32((float *)row + at, (int32_t)count, (int32_t)first, (float)start);
     else
         ramp((int64_t *)row + at, count, first + (int64_t)start);
@@ -938,10 +949,12 @@ typedef struct {
 } OmniGrid;
 
 /* A frame's temporal id: frame * seconds * positions per second in float32, truncated by
- * Qwen2.5-Omni. */
+ * Qwen2.5-Omni; vLLM: frame * (seconds * positions per second) in float64, truncated. */
 static double
 omni_temporal(const Omni *o, const OmniGrid *g, int64_t frame)
 {
+    if (o->vllm)
+        return (double)(int64_t)((double)frame * ((double)g->seconds * o->factor));
     const float scaled = (float)frame * g->seconds, temporal = scaled * o->per_second;
     return o->qwen3 ? (double)temporal : (double)(int64_t)temporal;
 }
@@ -966,7 +979,7 @@ static void
 omni_frame(const Omni *o, char *const row[3], int64_t at, OmniGrid *g, int64_t frame)
 {
     const int64_t per_frame = g->height * g->width;
-    const size_t size = o->qwen3 ? 4 : 8;
+    const size_t size = o->float32 ? 4 : 8;
     omni_fill(o, row[0], at, per_frame, omni_add(o, omni_temporal(o, g, frame), g->start));
     if (g->pattern >= 0) {
         for (int r = 1; r < 3; r++)
@@ -1067,8 +1080,33 @@ omni_merge_by_chunks(const Omni *o, char *const row[3], int64_t at, OmniGrid *g,
     return omni_grid_largest(o, g);
 }
 
+/* vLLM's Qwen2.5-Omni interleave: the frames grouped by temporal id // `chunk` (a group
+ * without frames takes nothing), each group's frames then the next `chunk` audio positions, the
+ * audio left at the end. */
+static void
+omni_merge_by_groups(const Omni *o, char *const row[3], int64_t at, OmniGrid *g, int64_t audio_tokens)
+{
+    const int64_t per_frame = g->height * g->width;
+    int64_t heard = 0;
+    for (int64_t frame = 0; frame < g->frames;) {
+        const int64_t group = (int64_t)omni_temporal(o, g, frame) / o->chunk;
+        int64_t end = frame + 1;
+        while (end < g->frames && (int64_t)omni_temporal(o, g, end) / o->chunk == group)
+            end++;
+        omni_grid_range(o, row, at, g, frame * per_frame, end * per_frame);
+        at += (end - frame) * per_frame;
+        const int64_t taken = audio_tokens - heard < o->chunk ? audio_tokens - heard : o->chunk;
+        omni_ramp3(o, row, at, taken, heard, g->start);
+        at += taken;
+        heard += taken;
+        frame = end;
+    }
+    omni_ramp3(o, row, at, audio_tokens - heard, heard, g->start);
+}
+
 /* The media between an item's markers from `start`; `largest` receives their largest
- * position. Returns the largest position of what the reference appends last. */
+ * position. Returns the largest position of what the reference appends last (vLLM: the
+ * largest). */
 static double
 omni_media(const Omni *o, const OmniItem *item, char *const row[3], int64_t at, double start, double *largest)
 {
@@ -1087,6 +1125,13 @@ omni_media(const Omni *o, const OmniItem *item, char *const row[3], int64_t at, 
     }
     const int64_t audio_tokens = item->tokens - 4 - g.frames * g.height * g.width;
     *largest = omni_max(*largest, omni_add(o, (double)(audio_tokens - 1), start));
+    if (o->vllm) {  /* Qwen3-Omni: merged by integer time, which omni_temporal gives */
+        if (o->qwen3)
+            omni_merge_by_time(o, row, at, &g, audio_tokens);
+        else
+            omni_merge_by_groups(o, row, at, &g, audio_tokens);
+        return *largest;
+    }
     return o->qwen3 ? omni_merge_by_time(o, row, at, &g, audio_tokens) : omni_merge_by_chunks(o, row, at, &g, audio_tokens);
 }
 
@@ -1148,6 +1193,38 @@ omni_sample(const Omni *o, Py_ssize_t s, char *const row[3])
     return largest;
 }
 
+/* Sample s's positions as vLLM 0.33 computes them; returns its largest. vLLM places each
+ * media block (an audio's or a grid's positions, or a video's and its audio's interleaved) one
+ * past the largest position before it, and reads every other token as text counting on: the
+ * start markers before a block, the end markers after it. Its block of a video with its audio
+ * starts at the audio start marker; Qwen2.5-Omni's block is one token long at each end too, so
+ * its last placeholder and both end markers count on from the block's largest + 1. */
+static double
+omni_sample_vllm(const Omni *o, Py_ssize_t s, char *const row[3])
+{
+    const int64_t count = o->count[s];
+    double next = 0;  /* one past the largest position so far */
+    int64_t at = 0;
+    if (!o->text_only) {
+        for (Py_ssize_t i = o->first_item[s]; i < o->first_item[s + 1]; i++) {
+            const OmniItem *item = &o->items[i];
+            const int pair = item->kind == OMNI_AUDIO_IN_VIDEO;
+            const int64_t lead = item->start - at + 1 + (pair && o->qwen3);
+            omni_ramp3(o, row, at, lead, 0, next);
+            at += lead;
+            double largest;
+            omni_media(o, item, row, at, next + (double)lead, &largest);
+            at += item->tokens - (pair ? 4 : 2);
+            const int64_t tail = item->start + item->tokens - at;
+            omni_ramp3(o, row, at, tail, 0, largest + 1);
+            at += tail;
+            next = largest + 1 + (double)tail;
+        }
+    }
+    omni_ramp3(o, row, at, count - at, 0, next);
+    return next + (double)(count - at) - 1;
+}
+
 typedef struct {
     const Omni *o;
     Py_ssize_t first_sample, end_sample;
@@ -1158,7 +1235,7 @@ omni_write(void *argument)
 {
     const OmniWork *work = argument;
     const Omni *o = work->o;
-    const size_t size = o->qwen3 ? 4 : 8;
+    const size_t size = o->float32 ? 4 : 8;
     const Py_ssize_t length = o->length, rows = o->text_row ? 4 : 3;
     /* padding: 0 for Qwen3-Omni's placed positions, 1 for Qwen2.5-Omni's, for text-only
      * batches and in the text row */
@@ -1172,7 +1249,7 @@ omni_write(void *argument)
         char *at_sample[3];
         for (int r = 0; r < 3; r++)
             at_sample[r] = positions[r] + column * size;
-        double largest = omni_sample(o, s, at_sample);
+        double largest = o->vllm ? omni_sample_vllm(o, s, at_sample) : omni_sample(o, s, at_sample);
         if (o->text_row)
             omni_ramp(o, row[0], column, count, 0, 0.0);
         if (o->one_per_row) {
@@ -1181,11 +1258,11 @@ omni_write(void *argument)
                 omni_fill(o, row[r], 0, column, value);
                 omni_fill(o, row[r], column + count, length - column - count, value);
             }
-            if (o->text_only && count < length)  /* the reference's largest counts the padding's 1 */
+            if (o->text_only && count < length && !o->vllm)  /* the reference's largest counts the padding's 1 */
                 largest = omni_max(largest, 1);
         }
         const double delta = omni_add(o, omni_add(o, largest, 1), (double)-count);
-        if (o->qwen3)
+        if (o->float32)
             ((float *)o->deltas)[s] = (float)delta;
         else
             ((int64_t *)o->deltas)[s] = (int64_t)delta;
@@ -1233,17 +1310,19 @@ omni_spans(const uint8_t *mask, Py_ssize_t batch, Py_ssize_t length, int64_t *fi
 PyDoc_STRVAR(omni_positions_doc,
 "omni_positions(out, text_row, batch, length, ids, mask, first, count, tokens, flags, sizes,\n"
 "               per_second, image_grid, video_grid, seconds, audio_frames, deltas, threads) -> status\n\n"
-"An Omni thinker's positions written into `out` (float32 for Qwen3-Omni, else int64; (3, B, L),\n"
-"or (B, 4, L) with `text_row`, whose row 0 counts each sample's tokens from 0 and holds 1 at\n"
-"padding), and each sample's largest position + 1 - its tokens into `deltas` (same dtype).\n"
+"An Omni thinker's positions written into `out` (float32 for Qwen3-Omni's reference, else int64;\n"
+"(3, B, L), or (B, 4, L) with `text_row`, whose row 0 counts each sample's tokens from 0 and\n"
+"holds 1 at padding), and each sample's largest position + 1 - its tokens into `deltas` (same dtype).\n"
 "`ids`: int64 (B, L). Samples: `first` (flat index) and `count` (int64), covering the rows\n"
 "back to back; or, both None, one per row: its valid tokens in `mask` (bool, or None: all).\n"
 "`tokens`: (image, video, audio, vision start, vision end, audio start, audio end) ids;\n"
-"`flags`: (Qwen3-Omni, use_audio_in_video, text only: no image or video grid);\n"
-"`sizes`: (spatial merge, positions per chunk, audio window). Media, in the batch's order:\n"
+"`flags`: (Qwen3-Omni, use_audio_in_video, text only: no image or video grid, vLLM 0.33's\n"
+"positions); `sizes`: (spatial merge, positions per chunk, audio window); `per_second`: temporal\n"
+"positions per second. Media, in the batch's order:\n"
 "`image_grid`, `video_grid` int64 (N, 3) or None, `seconds` float32 per video, `audio_frames`\n"
 "int64 mel frames per audio. Returns 0 when written; 1 where tokens and media disagree, 2 for\n"
-"padding inside a row, 3 for media that cannot be placed, 4 for a sample without tokens.");
+"padding inside a row, 3 for media that cannot be placed, 4 for a sample without tokens (1\n"
+"also where vLLM refuses: an audio of its own beside a video with its audio in one sample).");
 
 static PyObject *
 omni_positions(PyObject *module, PyObject *args)
@@ -1252,11 +1331,11 @@ omni_positions(PyObject *module, PyObject *args)
     Omni o = {0};
     int text_row, threads;
     long long tokens[7], sizes[3];
-    int flags[3];
+    int flags[4];
     double per_second;
-    if (!PyArg_ParseTuple(args, "OpnnOOOO(LLLLLLL)(ppp)(LLL)dOOOOOi:omni_positions", &objects[0], &text_row, &o.batch,
+    if (!PyArg_ParseTuple(args, "OpnnOOOO(LLLLLLL)(pppp)(LLL)dOOOOOi:omni_positions", &objects[0], &text_row, &o.batch,
                           &o.length, &objects[1], &objects[2], &objects[3], &objects[4], &tokens[0], &tokens[1],
-                          &tokens[2], &tokens[3], &tokens[4], &tokens[5], &tokens[6], &flags[0], &flags[1], &flags[2],
+                          &tokens[2], &tokens[3], &tokens[4], &tokens[5], &tokens[6], &flags[0], &flags[1], &flags[2], &flags[3],
                           &sizes[0], &sizes[1], &sizes[2], &per_second, &objects[5], &objects[6], &objects[7],
                           &objects[8], &objects[9], &threads))
         return NULL;
@@ -1266,7 +1345,9 @@ omni_positions(PyObject *module, PyObject *args)
     o.qwen3 = flags[0];
     o.audio_in_video = flags[1];
     o.text_only = flags[2];
-    const Py_ssize_t value_size = o.qwen3 ? 4 : 8;
+    o.vllm = flags[3];
+    o.float32 = o.qwen3 && !o.vllm;
+    const Py_ssize_t value_size = o.float32 ? 4 : 8;
     Py_buffer views[10];
     int held[10] = {0};
     PyObject *result = NULL;
@@ -1308,6 +1389,7 @@ omni_positions(PyObject *module, PyObject *args)
     o.special_span = (uint64_t)(high - low);
     o.merge = sizes[0], o.chunk = sizes[1], o.n_window = sizes[2];
     o.per_second = (float)per_second;
+    o.factor = per_second;
     o.image_grid = held[5] ? views[5].buf : NULL;
     o.video_grid = held[6] ? views[6].buf : NULL;
     o.seconds = held[7] ? views[7].buf : NULL;

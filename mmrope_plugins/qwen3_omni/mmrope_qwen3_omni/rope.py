@@ -1,6 +1,7 @@
 """Omni positions: the installed thinker's ``get_rope_index`` (``reference``) and a batched
 kernel (``fast``), checked against each other when bound. Without the compiled loops the fast
-implementation is a step-by-step kernel with the batched kernel's results and errors."""
+implementation is a step-by-step kernel with the batched kernel's results and errors. Both
+kernels also compute vLLM 0.33's positions (``convention="vllm"``)."""
 
 from __future__ import annotations
 
@@ -18,14 +19,22 @@ from mmrope_core import (
     RopeBinding,
     RopeKernel,
     SegmentCutError,
+    UnknownConventionError,
+    conventions,
 )
 from mmrope_core._compiled import native
+from mmrope_core.conventions import TRANSFORMERS, VLLM_0_33
 from mmrope_core.reference import config_only_model, probe_once
 
 from .families import Family
 from .layout import Counters, Item, Tokens, check_all_used, iter_items, read_items
 
 IMPLEMENTATIONS = ("fast", "reference")
+CONVENTIONS = (TRANSFORMERS, VLLM_0_33)
+
+#: vLLM 0.33 counts Qwen3-Omni's audio tokens with an encoder window of 50 mel frames whatever
+#: the config says.
+VLLM_AUDIO_RULES = {True: "window_50", False: "qwen2_5"}
 
 
 def bind(family: Family, processor: Any, config: Any, options: Mapping[str, Any]) -> RopeBinding:
@@ -33,17 +42,29 @@ def bind(family: Family, processor: Any, config: Any, options: Mapping[str, Any]
     if implementation not in IMPLEMENTATIONS:
         raise InvalidInputError(f"implementation={implementation!r} is not an implementation of {family.name}; use "
                                 f"one of {IMPLEMENTATIONS}")
+    convention = conventions.convention(options, family.name, CONVENTIONS)
     integer = bool(options.get("integer_positions", False))
     thinker = thinker_config(family, processor, config)
     ids = token_ids(processor)
     markers = {"vision_end": ids["vision_eos"], "audio_end": ids["audio_eos"]}
-    dtype = torch.float32 if family.float_positions and not integer else torch.int64
-    note = ", integer positions (fractional positions truncated)" if family.float_positions and integer else ""
     # the batched kernel is a compiled loop
     kernel, name = (FastRopeIndex, "batched kernel") if native is not None else (StepwiseRopeIndex, "step-by-step kernel")
+    why = "" if native is not None else " (the compiled loops are missing)"
+    if convention != TRANSFORMERS:
+        if implementation == "reference":
+            raise UnknownConventionError(
+                f"position convention {convention!r} has no reference implementation in {family.name}: "
+                f"implementation='reference' is the installed transformers' own get_rope_index, whose positions are "
+                f"the 'transformers' convention. Drop implementation='reference': the fast kernels compute "
+                f"{convention!r}"
+            )
+        # no probe: there is no vLLM here to agree with (the tests and benchmarks compare with vLLM's code)
+        bound = kernel(family, thinker, markers, VLLM_AUDIO_RULES[family.float_positions], convention=convention)
+        return RopeBinding("mrope", bound, "fast", f"{family.name}, {name}{why}{conventions.described(convention)}")
+    dtype = torch.float32 if family.float_positions and not integer else torch.int64
+    note = ", integer positions (fractional positions truncated)" if family.float_positions and integer else ""
     rule = agreeing_audio_rule(family, thinker, markers, kernel)
     if implementation == "fast" and rule is not None:
-        why = "" if native is not None else " (the compiled loops are missing)"
         return RopeBinding("mrope", kernel(family, thinker, markers, rule, position_dtype=dtype), "fast",
                            f"{family.name}, {name}{why}{note}")
     why = "" if implementation == "reference" else f" (the {name} disagrees with this transformers)"
@@ -128,12 +149,19 @@ def rope_index_kwargs(multi_modal_inputs: Mapping[str, Any], mm_processor_kwargs
 
 
 class _Implementation(RopeKernel):
-    def __init__(self, family: Family, thinker: Any, position_dtype: torch.dtype | None = None) -> None:
+    def __init__(self, family: Family, thinker: Any, position_dtype: torch.dtype | None = None,
+                 convention: str = TRANSFORMERS) -> None:
         self.family = family
         self.config = thinker
         self.merge = int(thinker.vision_config.spatial_merge_size)
-        self.dtype = torch.float32 if family.float_positions else torch.int64  # the reference's
+        self.convention = convention
+        self.vllm = convention == VLLM_0_33
+        # the reference's; vLLM's positions are int64 in both generations
+        self.dtype = torch.float32 if family.float_positions and not self.vllm else torch.int64
         self.position_dtype = self.dtype if position_dtype is None else position_dtype
+        # Qwen2.5-Omni's reference finds a video with its audio by its first video token;
+        # vLLM reads no token inside the video's markers
+        self.video_token_first = not family.float_positions and not self.vllm
 
     def check(self, rows: Sequence[np.ndarray], image_grid_thw, video_grid_thw, audio_lengths, second_per_grids,
               use_audio_in_video, tokens: Tokens, *, refuse_empty: bool = False) -> list[list[Item]]:
@@ -152,16 +180,29 @@ class _Implementation(RopeKernel):
         if video_grid_thw is not None:
             _check_seconds(second_per_grids, video_grid_thw)
         counters = Counters()
-        video_token_first = not self.family.float_positions
         items = []
         for sample, row in enumerate(rows):
             if refuse_empty and row.size == 0:
                 raise InvalidInputError(f"sample {sample} has no valid token; drop empty samples")
             items.append(read_items(sample, row, tokens, counters, image_grid_thw=image_grid_thw,
                                     video_grid_thw=video_grid_thw, audio_lengths=audio_lengths, merge=self.merge,
-                                    use_audio_in_video=use_audio_in_video, video_token_first=video_token_first))
+                                    use_audio_in_video=use_audio_in_video, video_token_first=self.video_token_first))
+            if self.vllm:
+                _refuse_what_vllm_refuses(sample, items[-1])
         check_all_used(counters, image_grid_thw, video_grid_thw, audio_lengths)
         return items
+
+
+def _refuse_what_vllm_refuses(sample: int, items: Sequence[Item]) -> None:
+    with_audio = next((item for item in items if item.kind == "audio_in_video"), None)
+    alone = next((item for item in items if item.kind == "audio"), None)
+    if with_audio is not None and alone is not None:
+        raise InvalidInputError(
+            f"sample {sample}: an audio of its own (token {alone.start}) beside a video with its audio (token "
+            f"{with_audio.start}). vLLM 0.33 refuses such a request (with use_audio_in_video every audio must be a "
+            f"video's), so the vllm-0.33 convention has no positions for it; put that audio in a sample without "
+            f"videos, or use the transformers convention"
+        )
 
 
 def _check_seconds(second_per_grids: torch.Tensor | None, video_grid_thw: torch.Tensor) -> None:
@@ -265,21 +306,32 @@ def _seconds(value: Any) -> torch.Tensor | None:
 
 class _Kernel(_Implementation):
     """What the batched and the step-by-step kernels share: the config's sizes, checked when
-    bound, and the audio-length rule the probe found."""
+    bound, and the audio-length rule the probe found (vLLM's, in its convention)."""
 
     def __init__(self, family: Family, thinker: Any, markers: Mapping[str, int], audio_rule: str,
-                 position_dtype: torch.dtype | None = None) -> None:
-        super().__init__(family, thinker, position_dtype)
+                 position_dtype: torch.dtype | None = None, convention: str = TRANSFORMERS) -> None:
+        super().__init__(family, thinker, position_dtype, convention)
         self.tokens = tokens_of(thinker, markers)
         self.audio_rule = audio_rule
-        self._per_second = float(thinker.position_id_per_seconds)
-        self._chunk = int(thinker.position_id_per_seconds * getattr(thinker, "seconds_per_chunk", 2))
+        per_second = thinker.position_id_per_seconds
+        if self.vllm and not family.float_positions:  # vLLM times Qwen2.5-Omni's videos by the vision config
+            per_second = getattr(thinker.vision_config, "tokens_per_second", 25)
+        self._per_second = float(per_second)
+        self._chunk = int(per_second * getattr(thinker, "seconds_per_chunk", 2))
         self._window = audio_window(family, thinker, audio_rule)
+        # vLLM's seconds per grid where the inputs have none
+        self._default_seconds = (2.0 if family.float_positions else 1.0) if self.vllm else None
         if self.merge < 1 or (family.float_positions and self._window < 1) or (not family.float_positions and self._chunk < 1):
             raise InvalidInputError(
                 f"the {family.name} config's spatial_merge_size ({self.merge}), audio n_window or "
                 f"position_id_per_seconds * seconds_per_chunk ({self._chunk}) is below 1; pass the model's config"
             )
+
+    def _timing(self, second_per_grids: Any, video_grid_thw: Any) -> Any:
+        """The seconds per video grid given, or vLLM's default for each video when none are."""
+        if second_per_grids is None and self._default_seconds is not None and isinstance(video_grid_thw, torch.Tensor):
+            return torch.full((video_grid_thw.shape[0],), self._default_seconds, dtype=torch.float32)
+        return second_per_grids
 
 
 # what _native.omni_positions returns
@@ -299,8 +351,8 @@ class FastRopeIndex(_Kernel):
     places_packed_rows = True
 
     def __init__(self, family: Family, thinker: Any, markers: Mapping[str, int], audio_rule: str,
-                 position_dtype: torch.dtype | None = None) -> None:
-        super().__init__(family, thinker, markers, audio_rule, position_dtype)
+                 position_dtype: torch.dtype | None = None, convention: str = TRANSFORMERS) -> None:
+        super().__init__(family, thinker, markers, audio_rule, position_dtype, convention)
         t = self.tokens
         self._token_ids = (t.image, t.video, t.audio, t.vision_start, t.vision_end, t.audio_start, t.audio_end)
         self._sizes = (self.merge, self._chunk, self._window)
@@ -313,7 +365,7 @@ class FastRopeIndex(_Kernel):
         ``cu_seqlens`` (``(K + 1,)`` boundaries from 0 to L) one packed ``(1, L)`` row of K
         samples, each placed as it is alone, and ``(K, 1)`` deltas."""
         return self._on_device(False, input_ids, attention_mask, cu_seqlens, image_grid_thw, video_grid_thw,
-                               audio_seqlens, second_per_grids, use_audio_in_video)
+                               audio_seqlens, self._timing(second_per_grids, video_grid_thw), use_audio_in_video)
 
     __call__ = rope_index
 
@@ -325,7 +377,8 @@ class FastRopeIndex(_Kernel):
         sample's (segment's) valid tokens from 0, 1 at padding; rows 1 to 3 are
         :meth:`rope_index`'s positions, in ``position_dtype``. Written in the same pass."""
         positions, _ = self._on_device(True, input_ids, attention_mask, cu_seqlens, image_grid_thw, video_grid_thw,
-                                       audio_seqlens, second_per_grids, use_audio_in_video)
+                                       audio_seqlens, self._timing(second_per_grids, video_grid_thw),
+                                       use_audio_in_video)
         return positions if positions.dtype == self.position_dtype else positions.to(self.position_dtype)
 
     def _on_device(self, text_row, input_ids, attention_mask, cu_seqlens, *media) -> tuple[torch.Tensor, torch.Tensor]:
@@ -348,7 +401,7 @@ class FastRopeIndex(_Kernel):
         text_only = image_grid_thw is None and video_grid_thw is None
         status = native.omni_positions(  # type: ignore[union-attr]
             out.numpy(), text_row, batch, length, ids.numpy(), None if mask is None else mask.numpy(), first, count,
-            self._token_ids, (self.family.float_positions, bool(use_audio_in_video), text_only), self._sizes,
+            self._token_ids, (self.family.float_positions, bool(use_audio_in_video), text_only, self.vllm), self._sizes,
             self._per_second, images, videos, seconds, frames, deltas.numpy(),
             torch.get_num_threads())
         if status == _PADDING_INSIDE:
@@ -375,7 +428,7 @@ class FastRopeIndex(_Kernel):
         lengths = audio_token_counts(self.family, self.config, self.audio_rule, audio_seqlens)
         media = {"image_grid_thw": image_grid_thw, "video_grid_thw": video_grid_thw, "audio_lengths": lengths,
                  "merge": self.merge, "use_audio_in_video": use_audio_in_video,
-                 "video_token_first": not self.family.float_positions}
+                 "video_token_first": self.video_token_first}
         if first is not None:
             rows = [ids[0, begin : begin + size].numpy() for begin, size in zip(first.tolist(), count.tolist())]
             self._check_segment_cuts(ids[0].numpy(), np.append(first, first[-1] + count[-1]), media)
@@ -418,6 +471,7 @@ class StepwiseRopeIndex(_Kernel):
         if cu_seqlens is not None:
             raise TypeError("the step-by-step Omni kernel does not place packed rows: unpack them first")
         ids, mask = _host_batch(input_ids, attention_mask)
+        second_per_grids = self._timing(second_per_grids, video_grid_thw)
         _host_media(image_grid_thw, video_grid_thw, second_per_grids, audio_seqlens)  # checked as the batched kernel does
         seconds = _seconds(second_per_grids) if video_grid_thw is not None else None
         lengths = audio_token_counts(self.family, self.config, self.audio_rule, audio_seqlens)
@@ -435,10 +489,13 @@ class StepwiseRopeIndex(_Kernel):
     __call__ = rope_index
 
     def _text_only(self, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # what the reference does when no image or video grid is given, audio included
+        # what the reference does when no image or video grid is given, audio included (vLLM's
+        # positions of such samples count on too, without padding)
         mask = mask.long()
-        positions = (mask.float() if self.family.float_positions else mask).cumsum(-1) - 1
+        positions = mask.to(self.dtype).cumsum(-1) - 1
         positions.masked_fill_(mask == 0, 1)
+        if self.vllm:
+            return positions.unsqueeze(0).repeat(3, 1, 1), torch.zeros(mask.shape[0], 1, dtype=self.dtype)
         highest = positions.max(-1, keepdim=True).values  # the padding's 1 counts
         return positions.unsqueeze(0).repeat(3, 1, 1), highest + 1 - mask.sum(-1, keepdim=True)
 
@@ -446,9 +503,10 @@ class StepwiseRopeIndex(_Kernel):
         """Each sample's positions, from its items, written where its valid tokens are."""
         out = torch.full((3, *mask.shape), 0 if self.family.float_positions else 1, dtype=self.dtype)  # padding
         deltas = torch.empty(mask.shape[0], 1, dtype=self.dtype)
+        place = self._vllm_sample if self.vllm else self._sample
         for sample, (sample_items, span) in enumerate(zip(items, spans)):
             count = int(mask[sample].sum())
-            chunks = self._sample(sample_items, count, image_grid_thw, video_grid_thw, lengths, seconds)
+            chunks = place(sample_items, count, image_grid_thw, video_grid_thw, lengths, seconds)
             positions = torch.cat([chunk.to(self.dtype) for chunk in chunks], dim=1)
             out[:, sample, span] = positions
             deltas[sample] = positions.max() + 1 - count
@@ -507,6 +565,62 @@ class StepwiseRopeIndex(_Kernel):
         if qwen3:
             return self._merge_qwen3(chunks, video, audio, int(video_grid_thw[item.index][0]))
         return self._merge_qwen2_5(chunks, video, audio, start)
+
+    def _vllm_sample(self, items, count, image_grid_thw, video_grid_thw, lengths, seconds) -> list[torch.Tensor]:
+        """One sample's positions as vLLM 0.33 computes them (``omni_sample_vllm`` of the batched
+        kernel says how): each media block one past the largest position before it, every other
+        token text counting on."""
+        chunks: list[torch.Tensor] = []
+        cursor = following = 0  # the next token, and one past the largest position so far
+        qwen3 = self.family.float_positions
+        for item in items:
+            pair = item.kind == "audio_in_video"
+            lead = item.start - cursor + 1 + int(pair and qwen3)
+            chunks.append(_run(lead, following))
+            block = self._vllm_block(item, following + lead, image_grid_thw, video_grid_thw, lengths, seconds)
+            chunks.append(block)
+            tail = item.start + item.length - (cursor + lead + block.shape[1])
+            largest = int(block.max())
+            chunks.append(_run(tail, largest + 1))
+            following = largest + 1 + tail
+            cursor = item.start + item.length
+        chunks.append(_run(count - cursor, following))
+        return chunks
+
+    def _vllm_block(self, item, start: int, image_grid_thw, video_grid_thw, lengths, seconds) -> torch.Tensor:
+        """The positions vLLM gives the item's media tokens (for a video with its audio, the block
+        it lays from the audio start marker on)."""
+        if item.kind == "audio":
+            return _run(int(lengths[item.index]), start)
+        if item.kind == "image":
+            grid = image_grid_thw[item.index]
+            return self._vision(start, grid, self._vllm_times(int(grid[0]), 1.0))
+        grid = video_grid_thw[item.index]
+        frames = int(grid[0])
+        video = self._vision(start, grid, self._vllm_times(frames, float(seconds[item.index])))
+        if item.kind == "video":
+            return video
+        audio = _run(int(lengths[item.audio_index]), start)
+        if self.family.float_positions:  # merged by integer time: the frames' times are truncated
+            merged: list[torch.Tensor] = []
+            self._merge_qwen3(merged, video, audio, frames)
+            return merged[0]
+        return self._merge_by_groups(video, audio, start, frames)
+
+    def _vllm_times(self, frames: int, seconds: float) -> torch.Tensor:
+        # frame * (seconds * positions per second) in float64, truncated: numpy's astype(int64)
+        return (torch.arange(frames, dtype=torch.float64) * (seconds * self._per_second)).long()
+
+    def _merge_by_groups(self, video, audio, start: int, frames: int) -> torch.Tensor:
+        # vLLM's Qwen2.5-Omni interleave: frames grouped by temporal id // chunk (a group without
+        # frames takes nothing), each group's frames then the next chunk of audio, the rest last
+        per_frame = video.shape[1] // frames
+        groups = torch.div(video[0].view(frames, per_frame)[:, 0] - start, self._chunk, rounding_mode="floor")
+        group = torch.cat([torch.zeros(1, dtype=torch.long), (groups[1:] != groups[:-1]).long()]).cumsum(0)
+        audio_group = (torch.arange(audio.shape[1]) // self._chunk).clamp(max=int(group[-1]))
+        keys = torch.cat([2 * group.repeat_interleave(per_frame), 2 * audio_group + 1])
+        order = torch.sort(keys, stable=True).indices
+        return torch.cat([video, audio.to(video.dtype)], dim=1)[:, order]
 
     def _vision(self, start, grid, frames: torch.Tensor) -> torch.Tensor:
         height, width = int(grid[1]) // self.merge, int(grid[2]) // self.merge
