@@ -88,17 +88,17 @@ class ExampleCase:
             ``processor(...)``, one call per sample, each with ``return_tensors="pt"`` (``rng`` is a
             ``random.Random``). Samples are processed one by one and batched as trainers do,
             so give at least two that differ in length and media.
-        batches: optional, ``batches(processor, rng) -> dict``: one generated sample laid out as
-            the family's processor lays it out, for any processor of the family (its own token
-            ids): ``input_ids`` and ``attention_mask`` of shape ``(1, L)`` and the keyword
-            arguments of ``get_rope_index``. ``mmrope verify`` draws its samples from it; videos
+        batches: optional, ``batches(processor, config, rng) -> dict``: one generated sample laid
+            out as the family's processor lays it out, for any processor and config of the family
+            (their own token ids and sizes): ``input_ids`` and ``attention_mask`` of shape
+            ``(1, L)`` and the keyword arguments of ``get_rope_index``. ``mmrope verify`` draws its samples from it; videos
             included, since that is where conventions differ.
     """
 
     name: str
     build: Callable[[], tuple[Any, Any]]
     samples: Callable[[Any, Any], Sequence[Mapping[str, Any]]]
-    batches: Callable[[Any, Any], Mapping[str, Any]] | None = None
+    batches: Callable[[Any, Any, Any], Mapping[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):

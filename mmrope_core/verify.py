@@ -70,7 +70,7 @@ class Report:
 
 
 def verify(processor: Any, config: Any, *, samples: int = 100, seed: int = 0,
-           plugin_manager: PluginManager | None = None, batches: Callable[[Any, Any], Mapping[str, Any]] | None = None,
+           plugin_manager: PluginManager | None = None, batches: Callable[[Any, Any, Any], Mapping[str, Any]] | None = None,
            ) -> Report:
     """Compare, on ``samples`` generated single samples, the fast kernel with the reference and
     the transformers convention with the vLLM one. ``batches`` generates them (default: the
@@ -92,7 +92,7 @@ def verify(processor: Any, config: Any, *, samples: int = 100, seed: int = 0,
     generate = batches or generator_for(processor, plugins)
     rng = random.Random(seed)
     for index in range(samples):
-        batch = dict(generate(processor, rng))
+        batch = dict(generate(processor, config, rng))
         ids, mask = batch.pop("input_ids"), batch.pop("attention_mask", None)
         kwargs = {key: value for key, value in batch.items() if value is not None}
         want = reference.get_rope_index(ids, mask, **kwargs)
@@ -113,7 +113,7 @@ def verify(processor: Any, config: Any, *, samples: int = 100, seed: int = 0,
     return report
 
 
-def generator_for(processor: Any, plugins: PluginManager) -> Callable[[Any, Any], Mapping[str, Any]]:
+def generator_for(processor: Any, plugins: PluginManager) -> Callable[[Any, Any, Any], Mapping[str, Any]]:
     """The sample generator of the installed example case whose processor is of this class."""
     wanted = type(processor).__name__
     for case in example_cases(plugins):

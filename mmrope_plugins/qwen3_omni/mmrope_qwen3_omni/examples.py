@@ -89,5 +89,26 @@ def audio_and_image_prompt(processor: Any, rng: Any) -> dict[str, Any]:
             "padding": True, "return_tensors": "pt"}
 
 
+def one_sample(processor: Any, config: Any, rng: Any) -> dict[str, Any]:
+    """One generated sample for this processor and config: images, audio and videos, every other
+    one with the videos' audio interleaved (``use_audio_in_video``)."""
+    from .families import family_of
+    from .probe import random_batch
+    from .rope import agreeing_audio_rule, thinker_config, token_ids, tokens_of
+
+    family = family_of(processor)
+    thinker = thinker_config(family, processor, config)
+    ids = token_ids(processor)
+    markers = {"vision_end": ids["vision_eos"], "audio_end": ids["audio_eos"]}
+    words = processor.tokenizer.convert_tokens_to_ids(["the", "cat", "sat"])
+    # vLLM takes no audio of its own beside a video with its audio: such samples carry videos only
+    in_video = rng.random() < 0.5
+    kinds = ("image", "video", "video") if in_video else ("image", "audio", "video", "video")
+    return random_batch(family, tokens_of(thinker, markers), int(thinker.vision_config.spatial_merge_size), thinker,
+                        rng, use_audio_in_video=in_video, max_batch=1, max_items=3, text_ids=words,
+                        pad_id=processor.tokenizer.pad_token_id, kinds=kinds,
+                        audio_rule=agreeing_audio_rule(family, thinker, markers))
+
+
 def example_cases() -> list[ExampleCase]:
-    return [ExampleCase(name, functools.partial(build, name), audio_and_image_samples) for name in _SPECS]
+    return [ExampleCase(name, functools.partial(build, name), audio_and_image_samples, one_sample) for name in _SPECS]

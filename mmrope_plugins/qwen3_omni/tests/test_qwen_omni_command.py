@@ -14,3 +14,13 @@ def test_check_takes_a_distribution_name_and_prints_no_transformers_warnings():
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip().splitlines()[-1] == "qwen3_omni: conforms"
     assert "[transformers]" not in result.stdout + result.stderr
+
+
+def test_verify_reports_where_vllm_places_omni_samples_otherwise():
+    import json
+
+    result = subprocess.run([sys.executable, "-m", "mmrope_core", "verify", "--family", "Qwen3-Omni", "--samples", "30",
+                             "--json"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert report["fast_agrees"] and report["convention"] == "vllm-0.33" and 0 < report["differ"] <= 30

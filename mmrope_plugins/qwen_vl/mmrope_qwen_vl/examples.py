@@ -80,8 +80,9 @@ def _markers(processor: Any) -> tuple[str, str]:
     return tokenizer.begin_of_image_token, tokenizer.end_of_image_token
 
 
-def one_sample(processor: Any, rng: Any) -> dict[str, Any]:
-    """One generated sample with images and videos (:func:`~.samples.random_batch`)."""
+def one_sample(processor: Any, config: Any, rng: Any) -> dict[str, Any]:
+    """One generated sample with images and videos (:func:`~.samples.random_batch`); the config
+    changes nothing in their layout."""
     from .samples import random_batch
 
     return random_batch(processor, rng, max_batch=1)
