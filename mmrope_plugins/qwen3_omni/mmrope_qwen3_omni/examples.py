@@ -97,6 +97,7 @@ def one_sample(processor: Any, config: Any, rng: Any) -> dict[str, Any]:
     from .rope import agreeing_audio_rule, thinker_config, token_ids, tokens_of
 
     family = family_of(processor)
+    assert family is not None, f"{type(processor).__name__} is no Omni processor"
     thinker = thinker_config(family, processor, config)
     ids = token_ids(processor)
     markers = {"vision_end": ids["vision_eos"], "audio_end": ids["audio_eos"]}
