@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from mmrope_core import PlaceholderMismatchError
+from mmrope_core.errors import a, counted
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,7 +134,8 @@ def iter_items(
     placeholders = int(((tokens == ids.image) | (tokens == ids.video) | (tokens == ids.audio)).sum())
     if placeholders != expected:
         raise PlaceholderMismatchError(
-            f"sample {sample}: {placeholders - expected} image, video or audio placeholder tokens stand outside "
+            f"sample {sample}: {counted(placeholders - expected, 'image, video or audio placeholder token')} "
+            f"{'stands' if placeholders - expected == 1 else 'stand'} outside "
             f"any start/end markers (a missing start marker, or placeholders sampled in a response); "
             f"mask them out or restore the markers"
         )
@@ -156,7 +158,7 @@ def _audio_in_video(sample, tokens, ids, counters, position, video_grid_thw, aud
     found_audio = int((run == ids.audio).sum())
     if found_audio != audio_tokens:
         raise PlaceholderMismatchError(
-            f"sample {sample}, video {video}: its audio needs {audio_tokens} audio tokens (from "
+            f"sample {sample}, video {video}: its audio needs {counted(audio_tokens, 'audio token')} (from "
             f"feature_attention_mask), found {found_audio} among the video's placeholders"
         )
     end = position + 3 + video_tokens + audio_tokens
@@ -182,8 +184,8 @@ def check_all_used(counters: Counters, image_grid_thw, video_grid_thw, audio_len
         available = 0 if given is None else given.shape[0]
         if available != used:
             raise PlaceholderMismatchError(
-                f"{key} describes {available} {name}s but the batch holds {used}; the sequence was "
-                f"probably truncated before a {name}, drop the inputs of removed {name}s"
+                f"{key} describes {counted(available, name)} but the batch holds {used}; the sequence was "
+                f"probably truncated before {a(name)}, drop the inputs of removed {name}s"
             )
 
 
@@ -204,12 +206,12 @@ def _expect_run(sample, tokens, begin, n, allowed, name, index, end_marker) -> N
     found = sum(int((run == token).sum()) for token in allowed)
     if run.size < n or found != n:
         raise PlaceholderMismatchError(
-            f"sample {sample}, {name} {index}: needs {n} placeholder tokens, found {found}. "
+            f"sample {sample}, {name} {index}: needs {counted(n, 'placeholder token')}, found {found}. "
             f"The sequence was probably truncated inside it; truncate before the item or drop it"
         )
     if begin + n >= tokens.size or int(tokens[begin + n]) != end_marker:
         raise PlaceholderMismatchError(
-            f"sample {sample}, {name} {index}: {n} placeholder tokens are followed by token "
+            f"sample {sample}, {name} {index}: {counted(n, 'placeholder token')} {'is' if n == 1 else 'are'} followed by token "
             f"{int(tokens[begin + n]) if begin + n < tokens.size else 'end of sequence'} instead of the "
             f"end marker; the placeholder count does not match its grid or audio length"
         )

@@ -384,7 +384,7 @@ def test_a_start_marker_sampled_in_a_response_is_text(manager, name, row):
 @pytest.mark.parametrize("name", FAMILIES)
 @pytest.mark.parametrize("row, kwargs, message", [
     ("t[i]t", {}, "image 0 of the batch has no entry in image_grid_thw"),
-    ("t[i]t{tit", {"image_grid_thw": torch.tensor([[1, 2, 2]])}, "1 image, video or audio placeholder tokens stand outside"),
+    ("t[i]t{tit", {"image_grid_thw": torch.tensor([[1, 2, 2]])}, "1 image, video or audio placeholder token stands outside"),
     ("tAt", {}, "audio 0 of the batch has no entry in feature_attention_mask"),
     ("t[i]t{t[i]t", {"image_grid_thw": torch.tensor([[1, 2, 2]])}, "image 1 of the batch has no entry in image_grid_thw"),
 ])
