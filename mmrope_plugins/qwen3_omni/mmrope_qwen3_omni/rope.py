@@ -138,7 +138,7 @@ def rope_index_kwargs(multi_modal_inputs: Mapping[str, Any], mm_processor_kwargs
             kwargs[key] = multi_modal_inputs[key]
     mask = multi_modal_inputs.get("feature_attention_mask")
     if mask is not None:
-        kwargs["audio_seqlens"] = mask.sum(-1)
+        kwargs["audio_seqlens"] = _frames_per_audio(mask)
     seconds = multi_modal_inputs.get("second_per_grids", multi_modal_inputs.get("video_second_per_grid"))
     if seconds is not None:
         kwargs["second_per_grids"] = seconds if isinstance(seconds, torch.Tensor) else torch.tensor(seconds, dtype=torch.float32)
@@ -146,6 +146,14 @@ def rope_index_kwargs(multi_modal_inputs: Mapping[str, Any], mm_processor_kwargs
     if use is not None:
         kwargs["use_audio_in_video"] = bool(use)
     return kwargs
+
+
+def _frames_per_audio(mask: torch.Tensor) -> torch.Tensor:
+    """Each audio's mel frames, ``feature_attention_mask.sum(-1)`` (int64); on the CPU in numpy,
+    whose integer sums take a third of torch's on a batch's masks."""
+    if mask.is_cpu and mask.dtype in (torch.int32, torch.int64, torch.bool, torch.int8, torch.uint8):
+        return torch.from_numpy(mask.numpy().sum(-1, dtype=np.int64))
+    return mask.sum(-1)
 
 
 class _Implementation(RopeKernel):
