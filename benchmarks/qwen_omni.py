@@ -22,18 +22,13 @@ Memory freed during the call offsets what it takes: the peak is good to a few hu
 from __future__ import annotations
 
 import argparse
-import gc
-import os
 import random
-import subprocess
-import sys
-import tracemalloc
 
 import torch
+from timing import engine, environment, in_fresh_processes, peak_memory, timed
 
 from mmrope_qwen3_omni.examples import build
 from mmrope_qwen3_omni.rope import qwen3_audio_tokens, token_ids
-from timing import engine, environment, timed
 
 MERGE = 2
 
@@ -165,35 +160,20 @@ def audio_in_video(processor, thinker, total=32768):
 
 
 def memory(call: str) -> None:
-    """Print the peak memory of one 32 x 8192 call (``kernel``, ``engine`` or ``position_ids``)
-    beyond its output; run in a fresh process."""
+    """The peak memory of one 32 x 8192 call (``kernel``, ``engine`` or ``position_ids``) beyond
+    its output; run in a fresh process."""
     torch.set_num_threads(1)
     processor, config = build("Qwen3-Omni")
     fast = engine(processor, config, "qwen3_omni")
-    kernel = fast.binding.kernel.rope_index
+    kernel = fast.binding.kernel
     ids, mask, kwargs = many_items(processor, config.thinker_config)
     bool_mask = mask.bool()
     small, small_mask, small_kwargs = many_items(processor, config.thinker_config, rows=1)
-    kernel(small, small_mask.bool(), **small_kwargs)  # every code path loaded
-    calls = {"kernel": lambda: kernel(ids, bool_mask, **kwargs), "engine": lambda: fast.get_rope_index(ids, mask, **kwargs),
+    kernel.rope_index(small, small_mask.bool(), **small_kwargs)  # every code path loaded
+    calls = {"kernel": lambda: kernel.rope_index(ids, bool_mask, **kwargs),
+             "engine": lambda: fast.get_rope_index(ids, mask, **kwargs),
              "position_ids": lambda: kernel.position_ids(ids, bool_mask, **kwargs)}
-    gc.collect()
-    tracemalloc.start()
-    before = _status("VmRSS")
-    with open("/proc/self/clear_refs", "w") as clear:
-        clear.write("5")
-    result = calls[call]()
-    peak = _status("VmHWM") - before
-    traced = tracemalloc.get_traced_memory()[1]
-    out = result[0] if isinstance(result, tuple) else result
-    size = out.numel() * out.element_size()
-    print(f"{'32 x 8192 ' + call:<26}{size / 2**20:>8.2f} MiB{peak / 2**20:>10.2f} MiB{(peak - size) / 2**10:>+9.0f} KiB"
-          f"{(peak - size) / size:>+8.1%}{traced / 2**10:>10.0f} KiB")
-
-
-def _status(key: str) -> int:
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) * 1024 for line in status if line.startswith(key))
+    peak_memory(f"Omni 32 x 8192 {call}", calls[call])
 
 
 def main() -> None:
@@ -235,10 +215,8 @@ def main() -> None:
         print(f"{name:<46}{t['reference'] * 1e3:>9.2f}ms{t['engine'] * 1e3:>8.3f}ms{t['kernel'] * 1e3:>8.3f}ms"
               f"{t['reference'] / t['engine']:>11.0f}x{t['reference'] / t['kernel']:>11.0f}x")
     if args.memory:
-        print(f"\n{'call':<26}{'output':>12}{'peak RSS':>14}{'beyond the output':>21}{'traced':>14}")
-        for call in ("kernel", "engine", "position_ids"):
-            subprocess.run([sys.executable, __file__, "--measure-memory-of", call], check=True,
-                           env={**os.environ, "MALLOC_MMAP_THRESHOLD_": str(64 * 1024)})
+        print()
+        in_fresh_processes(__file__, ["kernel", "engine", "position_ids"])
 
 
 if __name__ == "__main__":

@@ -2,7 +2,10 @@
 allocating the (3, B, L) output and filling it from one prepared row. Prints ratios measured in this run (machines are noisy;
 compare ratios, not times).
 
-    python benchmarks/qwen_vl.py [--repeat 10]
+    python benchmarks/qwen_vl.py [--repeat 10] [--memory]
+
+``--memory`` also measures the peak memory of one 32 x 8192 call beyond its output, each call in
+a fresh process (see ``timing.peak_memory``).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import torch
 from mmrope_core.kernel import RopeKernel
 from mmrope_qwen_vl.examples import build
 from samples import batch_with_media
-from timing import engine, environment, timed
+from timing import engine, environment, in_fresh_processes, peak_memory, timed
 
 
 def as_trainers_call(reference, ids, mask, grids):
@@ -39,10 +42,30 @@ class Prepared(RopeKernel):
         return self.results[1]
 
 
+def memory(call: str) -> None:
+    """The peak memory of one call (``kernel``, ``engine`` or ``compute_position_ids``) on the 32 x
+    8192 image batch beyond its output; run in a fresh process."""
+    torch.set_num_threads(1)
+    processor, config = build("Qwen2-VL")
+    fast = engine(processor, config, "qwen_vl")
+    ids, mask, grids = batch_with_media(processor, 32, 8192, [(1, 28, 28)] * 4, 512)
+    small = batch_with_media(processor, 1, 2048, [(1, 28, 28)], 16)
+    fast.compute_position_ids(small[0], small[1], small[2])  # every code path loaded
+    fast.get_rope_index(small[0], small[1], **small[2])
+    calls = {"kernel": lambda: fast.binding.kernel.rope_index(ids, mask.bool(), **grids),
+             "engine": lambda: fast.get_rope_index(ids, mask, **grids),
+             "compute_position_ids": lambda: fast.compute_position_ids(ids, mask, grids)}
+    peak_memory(f"Qwen2-VL 32 x 8192 {call}", calls[call])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--memory", action="store_true")
+    parser.add_argument("--measure-memory-of", choices=["kernel", "engine", "compute_position_ids"])
     args = parser.parse_args()
+    if args.measure_memory_of:
+        return memory(args.measure_memory_of)
     torch.set_num_threads(torch.get_num_threads())
     processor, config = build("Qwen2-VL")
     fast = engine(processor, config, "qwen_vl")
@@ -70,6 +93,9 @@ def main() -> None:
               f"{t_ref / t_fast:>9.1f}x{t_fast / t_fill:>10.1f}x")
 
     single_sample(processor, config, fast, reference, args.repeat * 8)
+    if args.memory:
+        print()
+        in_fresh_processes(__file__, ["kernel", "engine", "compute_position_ids"])
 
 
 def single_sample(processor, config, fast, reference, repeat) -> None:
