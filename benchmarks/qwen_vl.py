@@ -14,11 +14,11 @@ import argparse
 import dataclasses
 
 import torch
+from samples import batch_with_media
+from timing import engine, environment, in_fresh_processes, peak_memory, timed
 
 from mmrope_core.kernel import RopeKernel
 from mmrope_qwen_vl.examples import build
-from samples import batch_with_media
-from timing import engine, environment, in_fresh_processes, peak_memory, timed
 
 
 def as_trainers_call(reference, ids, mask, grids):
