@@ -20,6 +20,22 @@ def pytest_configure(config: pytest.Config) -> None:
         "differential: compares a fast implementation with the installed transformers reference "
         "(run on every supported transformers)",
     )
+    config.addinivalue_line(
+        "markers",
+        "applies(condition, reason): the test applies only where condition holds (a model type the "
+        "installed transformers has); elsewhere it is deselected, not run",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # a test of something this transformers lacks is not a test here: deselected, never skipped
+    kept, deselected = [], []
+    for item in items:
+        marks = list(item.iter_markers("applies"))
+        (kept if all(mark.args[0] for mark in marks) else deselected).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
 
 
 @pytest.fixture

@@ -263,7 +263,9 @@ def test_a_text_only_checkpoint_gives_none(tmp_path):
     assert verls_own_factory()(str(tmp_path)) is None
 
 
-def test_a_processor_no_plugin_handles_is_refused_not_silently_1d(tmp_path):
+def test_a_processor_without_m_rope_gets_verls_1d_positions(tmp_path):
+    """LLaVA has no M-RoPE: the drop-in's processor offers no get_rope_index, so verl's own check
+    takes its 1-D path, where verl's factory refuses the class and returns None."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     from mmrope_core.tiny import word_level_tokenizer
@@ -272,10 +274,31 @@ def test_a_processor_no_plugin_handles_is_refused_not_silently_1d(tmp_path):
                                             tokenizer=word_level_tokenizer({"image_token": "<image>"}))
     processor.save_pretrained(tmp_path)
     transformers.AutoConfig.for_model("llava").save_pretrained(tmp_path)
-    with pytest.raises(UnsupportedProcessorError, match="LlavaProcessor"):
-        load(hf_processor, str(tmp_path))
+    dropped_in, _ = load(hf_processor, str(tmp_path))
+    assert type(dropped_in).__name__ == "LlavaProcessor" and not hasattr(dropped_in, "get_rope_index")
+    assert dropped_in.rope_engine.rope_kind == "1d"
     verls, failures = load(verls_own_factory(), str(tmp_path))  # verl: None and a warning, then 1-D positions
     assert verls is None and "Unsupported processor type: LlavaProcessor" in failures[0]
+
+
+def test_a_processor_no_plugin_handles_is_refused_not_silently_1d(tmp_path, monkeypatch):
+    import os
+
+    import mmrope_core.manager
+    from mmrope_core import PluginManager
+
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from mmrope_core.tiny import word_level_tokenizer
+
+    processor = transformers.LlavaProcessor(image_processor=Qwen2VLImageProcessorPil(), patch_size=14,
+                                            tokenizer=word_level_tokenizer({"image_token": "<image>"}))
+    processor.save_pretrained(tmp_path)
+    transformers.AutoConfig.for_model("llava").save_pretrained(tmp_path)
+    without = PluginManager(env={**os.environ, "MMROPE_DISABLE_PLUGINS": "transformers"})  # none handles LLaVA
+    monkeypatch.setattr(mmrope_core.manager, "_default_manager", without)
+    with pytest.raises(UnsupportedProcessorError, match="LlavaProcessor"):
+        load(hf_processor, str(tmp_path))
 
 
 @contextlib.contextmanager

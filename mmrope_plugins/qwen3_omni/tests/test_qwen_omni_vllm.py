@@ -10,6 +10,7 @@ import random
 
 import pytest
 import torch
+import transformers
 from test_qwen_omni import FAMILIES, as_processor_outputs, built, generated, ids_of, split, transformers_reference
 
 from mmrope_core import (
@@ -384,8 +385,6 @@ def vllm_layout(name, frames, per_frame, audio, seconds):
 def processor_layout(name, frames, per_frame, audio, seconds):
     """The transformers processor's tokens between the audio markers (its own code)."""
     processor, _ = built(name)
-    if not hasattr(processor, "replace_video_with_audio_token"):
-        pytest.skip("this transformers' processor lays out videos with their audio elsewhere")
     token = ids_of(processor)
     side = int(per_frame**0.5) * 2
     placed = processor.replace_video_with_audio_token(
@@ -396,6 +395,9 @@ def processor_layout(name, frames, per_frame, audio, seconds):
     return "".join("v" if i == token["video"] else "a" for i in ids)
 
 
+@pytest.mark.applies(all(hasattr(getattr(transformers, name), "replace_video_with_audio_token")
+                          for name in ("Qwen3OmniMoeProcessor", "Qwen2_5OmniProcessor")),
+                      "the processors' own layout of a video with its audio")
 @pytest.mark.parametrize("name, seconds, frames, audio", [
     ("Qwen2.5-Omni", 5.0, 3, 130),  # vLLM gives chunks without frames their audio
     ("Qwen2.5-Omni", 3.0, 4, 180),

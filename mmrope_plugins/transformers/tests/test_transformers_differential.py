@@ -154,11 +154,10 @@ def test_family_plugin_model_types_are_reproduced_by_this_plugin_alone(model_typ
         assert_equal_to_own(model_type, *split(random_batch(model_type, processor, config, rng)))
 
 
+@pytest.mark.applies("hunyuan_vl" in MODEL_TYPES, "HunYuan-VL")
 def test_hunyuan_vl_counts_images_across_the_batch_as_its_model_does():
     """HunYuan-VL's image index runs over the whole batch: a sample's positions depend on the
     images of the samples before it. The engine gives the model's positions, alone and batched."""
-    if "hunyuan_vl" not in MODEL_TYPES:
-        pytest.skip("no HunYuan-VL in this transformers")
     engine = engine_of("hunyuan_vl")
     processor, _ = built("hunyuan_vl")
     rng = random.Random(5)
