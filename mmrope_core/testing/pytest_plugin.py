@@ -29,7 +29,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # a test of something this transformers lacks is not a test here: deselected, never skipped
-    kept, deselected = [], []
+    kept: list[pytest.Item] = []
+    deselected: list[pytest.Item] = []
     for item in items:
         marks = list(item.iter_markers("applies"))
         (kept if all(mark.args[0] for mark in marks) else deselected).append(item)

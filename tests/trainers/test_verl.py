@@ -284,11 +284,10 @@ def test_a_processor_without_m_rope_gets_verls_1d_positions(tmp_path):
 def test_a_processor_no_plugin_handles_is_refused_not_silently_1d(tmp_path, monkeypatch):
     import os
 
-    import mmrope_core.manager
-    from mmrope_core import PluginManager
-
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
+    import mmrope_core.manager
+    from mmrope_core import PluginManager
     from mmrope_core.tiny import word_level_tokenizer
 
     processor = transformers.LlavaProcessor(image_processor=Qwen2VLImageProcessorPil(), patch_size=14,
