@@ -2,7 +2,8 @@
 
 Cases: one 1 x 4096 sample with a few media items (a video without, then with its audio
 interleaved); a 32 x 8192 batch whose every row is one sample of ten or more items (images,
-audio clips, videos with their audio interleaved); one 1 x 32768 sample holding a long video
+audio clips, videos with their audio interleaved); a 2 x 16500 batch of rows of about 140 short
+videos with their audio each; one 1 x 32768 sample holding a long video
 with its audio. The reference is the thinker's own
 ``get_rope_index`` called as a trainer calls it (no input checks); ``engine`` is
 ``RopeEngine.get_rope_index``, ``kernel`` the binding's ``rope_index`` called directly (what the
@@ -141,6 +142,20 @@ def many_items(processor, thinker, rows=32, length=8192, seed=0):
     return batch(samples, length)
 
 
+def many_videos(processor, thinker, rows=2, length=16500, seed=1):
+    """Each row one sample of about 140 short videos, each with its audio interleaved, and a
+    few words between them."""
+    rng = random.Random(seed)
+    samples = []
+    for _ in range(rows):
+        sample = Sample(processor, thinker).text(8)
+        while len(sample.row) < length - 200:
+            sample.video_with_audio((3, 2 * rng.randint(4, 6), 2 * rng.randint(4, 6)), rng.choice([0.5, 1.0, 2 / 3]))
+            sample.text(rng.randint(4, 20))
+        samples.append(sample)
+    return batch(samples, length)
+
+
 def audio_in_video(processor, thinker, total=32768):
     """Text, then one video (64 frames of 28 x 28 patches) with its audio, then text."""
     sample = Sample(processor, thinker).text(16)
@@ -199,6 +214,7 @@ def main() -> None:
         ("1 x 4096, 2 images, audio, video", single_sample(processor, thinker), 8),
         ("1 x 4096, 2 images, audio, video + its audio", single_sample_with_audio_in_video(processor, thinker), 4),
         ("32 x 8192, 10-14 items a row", many_items(processor, thinker), 1),
+        ("2 x 16500, ~140 videos + their audio a row", many_videos(processor, thinker), 1),
         ("1 x 32768, video (64,28,28) + its audio", audio_in_video(processor, thinker), 1),
     ]
     for name, (ids, mask, kwargs), rounds in cases:

@@ -16,7 +16,8 @@ there and the media item before it) and by how much vLLM is shifted (vLLM - refe
 temporal row, or (t, h, w) when the rows differ).
 (b) Times, with one torch thread, the reference (``implementation="reference"``), vLLM (its
 ``get_mrope_input_positions`` on the features its input processor builds, a Python loop over rows)
-and mmrope (``engine.get_rope_index``; ``engine.compute_position_ids`` in its own column). Machines
+and mmrope (``engine.get_rope_index``; ``engine.compute_position_ids`` and the ``convention="vllm"``
+engine's ``get_rope_index`` in columns of their own). Machines
 are noisy: compare the ratios, measured in the same run.
 
 ``--convention vllm`` measures mmrope's ``convention="vllm"`` engines against vLLM instead (the
@@ -66,7 +67,7 @@ def main() -> None:
     if not args.no_timing:
         print(f"\n(b) best of {args.repeat} rounds, one torch thread\n")
         header = (f"{'case':<52}{'reference':>11}{'vLLM':>10}{'mmrope':>10}{'mmrope/vLLM':>13}{'ref/mmrope':>12}"
-                  f"{'mmrope cpi':>12}{'vLLM = ref':>12}")
+                  f"{'mmrope cpi':>12}{'vLLM = ref':>12}{'mmrope vllm':>16}")
         print(header)
         print("-" * len(header))
         for side in sides.values():
@@ -210,17 +211,19 @@ class Side:
         vllm_equal = sum(torch.equal(self.model.get_mrope_input_positions(tokens, features)[0].double(),
                                      want[:, row, mask[row].bool()].double())
                          for row, (tokens, features) in enumerate(rows))
-        model = self.model
+        model, convention = self.model, self.convention
         t = timed({
             "reference": lambda: self.reference.get_rope_index(ids, mask, **kwargs),
             "vllm": lambda: [model.get_mrope_input_positions(tokens, features) for tokens, features in rows],
             "mmrope": lambda: self.fast.get_rope_index(ids, mask, **kwargs),
             "mmrope cpi": lambda: self.fast.compute_position_ids(ids, mask, inputs, processor_kwargs),
+            **({"mmrope vllm": lambda: convention.get_rope_index(ids, mask, **kwargs)} if convention else {}),
         }, repeat, block=1 if ids.numel() > 100_000 else 5)
         ms = {k: v * 1e3 for k, v in t.items()}
         print(f"{name:<52}{ms['reference']:>9.2f}ms{ms['vllm']:>8.2f}ms{ms['mmrope']:>8.3f}ms"
               f"{ms['mmrope'] / ms['vllm']:>12.3f}x{ms['reference'] / ms['mmrope']:>11.1f}x"
-              f"{ms['mmrope cpi']:>10.3f}ms{f'{vllm_equal}/{len(rows)}':>12}")
+              f"{ms['mmrope cpi']:>10.3f}ms{f'{vllm_equal}/{len(rows)}':>12}"
+              + (f"{ms['mmrope vllm']:>14.3f}ms" if "mmrope vllm" in ms else f"{'-':>16}"))
 
     def _vllm_rows(self, ids, mask, kwargs):
         """Each row's prompt tokens and the features vLLM's input processor would build for it."""
