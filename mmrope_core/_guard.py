@@ -13,6 +13,13 @@ from .errors import MmropeError, PluginHookError
 #: (plugin name, result) of each hook implementation that answered, in the hook call under way
 _NO_KEYWORDS: dict[str, Any] = {}
 _answers: contextvars.ContextVar[list[tuple[str, Any]] | None] = contextvars.ContextVar("mmrope_answers", default=None)
+#: the plugin whose hook implementation is running (None in the core, and in hook wrappers)
+_running: contextvars.ContextVar[str | None] = contextvars.ContextVar("mmrope_running", default=None)
+
+
+def running() -> str | None:
+    """The name of the plugin whose hook implementation is running, or None."""
+    return _running.get()
 
 
 def call(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *,
@@ -55,7 +62,11 @@ def hook_implementation(function: Callable[..., Any], *, hook: str, name: str, l
 
     @functools.wraps(function)
     def guarded(*args: Any) -> Any:
-        result = call(function, args, _NO_KEYWORDS, plugin=label, what=what, advice=advice)
+        token = _running.set(name)
+        try:
+            result = call(function, args, _NO_KEYWORDS, plugin=label, what=what, advice=advice)
+        finally:
+            _running.reset(token)
         _record(name, result)
         return result
 

@@ -52,12 +52,17 @@ def batch_processor_outputs(
     if padding_side not in ("left", "right"):
         raise CollateError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
     varlen_keys = frozenset(varlen_keys)
+    if not outputs:
+        raise CollateError("no samples to batch: pass one processor output per sample")
     rows = []
     for index, output in enumerate(outputs):
-        if "input_ids" not in output:
+        if not isinstance(output, Mapping) or "input_ids" not in output:
             raise CollateError(f"sample {index} has no input_ids; pass the processor's outputs")
         ids = output["input_ids"]
         mask = output.get("attention_mask")
+        if not isinstance(ids, torch.Tensor) or (mask is not None and not isinstance(mask, torch.Tensor)):
+            raise CollateError(f"sample {index}: input_ids and attention_mask must be (1, L) tensors, got "
+                               f"{type(ids).__name__}; call the processor with return_tensors='pt'")
         if ids.dim() != 2 or ids.shape[0] != 1:
             raise CollateError(f"sample {index}: input_ids must be (1, L) per sample, got {tuple(ids.shape)}")
         rows.append((ids[0], torch.ones_like(ids[0]) if mask is None else mask[0]))

@@ -72,6 +72,7 @@ class RopeEngine:
         if processor is None:
             read = EngineOptions(options)
             convention(read, "a text-only model", KNOWN)  # 1-D positions are every convention's
+            _one_implementation(read, "a text-only model")
             read.refuse_unread("a text-only engine (processor=None)")
             return cls(None, config, _TEXT_ONLY, plugins=plugins, options=options)
         plugin, binding = _bind(plugins, processor, config, EngineOptions(options))
@@ -193,6 +194,10 @@ class RopeEngine:
         self, multi_modal_inputs: Mapping[str, Any] | None, mm_processor_kwargs: Mapping[str, Any] | None = None
     ) -> dict[str, Any]:
         """The keyword arguments the plugins derive from one batch's inputs, merged."""
+        for key, value in (("multi_modal_inputs", multi_modal_inputs), ("mm_processor_kwargs", mm_processor_kwargs)):
+            if value is not None and not isinstance(value, Mapping):
+                raise InvalidInputError(f"{key} must be a dict of the processor's outputs (or None), got "
+                                        f"{type(value).__name__}")
         merged: dict[str, Any] = {}
         givers: dict[str, PluginInfo] = {}
         for info, result in self._plugins.results(
@@ -263,10 +268,11 @@ class RopeEngine:
         if four_rows:
             expected = f"a {self.position_dtype} tensor of shape {(ids.shape[0], axes + 1, ids.shape[1])}"
             ok = (isinstance(result, torch.Tensor) and result.shape == (ids.shape[0], axes + 1, ids.shape[1])
-                  and result.dtype == self.position_dtype)
+                  and result.dtype == self.position_dtype and result.device == ids.device)
         else:
-            expected = f"positions of shape {(axes, *ids.shape)} and deltas of shape {(rows, 1)}"
-            ok = (isinstance(result, tuple) and len(result) == 2 and all(isinstance(t, torch.Tensor) for t in result)
+            expected = (f"positions of shape {(axes, *ids.shape)} and deltas of shape {(rows, 1)}, integer, float32 "
+                        f"or float64 tensors on {ids.device}")
+            ok = (isinstance(result, tuple) and len(result) == 2 and all(_exact(t, ids.device) for t in result)
                   and result[0].shape == (axes, *ids.shape) and result[1].shape == (rows, 1))
         if not ok:
             raise PluginContractError(f"the kernel's {name} of plugin {self._label()} returned {_shapes(result)}; "
@@ -357,14 +363,26 @@ def _rebuild(processor: Any, config: Any, options: dict[str, Any]) -> RopeEngine
 
 
 def _bind(plugins: PluginManager, processor: Any, config: Any, options: EngineOptions) -> tuple[PluginInfo, RopeBinding]:
-    for info, result in plugins.results("bind_rope_index", processor=processor, config=config, options=options):
+    for info, result, binders in plugins.answers("bind_rope_index", processor=processor, config=config,
+                                                 options=options):
         _expect(isinstance(result, RopeBinding), info, "bind_rope_index", "a RopeBinding", result)
-        if options.given("convention") and not options.was_read("convention"):
+        if result.kind == "1d":
+            _one_implementation(options, type(processor).__name__)
+        if options.given("convention") and not options.was_read("convention", binders):
             # a plugin that never asks for one computes transformers' positions: refuse the others
             convention(options, f"plugin {info.label}", (TRANSFORMERS,))
-        options.refuse_unread(f"plugin {info.label}, which binds {type(processor).__name__}")
+        options.refuse_unread(f"plugin {info.label}, which binds {type(processor).__name__}", binders)
         return info, result
     raise UnsupportedProcessorError(_unsupported_message(plugins, processor))
+
+
+def _one_implementation(options: EngineOptions, what: str) -> None:
+    """1-D positions have one implementation, the mask's: ``implementation="fast"`` and
+    ``"reference"`` both name it, so that one trainer configuration serves every family."""
+    implementation = options.get("implementation")
+    if implementation not in (None, "fast", "reference"):
+        raise InvalidInputError(f"implementation={implementation!r} is not an implementation of {what}: its 1-D "
+                                f"positions come from the attention mask, which 'fast' and 'reference' both name")
 
 
 def _unsupported_message(plugins: PluginManager, processor: Any) -> str:
@@ -393,6 +411,14 @@ def _unsupported_message(plugins: PluginManager, processor: Any) -> str:
 def _expect(ok: bool, info: PluginInfo, hook: str, what: str, result: Any) -> None:
     if not ok:
         raise PluginContractError(f"plugin {info.label} returned {type(result).__name__} from {hook}; expected {what}")
+
+
+def _exact(value: Any, device: torch.device) -> bool:
+    """A tensor that holds positions exactly: integers, or float32/float64 (half precision rounds
+    positions beyond 2048)."""
+    return (isinstance(value, torch.Tensor) and value.device == device
+            and (value.dtype in (torch.float32, torch.float64)
+                 or not (value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool)))
 
 
 def _shapes(result: Any) -> str:

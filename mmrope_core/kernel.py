@@ -23,8 +23,9 @@ class RopeKernel(abc.ABC):
       row holds at least one valid token.
     - ``inputs`` are the keyword arguments the plugins' ``get_rope_index_kwargs`` derive from the
       processor's outputs (grids, timing, audio lengths...), or those a caller of
-      ``engine.get_rope_index`` passes. Raise :class:`~mmrope_core.InvalidInputError` for a key
-      you do not know.
+      ``engine.get_rope_index`` passes. Treat a key you do not take as the family's reference
+      does: ignore it where the reference takes ``**kwargs``, else raise
+      :class:`~mmrope_core.InvalidInputError` naming it.
     - With :attr:`places_packed_rows` set, ``cu_seqlens`` may be given: then ``input_ids`` is one
       packed ``(1, T)`` row of K samples back to back, ``attention_mask`` is None, and
       ``cu_seqlens`` is a ``(K + 1,)`` int64 tensor of their boundaries from 0 to T. Each

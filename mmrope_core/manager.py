@@ -26,7 +26,7 @@ import importlib_metadata
 import pluggy
 
 from . import _guard, hookspecs
-from .errors import PluginLoadError, PluginLoadWarning
+from .errors import PluginError, PluginLoadError, PluginLoadWarning
 
 ENTRY_POINT_GROUP = "mmrope"
 
@@ -202,8 +202,12 @@ class PluginManager:
         return sorted([*self._infos.values(), *self._shadowed], key=lambda info: info.name)
 
     def info(self, name: str) -> PluginInfo:
+        """The plugin registered as ``name`` (its entry-point name), active, disabled or failed."""
         with contextlib.suppress(PluginLoadError):
             self.load()
+        if name not in self._infos:
+            raise PluginError(f"no mmrope plugin is named {name!r}; the plugins seen: "
+                              f"{', '.join(map(repr, sorted(self._infos))) or 'none'} (see `mmrope plugins`)")
         return self._infos[name]
 
     @property
@@ -225,13 +229,19 @@ class PluginManager:
         its distribution and the hook; an :class:`MmropeError` a plugin raises on purpose passes
         through unchanged.
         """
+        return [(info, value) for info, value, _ in self.answers(hook_name, **kwargs)]
+
+    def answers(self, hook_name: str, **kwargs: Any) -> list[tuple[PluginInfo, Any, frozenset[str]]]:
+        """:meth:`results`, each with the names of every plugin whose implementation returned
+        that very result (the one that computed it and the wrappers that passed it on)."""
         if not self._loaded or self._failures:
             self.load()
         caller = getattr(self._pm.hook, hook_name)
         with _guard.answers() as given:
             outcome = caller(**kwargs)
         values = [outcome] if _firstresult(caller) else outcome
-        return [(self._answered(given, value), value) for value in values if value is not None]
+        return [(self._answered(given, value), value, frozenset(name for name, result in given if result is value))
+                for value in values if value is not None]
 
     def results_of(self, name: str, hook_name: str, **kwargs: Any) -> list[Any]:
         """What plugin ``name`` alone answers to hook ``hook_name`` (through pluggy, so that its

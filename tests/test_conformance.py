@@ -30,6 +30,31 @@ def test_violations_name_the_plugin_the_hook_and_the_rule(make_manager):
     assert message.startswith("plugin nonconforming: get_rope_index_kwargs broke rule 'does not change its inputs' on Nonconforming")
 
 
+def test_each_rule_is_caught_when_broken(make_manager):
+    import re
+    from pathlib import Path
+
+    import mmrope_core.testing.conformance as conformance
+
+    source = Path(conformance.__file__).read_text()
+    rules = set(re.findall(r'self\.fail\([^,]+, "([^"]+)"', source)) | {"position_ids equal the text row over rope_index's positions"}
+    broken = set()
+    for name in ("nonconforming", "unruly"):
+        broken |= {v.rule for v in check_plugin(name, manager=make_manager(MMROPE_LOAD_PLUGINS=name))}
+    not_shown_here = {
+        # the engine refuses these results itself (PluginContractError), before the suite compares them
+        "output shape", "get_rope_index returns (3, B, L) (a kernel's rope_rows) and (B, 1)",
+        "int64 positions unless the kernel declares another dtype",
+        # a plugin breaking one of these ends its check there (not shown by these two plugins)
+        "returns a list of ExampleCase", "example processors build offline", "an engine builds for its own processor",
+        "claims its own processors", "returns a RopeBinding or None", "hooks do not raise on valid input",
+        "computes positions for its own examples", "get_rope_index computes its own examples",
+        "declared varlen keys collate", "packed samples compute",
+    }
+    assert not_shown_here <= rules
+    assert rules - not_shown_here <= broken, sorted(rules - not_shown_here - broken)
+
+
 def test_a_plugin_that_does_not_load_is_reported(make_manager):
     with pytest.warns(Warning):
         violations = check_plugin("broken_import", manager=make_manager(MMROPE_LOAD_PLUGINS="broken_import"))

@@ -105,6 +105,14 @@ def test_kernel_results_of_the_wrong_dtype_break_the_contract(toy_manager, toy):
         engine.compute_position_ids(torch.full((1, 5), 7), None, {}, cu_seqlens=torch.tensor([0, 2, 5]))
 
 
+def test_rope_index_results_that_do_not_hold_positions_exactly_break_the_contract(toy_manager, toy):
+    engine = engine_of(toy, toy_manager, "half")
+    with pytest.raises(PluginContractError, match=r"^the kernel's rope_index of plugin toy \(mmrope-test-plugins 1.0\) "
+                                                  r"returned \(a torch.float16 tensor of shape \(3, 1, 5\), a torch.bool "
+                                                  r"tensor of shape \(1, 1\)\); expected .* integer, float32 or float64"):
+        engine.get_rope_index(torch.full((1, 5), 7))
+
+
 def test_a_kernel_that_raises_names_the_plugin(toy_manager, toy):
     engine = engine_of(toy, toy_manager, "raising")
     with pytest.raises(PluginHookError, match=r"^plugin toy \(mmrope-test-plugins 1.0\) raised in the kernel's "
@@ -177,8 +185,33 @@ def test_an_option_the_plugin_does_not_read_is_refused(toy_manager, toy):
                                                  r"plugins 1.0\), which binds ToyProcessor; the options it reads: "
                                                  r"'implementation', 'kernel'"):
         RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager, implementaton="reference")
-    with pytest.raises(UnknownOptionError, match="not known to a text-only engine"):
-        RopeEngine.from_processor(None, plugin_manager=toy_manager, implementation="reference")
+    with pytest.raises(UnknownOptionError, match="option 'implementaton' is not known to a text-only engine"):
+        RopeEngine.from_processor(None, plugin_manager=toy_manager, implementaton="reference")
+    assert RopeEngine.from_processor(None, plugin_manager=toy_manager, implementation="reference").rope_kind == "1d"
+
+
+def test_an_option_read_by_a_plugin_that_declines_is_still_unknown_to_the_binder(toy_manager, toy):
+    from mmrope_core import UnknownConventionError, UnknownOptionError
+
+    class Curious:
+        @hookimpl(tryfirst=True)
+        def bind_rope_index(self, processor, config, options):
+            options.get("fancy_option"), options.get("convention")  # asks, then declines
+
+    class PassingOn:
+        @hookimpl(wrapper=True)
+        def bind_rope_index(self, processor, config, options):
+            return (yield)
+
+    with toy_manager.registered(Curious(), "curious"):
+        with pytest.raises(UnknownOptionError, match=r"option 'fancy_option' is not known to plugin toy .*the "
+                                                     r"options it reads: 'implementation', 'kernel'"):
+            RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager, fancy_option=1)
+        with pytest.raises(UnknownConventionError):
+            RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager, convention="vllm")
+        with toy_manager.registered(PassingOn(), "passing_on"):  # the binder's reads count through a wrapper
+            engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager, kernel="direct")
+            assert type(engine.binding.kernel).__name__ == "DirectKernel"  # option kernel= read by toy, accepted
 
 
 def test_kwargs_hooks_cannot_change_the_callers_data(toy_manager, toy):

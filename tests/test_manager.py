@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from mmrope_core import PluginLoadError, PluginLoadWarning, PluginManager, hookimpl
+from mmrope_core import PluginError, PluginLoadError, PluginLoadWarning, PluginManager, hookimpl
 from mmrope_core.manager import PluginInfo
 
 
@@ -248,3 +248,9 @@ def test_two_plugins_claiming_one_processor_class_are_a_listed_conflict(toy_mana
         assert cli.main(["plugins"]) == 0
     out = capsys.readouterr().out
     assert "conflict: ToyProcessor is claimed by shadow (registered in-process), toy (mmrope-test-plugins 1.0)" in out
+
+
+def test_info_on_a_name_no_plugin_has_lists_the_names_seen(toy_manager):
+    assert toy_manager.info("toy").name == "toy"
+    with pytest.raises(PluginError, match=r"no mmrope plugin is named 'nope'; the plugins seen: .*'toy'"):
+        toy_manager.info("nope")

@@ -420,7 +420,7 @@ def assert_both_paths_agree(family, ids, mask, inputs, where, *, fused_expected=
         assert (written is not None) == fused_expected, f"{where}, {method}: the compiled call took it or not"
 
 
-compiled_only = pytest.mark.applies(_compiled.native is not None, "the compiled loops")
+compiled_only = pytest.mark.mmrope_applies(_compiled.native is not None, "the compiled loops")
 
 
 @compiled_only

@@ -107,7 +107,7 @@ def seconds_per_grid(value: Any, videos: int) -> tuple[torch.Tensor, np.ndarray 
     """``second_per_grid_ts`` as a checked ``(videos,)`` tensor (a list becomes float32, as the
     processor returns it; None, one second each), and the same on the CPU: a numpy view where
     numpy holds its dtype, else a tensor."""
-    from ..errors import InvalidInputError
+    from ..errors import InvalidInputError, counted
 
     if value is None:
         seconds = torch.ones(videos, dtype=torch.int64)
@@ -117,7 +117,8 @@ def seconds_per_grid(value: Any, videos: int) -> tuple[torch.Tensor, np.ndarray 
         seconds = seconds.reshape(-1)
     if seconds.numel() != videos:
         raise InvalidInputError(
-            f"second_per_grid_ts has {seconds.numel()} values for {videos} videos in video_grid_thw; "
+            f"second_per_grid_ts has {counted(seconds.numel(), 'value')} for {counted(videos, 'video')} in "
+            f"video_grid_thw; "
             f"pass one value per video"
         )
     host = seconds.detach().cpu()

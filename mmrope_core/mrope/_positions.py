@@ -54,9 +54,8 @@ def mrope_position_ids(
 ) -> torch.Tensor:
     """The ``(B, 4, L)`` int64 layout of ``RopeEngine.compute_position_ids`` in one pass: row 0
     counts each sample's valid tokens from 0 (1 at padding), rows 1 to 3 are the positions
-    :func:`mrope_positions` returns. For a binding's ``position_ids``; with ``cu_seqlens``, as
-    in :func:`mrope_positions`, for its ``packed_position_ids`` (every row restarts at 0 in
-    every segment)."""
+    :func:`mrope_positions` returns: a kernel's ``position_ids``. With ``cu_seqlens``, as in
+    :func:`mrope_positions`, every row restarts at 0 in every segment."""
     positions, _ = _computed(token_types, attention_mask, kinds, grids, spatial_merge_size, text_row=True,
                              cu_seqlens=cu_seqlens, resume_past_frames=resume_past_frames)
     return positions

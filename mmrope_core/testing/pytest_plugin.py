@@ -22,8 +22,8 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
-        "applies(condition, reason): the test applies only where condition holds (a model type the "
-        "installed transformers has); elsewhere it is deselected, not run",
+        "mmrope_applies(condition, reason): the test applies only where condition holds (a model "
+        "type the installed transformers has); elsewhere it is deselected, not run",
     )
 
 
@@ -32,7 +32,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     kept: list[pytest.Item] = []
     deselected: list[pytest.Item] = []
     for item in items:
-        marks = list(item.iter_markers("applies"))
+        marks = list(item.iter_markers("mmrope_applies"))
+        if any(not mark.args for mark in marks):
+            raise pytest.UsageError(f"{item.nodeid}: mmrope_applies needs a condition: mmrope_applies(condition, reason)")
         (kept if all(mark.args[0] for mark in marks) else deselected).append(item)
     if deselected:
         config.hook.pytest_deselected(items=deselected)

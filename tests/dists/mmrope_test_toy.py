@@ -85,6 +85,14 @@ class Int32Kernel(DirectKernel):
         return super().position_ids(*args, **kwargs).int()
 
 
+class HalfKernel(ToyKernel):
+    """Positions in half precision, deltas as bools: neither holds positions exactly."""
+
+    def rope_index(self, *args, **kwargs):
+        positions, deltas = super().rope_index(*args, **kwargs)
+        return positions.half(), deltas.bool()
+
+
 class StridedKernel(DirectKernel):
     """The same positions, laid out in memory token by token (not contiguous)."""
 
@@ -103,7 +111,7 @@ class RaisingKernel(ToyKernel):
 
 KERNELS = {"counting": lambda: ToyKernel(), "raising": lambda: RaisingKernel(), "placing": lambda: ToyKernel(places_packed_rows=True),
            "direct": lambda: DirectKernel(places_packed_rows=True), "misshapen": lambda: MisshapenKernel(True),
-           "int32": lambda: Int32Kernel(True), "strided": lambda: StridedKernel(True)}
+           "int32": lambda: Int32Kernel(True), "half": lambda: HalfKernel(), "strided": lambda: StridedKernel(True)}
 
 
 def _relaxed(processor, text=None, **kwargs):

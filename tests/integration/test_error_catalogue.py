@@ -139,6 +139,7 @@ TRIGGERS = {
     "omni-audio-in-video-count": omni("t[(vvv" + "a" * 12 + ")]t", video_grid_thw=torch.tensor([[2, 2, 2]]),
                                       second_per_grids=torch.tensor([1.0]), audio_seqlens=torch.tensor([100]),
                                       use_audio_in_video=True),
+    "omni-unknown-input": omni("t[i]t", image_grid_thw=torch.tensor([[1, 2, 2]]), image_grid=torch.tensor([[1, 2, 2]])),
     "omni-config-ids": lambda: RopeEngine.from_processor(
         engine("Qwen3-Omni").processor, transformers.AutoConfig.for_model("qwen3_omni_moe"), plugin_manager=manager()),
     "unsupported-processor": lambda: RopeEngine.from_processor(MysteryProcessor(), plugin_manager=manager()),
@@ -146,6 +147,10 @@ TRIGGERS = {
     "unknown-impl": lambda: engine("Qwen2-VL", impl="turbo"),
     "unknown-option": lambda: RopeEngine.from_processor(engine("Qwen2-VL").processor, engine("Qwen2-VL").config,
                                                         plugin_manager=manager(), implementaton="reference"),
+    "inputs-not-a-dict": lambda: engine("Qwen2-VL").compute_position_ids(torch.ones(1, 2, dtype=torch.long), None,
+                                                                         [torch.ones(1)]),
+    "batch-nothing": lambda: engine("Qwen2-VL").batch([]),
+    "batch-ids-list": lambda: engine("Qwen2-VL").batch([{"input_ids": [[1, 2, 3]]}]),
     "collate-shapes": lambda: collate([{"input_features": torch.ones(1, 4, 3)}, {"input_features": torch.ones(1, 4, 5)}]),
     "collate-types": lambda: collate([{"metadata": "x"}, {"metadata": {"fps": 2}}]),
 }

@@ -131,9 +131,21 @@ def test_a_new_user_installs_with_pip_and_runs_demo_and_check(tmp_path):
 UNRELATED_TEST = """
 import sys
 
+import pytest
+
 
 def test_unrelated():
     assert "torch" not in sys.modules and "transformers" not in sys.modules
+
+
+@pytest.mark.applies  # a marker of the project's own, named like none of mmrope's
+def test_with_a_marker_of_its_own():
+    pass
+
+
+@pytest.mark.applies(0)
+def test_with_a_marker_of_its_own_and_an_argument():
+    pass
 """
 
 
@@ -141,6 +153,7 @@ def test_an_unrelated_pytest_run_imports_no_torch(tmp_path):
     (tmp_path / "test_unrelated.py").write_text(UNRELATED_TEST)
     result = run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", cwd=tmp_path, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "3 passed" in result.stdout, result.stdout
     assert "mmrope_core.testing.pytest_plugin" in run(sys.executable, "-m", "pytest", "--trace-config", "-q",
                                                       "-p", "no:cacheprovider", cwd=tmp_path, check=False).stdout
 
@@ -154,3 +167,4 @@ def test_a_broken_mmrope_install_does_not_break_an_unrelated_pytest_run(tmp_path
     result = run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", cwd=tmp_path, check=False,
                  env={"PYTHONPATH": broken})
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "3 passed" in result.stdout, result.stdout

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mmrope_core.errors import counted
+
 
 def validate_relaxed(processor: Any, images: Any = None, text: Any = None, videos: Any = None,
                      audio: Any = None, **kwargs: Any) -> None:
@@ -31,7 +33,8 @@ def validate_relaxed(processor: Any, images: Any = None, text: Any = None, video
         if placeholders > count:
             raise ValueError(
                 f"{name}: the text holds {placeholders} {processor.image_token} placeholders but only "
-                f"{count} images were given; remove the extra placeholders or pass their images"
+                f"{counted(count, 'image')} {'was' if count == 1 else 'were'} given; remove the extra "
+                f"placeholders or pass their images"
             )
     if audio is not None and None in (processor.audio_token, processor.boa_token, processor.eoa_token):
         raise ValueError(

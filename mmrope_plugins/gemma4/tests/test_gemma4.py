@@ -83,7 +83,7 @@ def test_placeholders_spread_differently_over_samples_pass(engine):
     "call, message",
     [
         ({"text": ["<|image|> <|image|> cat"], "images": [[np.zeros((32, 32, 3), dtype=np.uint8)]]},
-         "2 <\\|image\\|> placeholders but only 1 images"),
+         "2 <\\|image\\|> placeholders but only 1 image was given"),
         ({}, "at least one of text, images"),
         ({"text": [1, 2]}, "string or a list of strings"),
     ],
@@ -147,3 +147,15 @@ def test_mmrope_check_command():
 
     result = subprocess.run([sys.executable, "-m", "mmrope_core", "check", "gemma4"], capture_output=True, text=True)
     assert result.returncode == 0 and "gemma4: conforms" in result.stdout, result.stdout + result.stderr
+
+
+def test_both_implementations_name_the_masks_positions(manager):
+    from mmrope_core import InvalidInputError
+
+    processor, config = built()
+    for implementation in ("fast", "reference"):
+        engine = RopeEngine.from_processor(processor, config, plugin_manager=manager, implementation=implementation)
+        mask = torch.tensor([[0, 1, 1, 1]])
+        assert torch.equal(engine.compute_position_ids(torch.ones(1, 4, dtype=torch.long), mask, {}), one_d(mask))
+    with pytest.raises(InvalidInputError, match="implementation='turbo' is not an implementation of Gemma4Processor"):
+        RopeEngine.from_processor(processor, config, plugin_manager=manager, implementation="turbo")

@@ -23,6 +23,7 @@ from mmrope_core import (
     conventions,
 )
 from mmrope_core._compiled import native
+from mmrope_core.errors import counted
 from mmrope_core.conventions import TRANSFORMERS, VLLM_0_33
 from mmrope_core.reference import config_only_model, probe_once
 
@@ -217,8 +218,8 @@ def _check_seconds(second_per_grids: torch.Tensor | None, video_grid_thw: torch.
     if second_per_grids is None:
         raise InvalidInputError("videos need second_per_grids (the processor's video_second_per_grid)")
     if second_per_grids.numel() != video_grid_thw.shape[0]:
-        raise InvalidInputError(f"second_per_grids has {second_per_grids.numel()} values for "
-                                f"{video_grid_thw.shape[0]} videos; pass one per video")
+        raise InvalidInputError(f"second_per_grids has {counted(second_per_grids.numel(), 'value')} for "
+                                f"{counted(video_grid_thw.shape[0], 'video')}; pass one per video")
     if not bool(torch.isfinite(second_per_grids.float()).all()) or bool((second_per_grids < 0).any()):
         raise InvalidInputError(f"second_per_grids must be finite and not negative: {second_per_grids.tolist()}")
 
@@ -278,7 +279,8 @@ class ReferenceRopeIndex(_Implementation):
     def rope_index(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                    cu_seqlens: torch.Tensor | None = None, image_grid_thw=None, video_grid_thw=None,
                    audio_seqlens=None, second_per_grids=None, use_audio_in_video: bool = False,
-                   **ignored: Any) -> tuple[torch.Tensor, torch.Tensor]:
+                   **unknown: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        _refuse_unknown(unknown)
         second_per_grids = _seconds(second_per_grids)
         mask = _ones_if_none(input_ids, attention_mask)
         if self.audio_rule is not None:
@@ -304,6 +306,18 @@ def audio_token_counts(family: Family, thinker: Any, rule: str | None, audio_seq
     if family.float_positions:
         return qwen3_audio_tokens(lengths, audio_window(family, thinker, rule))
     return qwen2_5_audio_tokens(lengths)
+
+
+def _refuse_unknown(unknown: Mapping[str, Any]) -> None:
+    """The thinker's ``get_rope_index`` takes no other keyword: neither do its kernels."""
+    if unknown:
+        raise InvalidInputError(
+            f"get_rope_index got {', '.join(map(repr, sorted(unknown)))}, which the Omni thinker's get_rope_index "
+            f"does not take; it takes {', '.join(map(repr, INPUT_KEYS))}"
+        )
+
+
+INPUT_KEYS = ("image_grid_thw", "video_grid_thw", "audio_seqlens", "second_per_grids", "use_audio_in_video")
 
 
 def _seconds(value: Any) -> torch.Tensor | None:
@@ -368,10 +382,11 @@ class FastRopeIndex(_Kernel):
     def rope_index(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                    cu_seqlens: torch.Tensor | None = None, image_grid_thw=None, video_grid_thw=None,
                    audio_seqlens=None, second_per_grids=None, use_audio_in_video: bool = False,
-                   **ignored: Any) -> tuple[torch.Tensor, torch.Tensor]:
+                   **unknown: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """``(3, B, L)`` positions and ``(B, 1)`` deltas, as the reference returns them; with
         ``cu_seqlens`` (``(K + 1,)`` boundaries from 0 to L) one packed ``(1, L)`` row of K
         samples, each placed as it is alone, and ``(K, 1)`` deltas."""
+        _refuse_unknown(unknown)
         return self._on_device(False, input_ids, attention_mask, cu_seqlens, image_grid_thw, video_grid_thw,
                                audio_seqlens, self._timing(second_per_grids, video_grid_thw), use_audio_in_video)
 
@@ -380,10 +395,11 @@ class FastRopeIndex(_Kernel):
     def position_ids(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                      cu_seqlens: torch.Tensor | None = None, image_grid_thw=None, video_grid_thw=None,
                      audio_seqlens=None, second_per_grids=None, use_audio_in_video: bool = False,
-                     **ignored: Any) -> torch.Tensor:
+                     **unknown: Any) -> torch.Tensor:
         """The engine's ``(B, 4, L)`` layout, ``(1, 4, L)`` with ``cu_seqlens``: row 0 counts each
         sample's (segment's) valid tokens from 0, 1 at padding; rows 1 to 3 are
         :meth:`rope_index`'s positions, in ``position_dtype``. Written in the same pass."""
+        _refuse_unknown(unknown)
         positions, _ = self._on_device(True, input_ids, attention_mask, cu_seqlens, image_grid_thw, video_grid_thw,
                                        audio_seqlens, self._timing(second_per_grids, video_grid_thw),
                                        use_audio_in_video)
@@ -474,8 +490,9 @@ class StepwiseRopeIndex(_Kernel):
     def rope_index(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                    cu_seqlens: torch.Tensor | None = None, image_grid_thw=None, video_grid_thw=None,
                    audio_seqlens=None, second_per_grids=None, use_audio_in_video: bool = False,
-                   **ignored: Any) -> tuple[torch.Tensor, torch.Tensor]:
+                   **unknown: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """``(3, B, L)`` positions and ``(B, 1)`` deltas, as the reference returns them."""
+        _refuse_unknown(unknown)
         if cu_seqlens is not None:
             raise TypeError("the step-by-step Omni kernel does not place packed rows: unpack them first")
         ids, mask = _host_batch(input_ids, attention_mask)

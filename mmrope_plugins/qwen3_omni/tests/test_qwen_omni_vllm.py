@@ -395,7 +395,7 @@ def processor_layout(name, frames, per_frame, audio, seconds):
     return "".join("v" if i == token["video"] else "a" for i in ids)
 
 
-@pytest.mark.applies(all(hasattr(getattr(transformers, name), "replace_video_with_audio_token")
+@pytest.mark.mmrope_applies(all(hasattr(getattr(transformers, name), "replace_video_with_audio_token")
                           for name in ("Qwen3OmniMoeProcessor", "Qwen2_5OmniProcessor")),
                       "the processors' own layout of a video with its audio")
 @pytest.mark.parametrize("name, seconds, frames, audio", [

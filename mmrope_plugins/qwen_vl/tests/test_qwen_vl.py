@@ -393,7 +393,7 @@ def test_empty_video_grids_and_seconds_are_no_videos(manager):
 @pytest.mark.parametrize(
     "seconds, message",
     [
-        (torch.tensor([0.5, 1.0]), "2 values for 1 videos"),
+        (torch.tensor([0.5, 1.0]), "2 values for 1 video in"),
         (torch.tensor([float("nan")]), "non-finite"),
         (torch.tensor([float("inf")]), "non-finite"),
         (torch.tensor([-1.0]), "negative"),

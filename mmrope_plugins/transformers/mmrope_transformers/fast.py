@@ -27,7 +27,7 @@ from mmrope_core.mrope import (
     mrope_positions,
     probe_batches,
 )
-from mmrope_core.mrope._family import TemporalRule
+from mmrope_core.mrope import TemporalRule
 from mmrope_core.reference import kernels_agree, probe_once
 
 from .reference import media_token_ids

@@ -198,14 +198,14 @@ def test_a_processor_computing_positions_itself_is_declined(manager):
         RopeEngine.from_processor(computing, config, plugin_manager=manager)
 
 
-@pytest.mark.applies("hunyuan_vl" in transformers.CONFIG_MAPPING, "HunYuan-VL")
+@pytest.mark.mmrope_applies("hunyuan_vl" in transformers.CONFIG_MAPPING, "HunYuan-VL")
 def test_a_config_the_method_cannot_run_on_is_refused_at_bind_time(manager):
     processor, _ = built("hunyuan_vl")
     with pytest.raises(InvalidInputError, match=r"HunYuanVLModel.get_rope_index fails on the config given.*checkpoint"):
         RopeEngine.from_processor(processor, transformers.AutoConfig.for_model("hunyuan_vl"), plugin_manager=manager)
 
 
-@pytest.mark.applies("qwen4_exp" in transformers.CONFIG_MAPPING, "Qwen4-exp")
+@pytest.mark.mmrope_applies("qwen4_exp" in transformers.CONFIG_MAPPING, "Qwen4-exp")
 def test_family_plugins_answer_first():
     """Qwen3VLProcessor is the Qwen3-VL family's; with a Qwen4-exp config the family plugin
     declines and this one binds."""

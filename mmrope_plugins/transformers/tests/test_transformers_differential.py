@@ -154,7 +154,7 @@ def test_family_plugin_model_types_are_reproduced_by_this_plugin_alone(model_typ
         assert_equal_to_own(model_type, *split(random_batch(model_type, processor, config, rng)))
 
 
-@pytest.mark.applies("hunyuan_vl" in MODEL_TYPES, "HunYuan-VL")
+@pytest.mark.mmrope_applies("hunyuan_vl" in MODEL_TYPES, "HunYuan-VL")
 def test_hunyuan_vl_counts_images_across_the_batch_as_its_model_does():
     """HunYuan-VL's image index runs over the whole batch: a sample's positions depend on the
     images of the samples before it. The engine gives the model's positions, alone and batched."""
