@@ -23,8 +23,8 @@ from mmrope_core import (
     conventions,
 )
 from mmrope_core._compiled import native
-from mmrope_core.errors import counted
 from mmrope_core.conventions import TRANSFORMERS, VLLM_0_33
+from mmrope_core.errors import counted
 from mmrope_core.reference import config_only_model, probe_once
 
 from .families import Family

@@ -22,12 +22,12 @@ from mmrope_core.mrope import (
     MediaKind,
     MropeFamily,
     MropeKernel,
+    TemporalRule,
     check_placeholders,
     mrope_position_ids,
     mrope_positions,
     probe_batches,
 )
-from mmrope_core.mrope import TemporalRule
 from mmrope_core.reference import kernels_agree, probe_once
 
 from .reference import media_token_ids
