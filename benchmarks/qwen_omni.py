@@ -3,7 +3,8 @@
 Cases: one 1 x 4096 sample with a few media items (a video without, then with its audio
 interleaved); a 32 x 8192 batch whose every row is one sample of ten or more items (images,
 audio clips, videos with their audio interleaved); a 2 x 16500 batch of rows of about 140 short
-videos with their audio each; one 1 x 32768 sample holding a long video
+videos with their audio each; 32 x 8192 rows each packed with several samples of 3 to 5 items
+(``segment_ids``; the reference called once per sample); one 1 x 32768 sample holding a long video
 with its audio. The reference is the thinker's own
 ``get_rope_index`` called as a trainer calls it (no input checks); ``engine`` is
 ``RopeEngine.get_rope_index``, ``kernel`` the binding's ``rope_index`` called directly (what the
@@ -142,6 +143,42 @@ def many_items(processor, thinker, rows=32, length=8192, seed=0):
     return batch(samples, length)
 
 
+def packed_samples(processor, thinker, rows=32, length=8192, seed=2):
+    """Each row packed with several samples of 3 to 5 items each (``segment_ids``, padded at its
+    end); returns the packed batch and each sample alone, as the reference takes it."""
+    rng = random.Random(seed)
+    ids = torch.zeros(rows, length, dtype=torch.long)
+    segments = torch.zeros(rows, length, dtype=torch.long)
+    alone = []
+    for r in range(rows):
+        column, k = 0, 0
+        while True:
+            sample = Sample(processor, thinker).text(rng.randint(8, 40))
+            for _ in range(rng.randint(3, 5)):
+                kind = rng.choice(["image", "image", "audio", "video"])
+                if kind == "image":
+                    sample.image((1, 2 * rng.randint(6, 12), 2 * rng.randint(6, 12)))
+                elif kind == "audio":
+                    sample.audio(rng.randint(100, 1000))
+                else:
+                    sample.video_with_audio((rng.randint(2, 4), 2 * rng.randint(6, 10), 2 * rng.randint(6, 10)),
+                                            rng.choice([0.5, 1.0, 2 / 3, 0.48]))
+                sample.text(rng.randint(4, 60))
+            if column + len(sample.row) > length:
+                break
+            k += 1
+            ids[r, column:column + len(sample.row)] = torch.tensor(sample.row)
+            segments[r, column:column + len(sample.row)] = k
+            column += len(sample.row)
+            alone.append(batch([sample], len(sample.row)))
+    kwargs: dict = {"use_audio_in_video": True}
+    for key in ("image_grid_thw", "video_grid_thw", "second_per_grids", "audio_seqlens"):
+        parts = [one[2][key] for one in alone if key in one[2]]
+        if parts:
+            kwargs[key] = torch.cat(parts)
+    return ids, segments, kwargs, alone
+
+
 def many_videos(processor, thinker, rows=2, length=16500, seed=1):
     """Each row one sample of about 140 short videos, each with its audio interleaved, and a
     few words between them."""
@@ -217,6 +254,7 @@ def main() -> None:
         ("2 x 16500, ~140 videos + their audio a row", many_videos(processor, thinker), 1),
         ("1 x 32768, video (64,28,28) + its audio", audio_in_video(processor, thinker), 1),
     ]
+    packed_ids, segments, packed_kwargs, alone = packed_samples(processor, thinker)
     for name, (ids, mask, kwargs), rounds in cases:
         ones = torch.ones_like(ids) if mask is None else mask
         want = own(input_ids=ids, attention_mask=ones, **kwargs)
@@ -230,6 +268,22 @@ def main() -> None:
         }, args.repeat * rounds)
         print(f"{name:<46}{t['reference'] * 1e3:>9.2f}ms{t['engine'] * 1e3:>8.3f}ms{t['kernel'] * 1e3:>8.3f}ms"
               f"{t['reference'] / t['engine']:>11.0f}x{t['reference'] / t['kernel']:>11.0f}x")
+    # rows packed with several samples: the reference called per sample, the engine once
+    positions, _ = fast.get_rope_index(packed_ids, segment_ids=segments, **packed_kwargs)
+    valid = positions.permute(1, 2, 0).reshape(-1, 3)[segments.reshape(-1) > 0]  # (tokens, 3)
+    start = 0
+    for ids, mask, kwargs in alone:
+        want, _ = own(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
+        assert torch.equal(valid[start:start + ids.shape[1]].t(), want[:, 0]), "packed"
+        start += ids.shape[1]
+    t = timed({
+        "reference": lambda: [own(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
+                              for ids, _, kwargs in alone],
+        "engine": lambda: fast.get_rope_index(packed_ids, segment_ids=segments, **packed_kwargs),
+    }, args.repeat)
+    name = f"32 x 8192 packed, {len(alone)} samples (segment_ids)"
+    print(f"{name:<46}{t['reference'] * 1e3:>9.2f}ms{t['engine'] * 1e3:>8.3f}ms{'-':>10}"
+          f"{t['reference'] / t['engine']:>11.0f}x{'-':>12}")
     if args.memory:
         print()
         in_fresh_processes(__file__, ["kernel", "engine", "position_ids"])

@@ -2,9 +2,9 @@
 
 A developer tool: it measures mmrope against the positions vLLM computes at rollout time.
 
-    pip download vllm==0.33.0 --no-deps -d /work/anchors
-    python -m zipfile -e /work/anchors/vllm-0.33.0-*.whl /work/anchors/vllm-0.33.0
-    VLLM_SOURCE=/work/anchors/vllm-0.33.0 python benchmarks/vllm_side_by_side.py
+    pip download vllm==0.33.0 --no-deps -d anchors
+    python -m zipfile -e anchors/vllm-0.33.0-*.whl anchors/vllm-0.33.0
+    VLLM_SOURCE=anchors/vllm-0.33.0 python benchmarks/vllm_side_by_side.py
 
 How it loads. vLLM's model modules import CUDA kernels, custom ops, torch.nn layers and vLLM's
 config system at module level, so they are not imported. Instead the model class's position
@@ -82,7 +82,7 @@ from typing import Any
 
 import torch
 
-DEFAULT_SOURCE = "/work/anchors/vllm-0.33.0"
+DEFAULT_SOURCE = "anchors/vllm-0.33.0"  # relative to the working directory
 _MODELS = "vllm/model_executor/models"
 # Modules whose names the extracted code may take from its imports; anything else is an error,
 # so that a vLLM release reaching into new machinery fails loudly here.

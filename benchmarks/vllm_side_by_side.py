@@ -3,8 +3,8 @@ vllm_anchor.py) and the transformers reference: equality on generated single sam
 
 A developer tool, not run by CI. It needs the unzipped wheel (vLLM is never installed):
 
-    pip download vllm==0.33.0 --no-deps -d /work/anchors
-    python -m zipfile -e /work/anchors/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl /work/anchors/vllm-0.33.0
+    pip download vllm==0.33.0 --no-deps -d anchors
+    python -m zipfile -e anchors/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl anchors/vllm-0.33.0
     python benchmarks/vllm_side_by_side.py [--source DIR (or VLLM_SOURCE)] [--samples 240] [--repeat 3]
     python benchmarks/vllm_side_by_side.py --convention vllm [--samples 240] [--repeat 3]
 
@@ -44,7 +44,7 @@ OMNI_FAMILIES = ("Qwen2.5-Omni", "Qwen3-Omni")
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--source", help="the unzipped wheel (default: VLLM_SOURCE or /work/anchors/vllm-0.33.0)")
+    parser.add_argument("--source", help="the unzipped wheel (default: VLLM_SOURCE, else anchors/vllm-0.33.0)")
     parser.add_argument("--samples", type=int, default=240)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--families", nargs="*", default=[*VL_FAMILIES, *OMNI_FAMILIES])

@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from collections.abc import Sequence
+from typing import Any
 
 from . import __version__
 
@@ -37,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     where = verify.add_mutually_exclusive_group(required=True)
     where.add_argument("path", nargs="?", help="a local model directory (processor and config)")
     where.add_argument("--family", help="an installed family's example processor, e.g. Qwen2.5-VL (see `mmrope demo`)")
-    verify.add_argument("--samples", type=int, default=100, help="generated samples (default 100)")
+    verify.add_argument("--samples", type=_positive, default=100, help="generated samples (default 100)")
     verify.add_argument("--seed", type=int, default=0, help="seed of the generated samples")
     verify.add_argument("--json", action="store_true", help="print JSON instead of text")
     args = parser.parse_args(argv)
@@ -49,6 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"pip install 'mmrope-core[demo]'", file=sys.stderr)
         return 2
     _quiet_transformers()
+    warnings.showwarning = _one_line_warning
     if args.command == "plugins":
         return _models(args.json)
     if args.command == "check":
@@ -56,6 +59,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "verify":
         return _verify(args)
     return _demo(args.seed)
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of samples")
+    return int(text)
+
+
+def _one_line_warning(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+    # a command's user wants the warning, not the library line that raised it
+    print(f"note: {message}", file=sys.stderr)
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -68,12 +82,19 @@ def _verify(args: argparse.Namespace) -> int:
 
         from .tiny import processors_without_torchvision
 
-        with processors_without_torchvision():  # the processor's videos are not processed here
-            processor = AutoProcessor.from_pretrained(args.path, local_files_only=True)
-        config = AutoConfig.from_pretrained(args.path, local_files_only=True)
+        try:
+            with processors_without_torchvision():  # the processor's videos are not processed here
+                processor = AutoProcessor.from_pretrained(args.path, local_files_only=True)
+            config = AutoConfig.from_pretrained(args.path, local_files_only=True)
+        except (OSError, ValueError) as exc:
+            print(f"error: cannot load a processor and a config from {args.path!r} (a local model directory): {exc}",
+                  file=sys.stderr)
+            return 2
         batches = None
     else:
         cases = {case.name: case for case in example_cases(get_plugin_manager())}
+        by_model_type = {name.rsplit("(", 1)[-1].rstrip(")"): name for name in cases if name.endswith(")")}
+        args.family = by_model_type.get(args.family, args.family)
         if args.family not in cases:
             print(f"no installed family is named {args.family!r}; installed: {', '.join(cases) or 'none'}",
                   file=sys.stderr)

@@ -34,9 +34,9 @@ def convention(options: Mapping[str, Any], family: str, offered: Collection[str]
     asked = options.get("convention", TRANSFORMERS)
     name = ALIASES.get(asked, asked)
     if name not in offered:
-        what = "unknown" if name not in KNOWN else f"not offered by {family}"
+        what = f"unknown; {family} offers" if name not in KNOWN else f"not offered by {family}, which offers"
         raise UnknownConventionError(
-            f"position convention {asked!r} is {what}; {family} offers {', '.join(repr(c) for c in offered)}"
+            f"position convention {asked!r} is {what} {', '.join(repr(c) for c in offered)}"
             f"{' (vllm means ' + repr(ALIASES['vllm']) + ')' if VLLM_0_33 in offered else ''}"
         )
     return name

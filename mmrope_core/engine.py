@@ -366,14 +366,15 @@ def _bind(plugins: PluginManager, processor: Any, config: Any, options: EngineOp
     for info, result, binders in plugins.answers("bind_rope_index", processor=processor, config=config,
                                                  options=options):
         _expect(isinstance(result, RopeBinding), info, "bind_rope_index", "a RopeBinding", result)
-        if result.kind == "1d":
+        if result.kind == "1d":  # the mask's positions: every implementation's and every convention's
             _one_implementation(options, type(processor).__name__)
+            convention(options, type(processor).__name__, KNOWN)
         if options.given("convention") and not options.was_read("convention", binders):
             # a plugin that never asks for one computes transformers' positions: refuse the others
             convention(options, f"plugin {info.label}", (TRANSFORMERS,))
         options.refuse_unread(f"plugin {info.label}, which binds {type(processor).__name__}", binders)
         return info, result
-    raise UnsupportedProcessorError(_unsupported_message(plugins, processor))
+    raise UnsupportedProcessorError(_unsupported_message(plugins, processor, config))
 
 
 def _one_implementation(options: EngineOptions, what: str) -> None:
@@ -385,7 +386,7 @@ def _one_implementation(options: EngineOptions, what: str) -> None:
                                 f"positions come from the attention mask, which 'fast' and 'reference' both name")
 
 
-def _unsupported_message(plugins: PluginManager, processor: Any) -> str:
+def _unsupported_message(plugins: PluginManager, processor: Any, config: Any) -> str:
     infos = plugins.plugins()
     by_status = {status: [info for info in infos if info.status == status] for status in ("active", "failed", "disabled")}
     lines = [f"no installed mmrope plugin handles {type(processor).__name__}."]
@@ -395,6 +396,10 @@ def _unsupported_message(plugins: PluginManager, processor: Any) -> str:
     if by_status["disabled"]:
         lines.append("  Disabled: " + ", ".join(f"{info.label} ({info.reason})" for info in by_status["disabled"]) + ".")
     claimed = [info for info in by_status["active"] if type(processor).__name__ in info.processors]
+    if config is None:
+        lines.append("  No config was given, and some plugins decide from the model's config: pass it, "
+                     "RopeEngine.from_processor(processor, AutoConfig.from_pretrained(path)), or use "
+                     "RopeEngine.from_pretrained(path).")
     if claimed:
         lines.append(
             "  " + ", ".join(info.label for info in claimed) + " lists this class but did not bind it; "

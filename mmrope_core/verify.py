@@ -44,7 +44,9 @@ class Report:
         if not self.fast_agrees:
             lines.append("The fast kernel differs from the installed transformers' reference: please report it with "
                          "your transformers version, and train with implementation='reference' meanwhile.")
-        if self.convention is None:
+        if self.implementation == "mask":
+            lines.append(f"Nothing to compare: {self.convention_note}.")
+        elif self.convention is None:
             lines.append(f"No vLLM convention for this family ({self.convention_note}).")
         elif self.differ:
             lines.append(f"For RL with vLLM rollouts, build the trainer's engine with convention='vllm': it gives the "
@@ -79,8 +81,8 @@ def verify(processor: Any, config: Any, *, samples: int = 100, seed: int = 0,
     fast = RopeEngine.from_processor(processor, config, plugin_manager=plugins)
     report = Report(type(processor).__name__, fast.plugin_name, fast.implementation, samples)
     if fast.rope_kind != "mrope":
-        report.fast_equal = samples
-        report.convention_note = "1-D positions are the same in every convention"
+        report.fast_equal = samples  # one implementation: the mask's positions
+        report.convention_note = "1-D positions from the attention mask, the same in every convention"
         return report
     reference = RopeEngine.from_processor(processor, config, plugin_manager=plugins, implementation="reference")
     try:
@@ -119,8 +121,8 @@ def generator_for(processor: Any, plugins: PluginManager) -> Callable[[Any, Any,
     for case in example_cases(plugins):
         if case.batches is not None and case_processor_class(case) == wanted:
             return case.batches
-    raise MmropeError(f"no installed plugin generates samples for {wanted}: its example cases give no batches; "
-                      f"verify a family that does (`mmrope verify --family NAME`)")
+    raise MmropeError(f"no installed plugin generates samples for {wanted}: no example case of this processor class "
+                      f"gives batches; pass a generator as mmrope_core.verify.verify(..., batches=)")
 
 
 def example_cases(plugins: PluginManager) -> list[ExampleCase]:

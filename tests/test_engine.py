@@ -38,6 +38,10 @@ def test_a_processor_no_plugin_claims_names_its_class_and_the_plugins(make_manag
     assert "no installed mmrope plugin handles MysteryProcessor" in message
     assert "toy (mmrope-test-plugins 1.0)" in message
     assert "Failed to load: broken_import (mmrope-test-plugins 1.0): ModuleNotFoundError" in message
+    assert "No config was given" in message
+    with pytest.raises(UnsupportedProcessorError) as caught:
+        RopeEngine.from_processor(MysteryProcessor(), object(), plugin_manager=manager)
+    assert "No config was given" not in str(caught.value)
 
 
 def test_text_only_engine_gives_1d_positions(toy_manager):

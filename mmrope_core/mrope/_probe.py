@@ -120,4 +120,5 @@ def bind_mrope(family: MropeFamily, reference: RopeKernel, options: Mapping[str,
     if kernel is None:
         return RopeBinding("mrope", reference, "reference",
                            f"{family.name}, transformers reference (the batched kernel disagrees with this transformers)")
-    return RopeBinding("mrope", kernel, "fast", f"{family.name}, batched kernel ({kernel.family.temporal_rule} temporal rule)")
+    rule = f" ({kernel.family.temporal_rule} temporal rule)" if kernel.family.tokens_per_second is not None else ""
+    return RopeBinding("mrope", kernel, "fast", f"{family.name}, batched kernel{rule}")

@@ -11,10 +11,12 @@ def test_demo_shows_every_installed_family():
     environment = {**os.environ, "MMROPE_LOAD_PLUGINS": "qwen_vl,gemma4"}
     result = subprocess.run([sys.executable, "-m", "mmrope_core.cli", "demo"], capture_output=True, text=True, env=environment)
     assert result.returncode == 0, result.stdout + result.stderr
-    for family in ("Qwen2-VL", "Qwen2.5-VL", "Qwen3-VL", "Qwen3.5", "GLM-4V", "Gemma4"):
+    families = ("Qwen2-VL", "Qwen2.5-VL", "Qwen3-VL", "Qwen3-VL-MoE", "Qwen3.5", "Qwen3.5-MoE", "GLM-4V",
+                "GLM-4V-MoE", "GLM-4.6V", "Gemma4")
+    for family in families:
         assert f"=== {family} " in result.stdout
-    assert result.stdout.count("equal to the transformers reference: yes") == 5
-    assert "6 of 6 families shown." in result.stdout
+    assert result.stdout.count("equal to the transformers reference: yes") == len(families) - 1  # Gemma4 is 1-D
+    assert f"{len(families)} of {len(families)} families shown." in result.stdout
     assert "[transformers]" not in result.stdout + result.stderr
 
 

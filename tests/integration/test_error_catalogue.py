@@ -145,6 +145,8 @@ TRIGGERS = {
     "unsupported-processor": lambda: RopeEngine.from_processor(MysteryProcessor(), plugin_manager=manager()),
     "rope-index-1d": lambda: engine("Gemma4").get_rope_index(torch.tensor([[1, 2, 3]])),
     "unknown-impl": lambda: engine("Qwen2-VL", impl="turbo"),
+    "unknown-convention": lambda: RopeEngine.from_processor(engine("Qwen2-VL").processor, engine("Qwen2-VL").config,
+                                                            plugin_manager=manager(), convention="vllm-0.1"),
     "unknown-option": lambda: RopeEngine.from_processor(engine("Qwen2-VL").processor, engine("Qwen2-VL").config,
                                                         plugin_manager=manager(), implementaton="reference"),
     "inputs-not-a-dict": lambda: engine("Qwen2-VL").compute_position_ids(torch.ones(1, 2, dtype=torch.long), None,

@@ -114,7 +114,7 @@ def test_the_core_installs_and_computes_without_a_c_compiler(built, tmp_path):
     assert warned.count("compiled CPU loops") == 1 and "only slower" in warned
 
 
-def test_a_new_user_installs_with_pip_and_runs_demo_and_check(tmp_path):
+def test_a_new_user_installs_with_pip_and_runs_demo_and_check(built, tmp_path):
     venv = tmp_path / "venv"
     run(sys.executable, "-m", "venv", venv)
     pip = [venv / "bin" / "python", "-m", "pip", "install", "-q"]
@@ -125,7 +125,15 @@ def test_a_new_user_installs_with_pip_and_runs_demo_and_check(tmp_path):
     assert run(mmrope, "--version", cwd=tmp_path).stdout.strip() == "mmrope 0.1.0"
     assert run(mmrope, "check", "qwen_vl", cwd=tmp_path).stdout.strip().endswith("qwen_vl: conforms")
     demo = run(mmrope, "demo", cwd=tmp_path).stdout
-    assert "5 of 5 families shown." in demo and demo.count("equal to the transformers reference: yes") == 5
+    assert "9 of 9 families shown." in demo and demo.count("equal to the transformers reference: yes") == 9
+    # a packager runs a plugin's tests from its sdist with nothing but its [test] extra installed
+    sdist = built / "mmrope_gemma4-0.1.0.tar.gz"
+    run(*pip, f"mmrope_gemma4[test] @ {sdist.as_uri()}", cwd=tmp_path)
+    with tarfile.open(sdist) as archive:
+        archive.extractall(tmp_path, filter="data")
+    tests = run(venv / "bin" / "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests",
+                cwd=tmp_path / "mmrope_gemma4-0.1.0")
+    assert " passed" in tests.stdout and "failed" not in tests.stdout, tests.stdout
 
 
 UNRELATED_TEST = """

@@ -28,8 +28,12 @@ _SPECS = {
     "Qwen2-VL": ("Qwen2VLProcessor", "qwen2_vl", "Qwen2VLImageProcessorPil", QWEN_TOKENS, "qwen2_vl"),
     "Qwen2.5-VL": ("Qwen2_5_VLProcessor", "qwen2_vl", "Qwen2VLImageProcessorPil", QWEN_TOKENS, "qwen2_5_vl"),
     "Qwen3-VL": ("Qwen3VLProcessor", "qwen2_vl", "Qwen2VLImageProcessorPil", QWEN_TOKENS, "qwen3_vl"),
+    "Qwen3-VL-MoE": ("Qwen3VLProcessor", "qwen2_vl", "Qwen2VLImageProcessorPil", QWEN_TOKENS, "qwen3_vl_moe"),
     "Qwen3.5": ("Qwen3VLProcessor", "qwen2_vl", "Qwen2VLImageProcessorPil", QWEN_TOKENS, "qwen3_5"),
+    "Qwen3.5-MoE": ("Qwen3VLProcessor", "qwen2_vl", "Qwen2VLImageProcessorPil", QWEN_TOKENS, "qwen3_5_moe"),
     "GLM-4V": ("Glm4vProcessor", "glm4v", "Glm4vImageProcessorPil", GLM_TOKENS, "glm4v"),
+    "GLM-4V-MoE": ("Glm4vProcessor", "glm4v", "Glm4vImageProcessorPil", GLM_TOKENS, "glm4v_moe"),
+    "GLM-4.6V": ("Glm46VProcessor", "glm46v", "Glm46VImageProcessorPil", GLM_TOKENS, "glm46v"),
 }
 
 

@@ -22,6 +22,7 @@ MODELS = [
     ("Qwen3.5", "qwen3_5_moe"),
     ("GLM-4V", "glm4v"),
     ("GLM-4V", "glm4v_moe"),
+    ("GLM-4.6V", "glm46v"),
 ]
 BATCHES_PER_MODEL = 150
 
@@ -188,9 +189,13 @@ def test_positions_are_ordinary_tensors_the_caller_may_change(manager):
     fast, _ = engines(manager, "Qwen2-VL", "qwen2_vl")
     ids, mask, inputs = split(random_batch(processor, random.Random(3)))
     positions, deltas = fast.get_rope_index(ids, mask, **inputs)
+    placed = fast.compute_position_ids(ids, mask, inputs)
+    kept = positions.clone(), deltas.clone(), placed.clone()
     positions += 1
     deltas -= 1
-    fast.compute_position_ids(ids, mask, inputs).add_(1)
+    placed.add_(1)  # no cache or buffer of the engine's is shared with the caller
+    again = fast.get_rope_index(ids, mask, **inputs) + (fast.compute_position_ids(ids, mask, inputs),)
+    assert all(torch.equal(a, b) for a, b in zip(again, kept))
 
 
 @pytest.mark.differential

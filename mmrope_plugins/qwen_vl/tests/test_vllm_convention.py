@@ -86,6 +86,14 @@ def test_qwen2_5_vl_temporal_ids_are_truncated_in_float64(seconds, dtype):
     assert torch.equal(positions[:, 0], want) and deltas.tolist() == [[want_delta]]
 
 
+def _scales_in_float32():
+    """Whether the installed transformers' Qwen2.5-VL scales frames in float32 (5.10 truncates
+    whole seconds instead)."""
+    return getattr(engines("Qwen2.5-VL")[1].binding.kernel, "family", None) is not None and \
+        engines("Qwen2.5-VL")[1].binding.kernel.family.temporal_rule == "scaled"
+
+
+@pytest.mark.mmrope_applies(_scales_in_float32(), "a transformers that scales Qwen2.5-VL's frames in float32")
 def test_the_float64_rule_differs_from_transformers_float32_where_it_rounds_the_other_way():
     vllm, transformers = engines("Qwen2.5-VL")
     per_second = vllm.config.vision_config.tokens_per_second

@@ -268,8 +268,23 @@ def available(spec: Spec) -> bool:
     return spec.model_type in CONFIG_MAPPING and hasattr(transformers, spec.processor)
 
 
+def generated(spec: Spec, processor: Any, config: Any, rng: Any) -> dict[str, Any]:
+    """One generated sample as ``engine.get_rope_index`` takes it (``mmrope verify``): laid out as
+    the processor lays it out, or made by the processor where the layout is its own."""
+    from mmrope_core import RopeEngine
+
+    from .layouts import LAYOUTS, processor_batch, random_batch
+
+    if spec.model_type in LAYOUTS:
+        return random_batch(spec.model_type, processor, config, rng, samples=1)
+    engine = RopeEngine.from_processor(processor, config, implementation="reference")
+    ids, mask, inputs = engine.batch(processor_batch(spec.model_type, processor, rng, max_batch=1))
+    return {"input_ids": ids, "attention_mask": mask, **engine.rope_index_kwargs(inputs)}
+
+
 def example_cases() -> list[ExampleCase]:
-    return [ExampleCase(spec.name, functools.partial(build, spec), functools.partial(samples, spec))
+    return [ExampleCase(spec.name, functools.partial(build, spec), functools.partial(samples, spec),
+                        batches=functools.partial(generated, spec) if spec in MROPE_SPECS else None)
             for spec in (*MROPE_SPECS, *ONE_D_SPECS) if available(spec)]
 
 
