@@ -119,23 +119,32 @@ def single_sample_with_audio_in_video(processor, thinker):
     return batch([sample], 4096)
 
 
+def random_items(sample, rng, counts, *, side, frames, frame_side, audio_frames):
+    """A few words, then ``counts[0]`` to ``counts[1]`` random items with text between them: images
+    of up to ``side`` merged patches a side, audio clips of up to ``audio_frames`` mel frames,
+    videos of up to ``frames`` frames with their audio, at fractional seconds per grid."""
+    sample.text(rng.randint(8, 40))
+    for _ in range(rng.randint(*counts)):
+        kind = rng.choice(["image", "image", "audio", "video"])
+        if kind == "image":
+            sample.image((1, 2 * rng.randint(6, side), 2 * rng.randint(6, side)))
+        elif kind == "audio":
+            sample.audio(rng.randint(100, audio_frames))
+        else:
+            sample.video_with_audio((rng.randint(2, frames), 2 * rng.randint(6, frame_side),
+                                     2 * rng.randint(6, frame_side)), rng.choice([0.5, 1.0, 2 / 3, 0.48]))
+        sample.text(rng.randint(4, 60))
+    return sample
+
+
 def many_items(processor, thinker, rows=32, length=8192, seed=0):
     """Each row one sample of 10 to 14 items (images, audio clips, videos with their audio,
     with fractional timing), text between them, right-padded from 6500-8192 valid tokens."""
     rng = random.Random(seed)
     samples = []
     for _ in range(rows):
-        sample = Sample(processor, thinker).text(rng.randint(8, 40))
-        for _ in range(rng.randint(10, 14)):
-            kind = rng.choice(["image", "image", "audio", "video"])
-            if kind == "image":
-                sample.image((1, 2 * rng.randint(6, 16), 2 * rng.randint(6, 16)))
-            elif kind == "audio":
-                sample.audio(rng.randint(100, 1500))
-            else:
-                sample.video_with_audio((rng.randint(2, 6), 2 * rng.randint(6, 12), 2 * rng.randint(6, 12)),
-                                        rng.choice([0.5, 1.0, 2 / 3, 0.48]))
-            sample.text(rng.randint(4, 60))
+        sample = random_items(Sample(processor, thinker), rng, (10, 14), side=16, frames=6, frame_side=12,
+                              audio_frames=1500)
         target = rng.randint(6500, length)
         if len(sample.row) < target:
             sample.text(target - len(sample.row))
@@ -153,17 +162,8 @@ def packed_samples(processor, thinker, rows=32, length=8192, seed=2):
     for r in range(rows):
         column, k = 0, 0
         while True:
-            sample = Sample(processor, thinker).text(rng.randint(8, 40))
-            for _ in range(rng.randint(3, 5)):
-                kind = rng.choice(["image", "image", "audio", "video"])
-                if kind == "image":
-                    sample.image((1, 2 * rng.randint(6, 12), 2 * rng.randint(6, 12)))
-                elif kind == "audio":
-                    sample.audio(rng.randint(100, 1000))
-                else:
-                    sample.video_with_audio((rng.randint(2, 4), 2 * rng.randint(6, 10), 2 * rng.randint(6, 10)),
-                                            rng.choice([0.5, 1.0, 2 / 3, 0.48]))
-                sample.text(rng.randint(4, 60))
+            sample = random_items(Sample(processor, thinker), rng, (3, 5), side=12, frames=4, frame_side=10,
+                                  audio_frames=1000)
             if column + len(sample.row) > length:
                 break
             k += 1
