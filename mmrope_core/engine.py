@@ -183,7 +183,7 @@ class RopeEngine:
         if self.binding.kind == "1d":
             raise RopeIndexUnavailableError(
                 f"{type(self.processor).__name__ if self.processor is not None else 'a text-only model'} "
-                f"uses 1-D RoPE (plugin {self.plugin_name}): there is no get_rope_index. "
+                f"uses 1-D RoPE{f' (plugin {self.plugin_name})' if self.plugin_name else ''}: there is no get_rope_index. "
                 f"Use engine.compute_position_ids, which returns (B, L) positions"
             )
         inputs.pop("mm_token_type_ids", None)

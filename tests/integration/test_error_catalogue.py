@@ -143,7 +143,8 @@ TRIGGERS = {
     "omni-config-ids": lambda: RopeEngine.from_processor(
         engine("Qwen3-Omni").processor, transformers.AutoConfig.for_model("qwen3_omni_moe"), plugin_manager=manager()),
     "unsupported-processor": lambda: RopeEngine.from_processor(MysteryProcessor(), plugin_manager=manager()),
-    "rope-index-1d": lambda: engine("Gemma4").get_rope_index(torch.tensor([[1, 2, 3]])),
+    "rope-index-1d": lambda: RopeEngine.from_processor(None, plugin_manager=manager()).get_rope_index(
+        torch.tensor([[1, 2, 3]])),
     "unknown-impl": lambda: engine("Qwen2-VL", impl="turbo"),
     "unknown-convention": lambda: RopeEngine.from_processor(engine("Qwen2-VL").processor, engine("Qwen2-VL").config,
                                                             plugin_manager=manager(), convention="vllm-0.1"),

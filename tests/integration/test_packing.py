@@ -12,6 +12,10 @@ from mmrope_core import InvalidInputError, PlaceholderMismatchError, SegmentCutE
 from mmrope_core.kernel import RopeKernel
 from test_properties import MROPE_FAMILIES, SETTINGS, engines, one_sample
 
+from mmrope_gemma4.examples import builds_offline
+
+gemma4 = pytest.mark.mmrope_applies(builds_offline(), "a Gemma4Processor that builds without torchvision")
+
 
 def packed(samples, style, pad, rows=1):
     """Samples packed into ``rows`` rows; returns (input_ids, packing keyword, media keyword arguments)."""
@@ -78,6 +82,7 @@ def test_compute_position_ids_restarts_every_segment(style):
         assert positions[0, 0, column:].eq(1).all() and positions[0, 1:, column:].eq(0).all()
 
 
+@gemma4
 def test_1d_families_restart_per_segment_too():
     from mmrope_core import PluginManager, RopeEngine
     from mmrope_gemma4.examples import build
@@ -158,6 +163,7 @@ def test_packing_arguments_are_checked_against_the_mask():
         fast.compute_position_ids(torch.ones(2, 4, dtype=torch.long), None, {}, cu_seqlens=torch.tensor([0, 4]))
 
 
+@gemma4
 @SETTINGS
 @given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=6), rows=st.integers(1, 3), seed=st.integers(0, 2**31))
 def test_1d_packing_equals_each_sample_alone(lengths, rows, seed):

@@ -11,6 +11,18 @@ IMAGE_TOKENS = {"image_token": "<|image|>", "boi_token": "<|image>", "eoi_token"
 AUDIO_TOKENS = {"audio_token": "<|audio|>", "boa_token": "<|audio>", "eoa_token": "<audio|>"}
 
 
+def builds_offline() -> bool:
+    """Whether the installed transformers' ``Gemma4Processor`` imports without torchvision (5.10
+    needs it)."""
+    import transformers
+
+    try:
+        transformers.Gemma4Processor  # noqa: B018
+    except ImportError:
+        return False
+    return True
+
+
 def build(with_audio_tokens: bool = True, max_soft_tokens: int = 70) -> tuple[Any, Any]:
     """``(processor, config)``: a real ``Gemma4Processor`` with a word-level vocabulary.
 

@@ -11,6 +11,11 @@ from mmrope_core import PluginManager, RopeEngine, RopeIndexUnavailableError
 from mmrope_core.tiny import processors_without_torchvision, random_image
 
 
+from mmrope_gemma4.examples import builds_offline
+
+pytestmark = pytest.mark.mmrope_applies(builds_offline(), "a Gemma4Processor that builds without torchvision")
+
+
 @pytest.fixture(scope="module")
 def manager():
     return PluginManager(env={"MMROPE_LOAD_PLUGINS": "gemma4"})
