@@ -9,8 +9,6 @@ import torch
 
 from mmrope_core import PluginManager, RopeEngine, RopeIndexUnavailableError
 from mmrope_core.tiny import processors_without_torchvision, random_image
-
-
 from mmrope_gemma4.examples import builds_offline
 
 pytestmark = pytest.mark.mmrope_applies(builds_offline(), "a Gemma4Processor that builds without torchvision")
