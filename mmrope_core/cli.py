@@ -38,7 +38,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "the vLLM convention, on generated samples")
     where = verify.add_mutually_exclusive_group(required=True)
     where.add_argument("path", nargs="?", help="a local model directory (processor and config)")
-    where.add_argument("--family", help="an installed family's example processor, e.g. Qwen2.5-VL (see `mmrope demo`)")
+    where.add_argument("--family", help="an installed family's example processor, by name (e.g. Qwen2.5-VL, see "
+                                        "`mmrope demo`) or model type (e.g. qwen2_5_vl)")
     verify.add_argument("--samples", type=_positive, default=100, help="generated samples (default 100)")
     verify.add_argument("--seed", type=int, default=0, help="seed of the generated samples")
     verify.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -51,14 +52,15 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"pip install 'mmrope-core[demo]'", file=sys.stderr)
         return 2
     _quiet_transformers()
-    warnings.showwarning = _one_line_warning
-    if args.command == "plugins":
-        return _models(args.json)
-    if args.command == "check":
-        return _check(args.name, args.seed)
-    if args.command == "verify":
-        return _verify(args)
-    return _demo(args.seed)
+    with warnings.catch_warnings():  # restores showwarning for a caller of main()
+        warnings.showwarning = _one_line_warning
+        if args.command == "plugins":
+            return _models(args.json)
+        if args.command == "check":
+            return _check(args.name, args.seed)
+        if args.command == "verify":
+            return _verify(args)
+        return _demo(args.seed)
 
 
 def _positive(text: str) -> int:
@@ -75,7 +77,7 @@ def _one_line_warning(message: Any, category: type[Warning], *args: Any, **kwarg
 def _verify(args: argparse.Namespace) -> int:
     from .errors import MmropeError
     from .manager import get_plugin_manager
-    from .verify import example_cases, verify
+    from .verify import example_cases, find_case, verify
 
     if args.path is not None:
         from transformers import AutoConfig, AutoProcessor
@@ -92,15 +94,14 @@ def _verify(args: argparse.Namespace) -> int:
             return 2
         batches = None
     else:
-        cases = {case.name: case for case in example_cases(get_plugin_manager())}
-        by_model_type = {name.rsplit("(", 1)[-1].rstrip(")"): name for name in cases if name.endswith(")")}
-        args.family = by_model_type.get(args.family, args.family)
-        if args.family not in cases:
-            print(f"no installed family is named {args.family!r}; installed: {', '.join(cases) or 'none'}",
-                  file=sys.stderr)
+        case = find_case(args.family, get_plugin_manager())
+        if case is None:
+            names = [case.name for case in example_cases(get_plugin_manager())]
+            print(f"no installed family is named {args.family!r} (nor has that model type); installed: "
+                  f"{', '.join(names) or 'none'}", file=sys.stderr)
             return 2
-        processor, config = cases[args.family].build()
-        batches = cases[args.family].batches
+        processor, config = case.build()
+        batches = case.batches
     try:
         report = verify(processor, config, samples=args.samples, seed=args.seed, batches=batches)
     except MmropeError as exc:

@@ -266,7 +266,7 @@ class RopeEngine:
         rows = ids.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
         axes = getattr(kernel, "rope_rows", 3)
         if four_rows:
-            expected = f"a {self.position_dtype} tensor of shape {(ids.shape[0], axes + 1, ids.shape[1])}"
+            expected = f"a {self.position_dtype} tensor of shape {(ids.shape[0], axes + 1, ids.shape[1])} on {ids.device}"
             ok = (isinstance(result, torch.Tensor) and result.shape == (ids.shape[0], axes + 1, ids.shape[1])
                   and result.dtype == self.position_dtype and result.device == ids.device)
         else:

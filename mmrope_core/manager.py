@@ -232,16 +232,19 @@ class PluginManager:
         return [(info, value) for info, value, _ in self.answers(hook_name, **kwargs)]
 
     def answers(self, hook_name: str, **kwargs: Any) -> list[tuple[PluginInfo, Any, frozenset[str]]]:
-        """:meth:`results`, each with the names of every plugin whose implementation returned
-        that very result (the one that computed it and the wrappers that passed it on)."""
+        """:meth:`results`, each with the names of the plugins that took part in it: for a
+        ``firstresult`` hook every plugin that answered (the one that computed the result and the
+        wrappers around it, which may replace it), else those that returned that very result."""
         if not self._loaded or self._failures:
             self.load()
         caller = getattr(self._pm.hook, hook_name)
         with _guard.answers() as given:
             outcome = caller(**kwargs)
-        values = [outcome] if _firstresult(caller) else outcome
+        if _firstresult(caller):
+            return [] if outcome is None else [(self._answered(given, outcome), outcome,
+                                                frozenset(name for name, _ in given))]
         return [(self._answered(given, value), value, frozenset(name for name, result in given if result is value))
-                for value in values if value is not None]
+                for value in outcome if value is not None]
 
     def results_of(self, name: str, hook_name: str, **kwargs: Any) -> list[Any]:
         """What plugin ``name`` alone answers to hook ``hook_name`` (through pluggy, so that its

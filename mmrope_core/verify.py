@@ -91,7 +91,7 @@ def verify(processor: Any, config: Any, *, samples: int = 100, seed: int = 0,
         report.convention = ALIASES["vllm"]
     except UnknownConventionError as exc:
         rollout, report.convention_note = None, str(exc)
-    generate = batches or generator_for(processor, plugins)
+    generate = batches or generator_for(processor, config, plugins)
     rng = random.Random(seed)
     for index in range(samples):
         batch = dict(generate(processor, config, rng))
@@ -115,12 +115,16 @@ def verify(processor: Any, config: Any, *, samples: int = 100, seed: int = 0,
     return report
 
 
-def generator_for(processor: Any, plugins: PluginManager) -> Callable[[Any, Any, Any], Mapping[str, Any]]:
-    """The sample generator of the installed example case whose processor is of this class."""
+def generator_for(processor: Any, config: Any, plugins: PluginManager) -> Callable[[Any, Any, Any], Mapping[str, Any]]:
+    """The sample generator of the installed example case whose processor is of this class: of
+    the config's model type where one is (a processor class serves several model types)."""
     wanted = type(processor).__name__
-    for case in example_cases(plugins):
-        if case.batches is not None and case_processor_class(case) == wanted:
-            return case.batches
+    model_type = getattr(config, "model_type", None)
+    found = [(built, case) for case in example_cases(plugins) if case.batches is not None
+             for built in [case.build()] if type(built[0]).__name__ == wanted]
+    same_type = [case for (_, case_config), case in found if getattr(case_config, "model_type", None) == model_type]
+    if same_type or found:
+        return (same_type or [case for _, case in found])[0].batches  # type: ignore[return-value]
     raise MmropeError(f"no installed plugin generates samples for {wanted}: no example case of this processor class "
                       f"gives batches; pass a generator as mmrope_core.verify.verify(..., batches=)")
 
@@ -129,9 +133,17 @@ def example_cases(plugins: PluginManager) -> list[ExampleCase]:
     return [case for _, cases in plugins.results("example_cases") for case in cases]
 
 
-def case_processor_class(case: ExampleCase) -> str:
-    processor, _ = case.build()
-    return type(processor).__name__
+def find_case(name: str, plugins: PluginManager) -> ExampleCase | None:
+    """The installed example case named ``name``, or else the one whose config has model type
+    ``name``."""
+    cases = example_cases(plugins)
+    for case in cases:
+        if case.name == name:
+            return case
+    for case in cases:
+        if getattr(case.build()[1], "model_type", None) == name:
+            return case
+    return None
 
 
 def _number(value: float) -> str:

@@ -1,5 +1,6 @@
 """The engine with real entry-point plugins: binding, hooks, errors, layouts, pickling."""
 
+import dataclasses
 import pickle
 
 import pytest
@@ -117,6 +118,15 @@ def test_rope_index_results_that_do_not_hold_positions_exactly_break_the_contrac
         engine.get_rope_index(torch.full((1, 5), 7))
 
 
+def test_results_on_another_device_than_the_tokens_break_the_contract(toy_manager, toy):
+    engine = engine_of(toy, toy_manager, "elsewhere")
+    with pytest.raises(PluginContractError, match=r"rope_index of plugin toy .*expected .* tensors on cpu"):
+        engine.get_rope_index(torch.full((1, 5), 7))
+    with pytest.raises(PluginContractError, match=r"position_ids of plugin toy .*expected a torch.int64 tensor of "
+                                                  r"shape \(1, 4, 5\) on cpu"):
+        engine.compute_position_ids(torch.full((1, 5), 7), None, {})
+
+
 def test_a_kernel_that_raises_names_the_plugin(toy_manager, toy):
     engine = engine_of(toy, toy_manager, "raising")
     with pytest.raises(PluginHookError, match=r"^plugin toy \(mmrope-test-plugins 1.0\) raised in the kernel's "
@@ -207,13 +217,25 @@ def test_an_option_read_by_a_plugin_that_declines_is_still_unknown_to_the_binder
         def bind_rope_index(self, processor, config, options):
             return (yield)
 
+    class Replacing:
+        @hookimpl(wrapper=True)
+        def bind_rope_index(self, processor, config, options):
+            return dataclasses.replace((yield), description="wrapped")
+
+    class OldStyle:
+        @hookimpl(hookwrapper=True)
+        def bind_rope_index(self, processor, config, options):
+            outcome = yield
+            outcome.force_result(dataclasses.replace(outcome.get_result(), description="forced"))
+
     with toy_manager.registered(Curious(), "curious"):
         with pytest.raises(UnknownOptionError, match=r"option 'fancy_option' is not known to plugin toy .*the "
                                                      r"options it reads: 'implementation', 'kernel'"):
             RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager, fancy_option=1)
         with pytest.raises(UnknownConventionError):
             RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager, convention="vllm")
-        with toy_manager.registered(PassingOn(), "passing_on"):  # the binder's reads count through a wrapper
+    for wrapper in (PassingOn(), Replacing(), OldStyle()):  # the binder's reads count through a wrapper
+        with toy_manager.registered(wrapper, "wrapping"):
             engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager, kernel="direct")
             assert type(engine.binding.kernel).__name__ == "DirectKernel"  # option kernel= read by toy, accepted
 

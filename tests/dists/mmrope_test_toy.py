@@ -93,6 +93,16 @@ class HalfKernel(ToyKernel):
         return positions.half(), deltas.bool()
 
 
+class ElsewhereKernel(DirectKernel):
+    """Right shapes and dtypes, on another device than the tokens."""
+
+    def rope_index(self, *args, **kwargs):
+        return tuple(result.to("meta") for result in super().rope_index(*args, **kwargs))
+
+    def position_ids(self, *args, **kwargs):
+        return super().position_ids(*args, **kwargs).to("meta")
+
+
 class StridedKernel(DirectKernel):
     """The same positions, laid out in memory token by token (not contiguous)."""
 
@@ -111,7 +121,7 @@ class RaisingKernel(ToyKernel):
 
 KERNELS = {"counting": lambda: ToyKernel(), "raising": lambda: RaisingKernel(), "placing": lambda: ToyKernel(places_packed_rows=True),
            "direct": lambda: DirectKernel(places_packed_rows=True), "misshapen": lambda: MisshapenKernel(True),
-           "int32": lambda: Int32Kernel(True), "half": lambda: HalfKernel(), "strided": lambda: StridedKernel(True)}
+           "int32": lambda: Int32Kernel(True), "half": lambda: HalfKernel(), "elsewhere": lambda: ElsewhereKernel(), "strided": lambda: StridedKernel(True)}
 
 
 def _relaxed(processor, text=None, **kwargs):

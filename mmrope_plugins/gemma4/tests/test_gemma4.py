@@ -162,3 +162,13 @@ def test_both_implementations_name_the_masks_positions(manager):
         assert torch.equal(engine.compute_position_ids(torch.ones(1, 4, dtype=torch.long), mask, {}), one_d(mask))
     with pytest.raises(InvalidInputError, match="implementation='turbo' is not an implementation of Gemma4Processor"):
         RopeEngine.from_processor(processor, config, plugin_manager=manager, implementation="turbo")
+
+
+def test_verify_has_nothing_to_compare_for_1d_positions():
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "mmrope_core", "verify", "--family", "gemma4", "--samples", "3"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "Nothing to compare: 1-D positions from the attention mask" in result.stdout

@@ -420,3 +420,21 @@ def test_from_pretrained_round_trip(manager, tmp_path):
     ids, mask, kwargs = split(batch)
     fast, _ = engines(manager, "Qwen2.5-Omni")
     assert torch.equal(engine.get_rope_index(ids, mask, **kwargs)[0], fast.get_rope_index(ids, mask, **kwargs)[0])
+
+
+@pytest.mark.parametrize("kernel", ["batched", "step-by-step", "reference"])
+def test_a_keyword_the_thinker_does_not_take_is_refused_by_name(manager, monkeypatch, kernel):
+    from mmrope_core import InvalidInputError
+    from mmrope_qwen3_omni import rope
+
+    if kernel == "step-by-step":
+        monkeypatch.setattr(rope, "native", None)
+    fast, reference = engines(manager, "Qwen3-Omni")
+    engine = reference if kernel == "reference" else fast
+    processor, _ = built("Qwen3-Omni")
+    ids = torch.full((1, 4), processor.tokenizer.convert_tokens_to_ids("cat"))
+    for call in (lambda: engine.get_rope_index(ids, second_per_grid_ts=torch.tensor([1.0])),
+                 lambda: engine.binding.kernel.position_ids(ids, None, image_grid=torch.ones(1, 3))):
+        with pytest.raises(InvalidInputError, match=r"get_rope_index got '(second_per_grid_ts|image_grid)', which the "
+                                                    r"Omni thinker's get_rope_index does not take"):
+            call()

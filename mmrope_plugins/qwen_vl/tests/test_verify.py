@@ -90,3 +90,24 @@ def test_a_processor_without_a_generator_is_named():
         verify(type("OtherProcessor", (type(processor),), {})(processor.image_processor, processor.tokenizer,
                                                                 video_processor=processor.video_processor), config,
                samples=1)
+
+
+def test_verify_takes_a_model_type_and_refuses_what_it_cannot_load(tmp_path):
+    by_type = mmrope("verify", "--family", "qwen2_5_vl", "--samples", "5", "--json")
+    assert by_type.returncode == 0, by_type.stderr
+    assert json.loads(by_type.stdout)["processor"] == "Qwen2_5_VLProcessor"
+    (tmp_path / "config.json").write_text("{}")
+    unloadable = mmrope("verify", str(tmp_path))
+    assert unloadable.returncode == 2 and "cannot load a processor and a config from" in unloadable.stderr
+    assert "Traceback" not in unloadable.stderr
+    none = mmrope("verify", "--family", "Qwen2-VL", "--samples", "0")
+    assert none.returncode == 2 and "is not a positive number of samples" in none.stderr
+
+
+def test_a_model_directory_gets_the_generator_of_its_own_model_type():
+    from mmrope_core.verify import generator_for
+
+    manager = PluginManager(env={"MMROPE_LOAD_PLUGINS": "qwen_vl,transformers"})
+    for name in ("Qwen3-VL", "Qwen3.5-MoE", "GLM-4.6V"):
+        processor, config = build(name)
+        assert generator_for(processor, config, manager) is one_sample, name  # not another model type's
