@@ -7,7 +7,7 @@ processor (real tokenizer class, real image processor) with a vocabulary of a fe
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 FILLER_WORDS = ("the", "cat", "sat", "on", "a", "mat", "and", "looked", "at", "it")
@@ -84,3 +84,20 @@ def random_image(rng: Any, height: int, width: int) -> Any:
 
 def filler_text(rng: Any, count: int) -> str:
     return " ".join(rng.choice(FILLER_WORDS) for _ in range(count))
+
+
+def padded_batch(rows: Sequence[Sequence[int]], pad_token_id: int, *, left: bool, length: int | None = None,
+                 mask_dtype: Any = None) -> tuple[Any, Any]:
+    """``(input_ids, attention_mask)`` of token-id rows padded with ``pad_token_id`` on the left or
+    the right to ``length`` (the longest row's by default), as a tokenizer pads a generated batch;
+    the mask is int64 unless ``mask_dtype`` says otherwise."""
+    import torch
+
+    length = max(map(len, rows)) if length is None else length
+    input_ids = torch.full((len(rows), length), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros(len(rows), length, dtype=mask_dtype or torch.long)
+    for index, row in enumerate(rows):
+        span = slice(length - len(row), length) if left else slice(0, len(row))
+        input_ids[index, span] = torch.tensor(row)
+        attention_mask[index, span] = 1
+    return input_ids, attention_mask

@@ -13,6 +13,7 @@ from ..conventions import TRANSFORMERS, VLLM_0_33, convention, described
 from ..errors import InvalidInputError, UnknownConventionError
 from ..kernel import RopeKernel
 from ..reference import kernels_agree, probe_once
+from ..tiny import padded_batch
 from ..types import RopeBinding
 from ._family import TRANSFORMERS_RULES, MropeFamily, TemporalRule
 from ._kernel import MropeKernel
@@ -63,14 +64,8 @@ def probe_batches(family: MropeFamily) -> Iterator[dict[str, Any]]:
             frames = [family.video_markers[0], *frames, family.video_markers[1]]
         row += frames
     rows = [row + [text] * 3, row + [text] * 2]
-    length = max(map(len, rows))
     for left in (False, True):
-        ids = torch.full((2, length), text, dtype=torch.int64)
-        mask = torch.zeros(2, length, dtype=torch.bool)
-        for index, values in enumerate(rows):
-            span = slice(length - len(values), length) if left else slice(0, len(values))
-            ids[index, span] = torch.tensor(values)
-            mask[index, span] = True
+        ids, mask = padded_batch(rows, text, left=left, mask_dtype=torch.bool)
         batch: dict[str, Any] = {"input_ids": ids, "attention_mask": mask, "image_grid_thw": torch.tensor([image, image])}
         if family.has_video:
             batch["video_grid_thw"] = torch.tensor([video, video])

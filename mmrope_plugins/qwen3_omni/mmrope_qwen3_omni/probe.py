@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from mmrope_core.tiny import padded_batch
+
 from .families import Family
 from .layout import Tokens
 
@@ -85,14 +87,7 @@ def random_batch(family: Family, tokens: Tokens, merge: int, thinker: Any, rng: 
         grid = (1, merge, merge)
         images.append(grid)
         rows[0] += [tokens.vision_start, tokens.image, tokens.vision_end]
-    length = max(map(len, rows))
-    left = rng.random() < 0.5
-    input_ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(rows), length, dtype=torch.long)
-    for index, row in enumerate(rows):
-        span = slice(length - len(row), length) if left else slice(0, len(row))
-        input_ids[index, span] = torch.tensor(row)
-        mask[index, span] = 1
+    input_ids, mask = padded_batch(rows, pad_id, left=rng.random() < 0.5)
     return {
         "input_ids": input_ids,
         "attention_mask": mask,

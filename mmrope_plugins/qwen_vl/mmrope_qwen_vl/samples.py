@@ -6,6 +6,8 @@ import random
 
 import torch
 
+from mmrope_core.tiny import padded_batch
+
 from .families import family_of
 
 SECONDS = (0.5, 1.0, 2.0, 1 / 3, 0.77, 1.25, 0.1)
@@ -45,14 +47,8 @@ def random_batch(processor, rng: random.Random, *, max_batch: int = 16, max_imag
             if not (bare and position == len(media) - 1 and rng.random() < 0.5):
                 row += _text(rng, words, 1, 12)
         rows.append(row or _text(rng, words, 1, 12))
-    length = max(min_length, *map(len, rows))
-    left = rng.random() < 0.5
-    input_ids = torch.full((len(rows), length), tokenizer.pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros(len(rows), length, dtype=torch.long)
-    for index, row in enumerate(rows):
-        span = slice(length - len(row), length) if left else slice(0, len(row))
-        input_ids[index, span] = torch.tensor(row)
-        attention_mask[index, span] = 1
+    input_ids, attention_mask = padded_batch(rows, tokenizer.pad_token_id, left=rng.random() < 0.5,
+                                             length=max(min_length, *map(len, rows)))
     batch = {"input_ids": input_ids, "attention_mask": attention_mask}
     if image_grids:
         batch["image_grid_thw"] = torch.tensor(image_grids)

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from mmrope_core.tiny import padded_batch
+
 from .examples import spec_of
 
 Row = list[int]
@@ -39,10 +41,20 @@ def _side(rng: random.Random, limit: int) -> int:
     return rng.randint(1, max(1, limit))
 
 
-def qwen_image(tokens: Tokens, rng: random.Random, merge: int, side: int = 5) -> Item:
-    a, b = _side(rng, side), _side(rng, side)
-    run = [tokens["image_token"]] * (a * b)
-    return [tokens["vision_start_token"], *run, tokens["vision_end_token"]], "image", (1, merge * a, merge * b)
+def _marked_image(start: str, end: str) -> Callable[..., Item]:
+    """The layout of an image as one run of ``h' * w'`` placeholders between the tokens named
+    ``start`` and ``end``."""
+
+    def image(tokens: Tokens, rng: random.Random, merge: int, side: int = 5) -> Item:
+        a, b = _side(rng, side), _side(rng, side)
+        return [tokens[start], *[tokens["image_token"]] * (a * b), tokens[end]], "image", (1, merge * a, merge * b)
+
+    return image
+
+
+qwen_image = _marked_image("vision_start_token", "vision_end_token")
+glm_image = _marked_image("begin_of_image_token", "end_of_image_token")
+paddle_image = _marked_image("image_start_token", "image_end_token")
 
 
 def qwen3_video(tokens: Tokens, rng: random.Random, merge: int, side: int = 5) -> Item:
@@ -62,12 +74,6 @@ def qwen2_video(tokens: Tokens, rng: random.Random, merge: int, side: int = 5) -
     return [tokens["vision_start_token"], *run, tokens["vision_end_token"]], "video", (frames, merge * a, merge * b)
 
 
-def glm_image(tokens: Tokens, rng: random.Random, merge: int, side: int = 5) -> Item:
-    a, b = _side(rng, side), _side(rng, side)
-    run = [tokens["image_token"]] * (a * b)
-    return [tokens["begin_of_image_token"], *run, tokens["end_of_image_token"]], "image", (1, merge * a, merge * b)
-
-
 def glm_video(tokens: Tokens, rng: random.Random, merge: int, side: int = 5) -> Item:
     """GLM's processor: frames are image runs between video markers, a timestamp after each."""
     frames, a, b = rng.randint(1, side + 1), _side(rng, side // 2 + 1), _side(rng, side // 2 + 1)
@@ -76,12 +82,6 @@ def glm_video(tokens: Tokens, rng: random.Random, merge: int, side: int = 5) -> 
         row += [tokens["begin_of_image_token"], *[tokens["image_token"]] * (a * b), tokens["end_of_image_token"],
                 *tokens.text(rng, 1, 2)]
     return row + [tokens["end_of_video_token"]], "video", (frames, merge * a, merge * b)
-
-
-def paddle_image(tokens: Tokens, rng: random.Random, merge: int, side: int = 5) -> Item:
-    a, b = _side(rng, side), _side(rng, side)
-    run = [tokens["image_token"]] * (a * b)
-    return [tokens["image_start_token"], *run, tokens["image_end_token"]], "image", (1, merge * a, merge * b)
 
 
 def ernie_video(tokens: Tokens, rng: random.Random, merge: int, side: int = 5) -> Item:
@@ -168,7 +168,8 @@ def random_batch(model_type: str, processor: Any, config: Any, rng: random.Rando
             grids["image"].append((1, _side(rng, side + 1), _side(rng, side + 1)))
             per_sample.append(count + 1)
         rows.append(row or tokens.text(rng))
-    batch = _padded(rows, tokens.pad, rng.random() < 0.5)
+    input_ids, attention_mask = padded_batch(rows, tokens.pad, left=rng.random() < 0.5)
+    batch: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask}
     if grids["image"]:
         batch["image_grid_thw"] = torch.tensor(grids["image"])
     if grids["video"]:
@@ -178,17 +179,6 @@ def random_batch(model_type: str, processor: Any, config: Any, rng: random.Rando
     if per_sample:
         batch["images_per_sample"] = torch.tensor(per_sample)
     return batch
-
-
-def _padded(rows: list[Row], pad: int, left: bool) -> dict[str, Any]:
-    length = max(map(len, rows))
-    input_ids = torch.full((len(rows), length), pad, dtype=torch.long)
-    attention_mask = torch.zeros(len(rows), length, dtype=torch.long)
-    for index, row in enumerate(rows):
-        span = slice(length - len(row), length) if left else slice(0, len(row))
-        input_ids[index, span] = torch.tensor(row)
-        attention_mask[index, span] = 1
-    return {"input_ids": input_ids, "attention_mask": attention_mask}
 
 
 def processor_batch(model_type: str, processor: Any, rng: random.Random, *, max_batch: int = 4,
