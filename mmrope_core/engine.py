@@ -71,8 +71,7 @@ class RopeEngine:
         plugins = plugin_manager or get_plugin_manager()
         if processor is None:
             read = EngineOptions(options)
-            convention(read, "a text-only model", KNOWN)  # 1-D positions are every convention's
-            _one_implementation(read, "a text-only model")
+            _read_mask_options(read, "a text-only model")
             read.refuse_unread("a text-only engine (processor=None)")
             return cls(None, config, _TEXT_ONLY, plugins=plugins, options=options)
         plugin, binding = _bind(plugins, processor, config, EngineOptions(options))
@@ -366,9 +365,8 @@ def _bind(plugins: PluginManager, processor: Any, config: Any, options: EngineOp
     for info, result, binders in plugins.answers("bind_rope_index", processor=processor, config=config,
                                                  options=options):
         _expect(isinstance(result, RopeBinding), info, "bind_rope_index", "a RopeBinding", result)
-        if result.kind == "1d":  # the mask's positions: every implementation's and every convention's
-            _one_implementation(options, type(processor).__name__)
-            convention(options, type(processor).__name__, KNOWN)
+        if result.kind == "1d":
+            _read_mask_options(options, type(processor).__name__)
         if options.given("convention") and not options.was_read("convention", binders):
             # a plugin that never asks for one computes transformers' positions: refuse the others
             convention(options, f"plugin {info.label}", (TRANSFORMERS,))
@@ -377,9 +375,11 @@ def _bind(plugins: PluginManager, processor: Any, config: Any, options: EngineOp
     raise UnsupportedProcessorError(_unsupported_message(plugins, processor, config))
 
 
-def _one_implementation(options: EngineOptions, what: str) -> None:
-    """1-D positions have one implementation, the mask's: ``implementation="fast"`` and
-    ``"reference"`` both name it, so that one trainer configuration serves every family."""
+def _read_mask_options(options: EngineOptions, what: str) -> None:
+    """1-D positions come from the attention mask, in every convention and by one implementation
+    that ``implementation="fast"`` and ``"reference"`` both name, so that one trainer
+    configuration serves every family."""
+    convention(options, what, KNOWN)
     implementation = options.get("implementation")
     if implementation not in (None, "fast", "reference"):
         raise InvalidInputError(f"implementation={implementation!r} is not an implementation of {what}: its 1-D "
