@@ -76,7 +76,7 @@ def compute(input_ids, attention_mask):
 
 
 def omni(row, **kwargs):
-    from mmrope_qwen3_omni.rope import token_ids
+    from mmrope_qwen3_omni.binding import token_ids
 
     processor = engine("Qwen3-Omni").processor
     token = token_ids(processor)
