@@ -22,12 +22,13 @@ from mmrope_core.tiny import FILLER_WORDS
 #: family -> LLaMA-Factory's template for it
 TEMPLATES = {
     "Qwen2-VL": "qwen2_vl", "Qwen2.5-VL": "qwen2_vl", "Qwen3-VL": "qwen3_vl", "Qwen3-VL-MoE": "qwen3_vl",
-    "Qwen3.5": "qwen3_5", "GLM-4V": "glm4v", "Qwen2.5-Omni": "qwen2_omni", "Qwen3-Omni": "qwen3_omni",
+    "Qwen3.5": "qwen3_5", "GLM-4V": "glm4v", "GLM-4.5V": "glm4_5v", "Qwen2.5-Omni": "qwen2_omni",
+    "Qwen3-Omni": "qwen3_omni",
 }
 FAMILIES = list(TEMPLATES)
 OMNI = ("Qwen2.5-Omni", "Qwen3-Omni")
 #: families whose LLaMA-Factory plugin writes the first video's frame count for every video of a sample
-ONE_FRAME_COUNT = ("Qwen3-VL", "Qwen3-VL-MoE", "Qwen3.5", "GLM-4V")
+ONE_FRAME_COUNT = ("Qwen3-VL", "Qwen3-VL-MoE", "Qwen3.5", "GLM-4V", "GLM-4.5V")
 MODEL_CLASSES = {
     "qwen2_vl": "qwen2_vl.Qwen2VLModel",
     "qwen2_5_vl": "qwen2_5_vl.Qwen2_5_VLModel",
@@ -35,6 +36,7 @@ MODEL_CLASSES = {
     "qwen3_vl_moe": "qwen3_vl_moe.Qwen3VLMoeModel",
     "qwen3_5": "qwen3_5.Qwen3_5Model",
     "glm4v": "glm4v.Glm4vModel",
+    "glm4v_moe": "glm4v_moe.Glm4vMoeModel",
     "qwen2_5_omni_thinker": "qwen2_5_omni.modeling_qwen2_5_omni.Qwen2_5OmniPreTrainedModelForConditionalGeneration",
     "qwen3_omni_moe_thinker":
         "qwen3_omni_moe.modeling_qwen3_omni_moe.Qwen3OmniMoePreTrainedModelForConditionalGeneration",
@@ -74,7 +76,7 @@ def family(name: str) -> tuple[Any, Any, Any]:
         from mmrope_qwen3_omni.examples import build
     else:
         from mmrope_qwen_vl.examples import build
-    processor, config = build(name)
+    processor, config = build({"GLM-4.5V": "GLM-4V-MoE"}.get(name, name))
     config = getattr(config, "thinker_config", config)
     if name not in OMNI:  # the config names the tiny vocabulary's ids, as a checkpoint's names its own
         token_id = processor.tokenizer.convert_tokens_to_ids

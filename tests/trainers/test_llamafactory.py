@@ -19,7 +19,8 @@ collator_module = cases.import_llamafactory()
 from mmrope_core.errors import InvalidInputError, PlaceholderMismatchError  # noqa: E402
 from mmrope_core.integrations import llamafactory as drop_in  # noqa: E402
 
-VIDEO_FAMILIES = [name for name in cases.FAMILIES if name != "GLM-4V"]
+GLM = ("GLM-4V", "GLM-4.5V")
+VIDEO_FAMILIES = [name for name in cases.FAMILIES if name not in GLM]
 
 
 @pytest.fixture
@@ -94,16 +95,17 @@ def test_llamafactory_alone_places_padded_batches_but_copies_the_temporal_row(na
     assert differs
 
 
-def test_glm4v_videos_crash_llamafactory_alone_and_are_placed_with_the_drop_in():
+@pytest.mark.parametrize("name", GLM)
+def test_glm_videos_crash_llamafactory_alone_and_are_placed_with_the_drop_in(name):
     rng = random.Random(3)
-    features = [sample for sample in cases.features("GLM-4V", rng, 12) if sample["videos"]][:3]
+    features = [sample for sample in cases.features(name, rng, 12) if sample["videos"]][:3]
     assert features
     with pytest.raises((RuntimeError, StopIteration, TypeError)):
-        cases.collate(cases.collator("GLM-4V"), features)
+        cases.collate(cases.collator(name), features)
     drop_in.install()
     try:
-        batch = cases.collate(cases.collator("GLM-4V"), features)
-        assert torch.equal(batch["position_ids"], expected("GLM-4V", batch, features))
+        batch = cases.collate(cases.collator(name), features)
+        assert torch.equal(batch["position_ids"], expected(name, batch, features))
     finally:
         _uninstall()
 
@@ -261,6 +263,27 @@ def test_qwen3_omni_positions_cast_to_bf16_by_llamafactory_alone():
     reference = expected(name, batch, features)
     assert batch["position_ids"].dtype == torch.bfloat16
     assert not torch.equal(batch["position_ids"][1:].float(), reference[1:])
+
+
+def test_pairwise_collator(installed):
+    """The pairwise (DPO) collator calls the base collator on chosen and rejected rows: both
+    get mmrope's positions."""
+    name = "Qwen2.5-VL"
+    processor, _, template = cases.family(name)
+    rng = random.Random(6)
+    chosen, rejected = cases.features(name, rng, 2), cases.features(name, rng, 2)
+    pairs = [{"chosen_input_ids": good["input_ids"], "chosen_attention_mask": good["attention_mask"],
+              "chosen_labels": good["labels"], "rejected_input_ids": good["input_ids"][:-1] + bad["input_ids"][-1:],
+              "rejected_attention_mask": good["attention_mask"], "rejected_labels": good["labels"],
+              "images": good["images"], "videos": good["videos"], "audios": []}
+             for good, bad in zip(chosen, rejected)]
+    pairwise = collator_module.PairwiseDataCollatorWithPadding(
+        template=template, processor=processor, tokenizer=processor.tokenizer, model=cases.reference_model(name),
+        label_pad_token_id=-100)
+    batch = cases.collate(pairwise, pairs)
+    rows = [{"images": pair["images"], "videos": pair["videos"], "audios": []} for pair in pairs] * 2
+    assert batch["input_ids"].shape[0] == 4
+    assert torch.equal(batch["position_ids"], expected(name, batch, rows))
 
 
 def test_install_is_idempotent(installed):
