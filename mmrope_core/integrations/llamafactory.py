@@ -38,13 +38,14 @@ def install(*, config: Any = None, mm_processor_kwargs: Mapping[str, Any] | None
     """Make LLaMA-Factory's multimodal collators take their M-RoPE positions from mmrope.
 
     Args:
-        config: the model config, for collators built without a model object (``model=None``);
-            a collator's own ``model.config`` is used when it has one.
+        config: the model config, for collators built without a model object (``model=None``),
+            which then get positions too; a collator's own ``model.config`` is used when it has one.
         mm_processor_kwargs: processor keyword arguments the positions depend on, for every
             sample, on top of the processor's own ``use_audio_in_video`` that LLaMA-Factory sets.
 
     Idempotent: calling it again only replaces the settings. Collators whose processor uses 1-D
-    RoPE, or that have no processor, keep LLaMA-Factory's own behaviour.
+    RoPE, that have no processor, or that have neither a model nor ``config``, keep
+    LLaMA-Factory's own behaviour.
     """
     import importlib
 
@@ -65,22 +66,20 @@ def installed() -> bool:
 
 def collator_engine(collator: Any) -> Any:
     """The engine a collator's positions come from (built on first use), or None where
-    LLaMA-Factory's own behaviour is kept (no processor, or a 1-D RoPE family)."""
+    LLaMA-Factory's own behaviour is kept: no processor, a 1-D RoPE family, or no model and no
+    config given to :func:`install` (LLaMA-Factory's collators for ``predict_with_generate``
+    have no model, and the model computes positions as it generates)."""
     from mmrope_core.engine import RopeEngine
-    from mmrope_core.errors import InvalidInputError, UnsupportedProcessorError
+    from mmrope_core.errors import UnsupportedProcessorError
 
     config = _config_of(collator)
     key = (id(collator.processor), id(config))
     cached = collator.__dict__.get("_mmrope_engine")
     if cached is not None and cached[0] == key:
         return cached[1]
-    if collator.processor is None:
+    if collator.processor is None or config is None:  # without a model LLaMA-Factory gives no positions either
         engine = None
     else:
-        if config is None:
-            raise InvalidInputError(
-                "the LLaMA-Factory collator has no model and install() was given no config: mmrope needs "
-                "the model config; call install(config=AutoConfig.from_pretrained(model_name_or_path))")
         try:
             engine = RopeEngine.from_processor(collator.processor, config)
         except UnsupportedProcessorError:
