@@ -134,13 +134,14 @@ def test_no_model_and_no_config_keeps_llamafactorys_behaviour(installed):
     assert "position_ids" not in cases.collate(cases.collator("Qwen2-VL", model="none"), features)
 
 
-def test_the_rest_of_the_batch_is_llamafactorys(installed):
+@pytest.mark.parametrize("name", ["Qwen2.5-VL", "Qwen3-Omni"])
+def test_the_rest_of_the_batch_is_llamafactorys(name, installed):
     """Same keys, same tensors, same deltas as LLaMA-Factory's own batch; only the text row
     differs."""
-    features = padded_batches("Qwen2.5-VL", seed=5, count=1)[0]
-    mine = cases.collate(cases.collator("Qwen2.5-VL"), features)
+    features = padded_batches(name, seed=5, count=1)[0]
+    mine = cases.collate(cases.collator(name), features)
     _uninstall()
-    theirs = cases.collate(cases.collator("Qwen2.5-VL"), features)
+    theirs = cases.collate(cases.collator(name), features)
     assert mine.keys() == theirs.keys()
     for key in theirs:
         if key != "position_ids":

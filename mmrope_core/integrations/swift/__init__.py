@@ -31,6 +31,9 @@ TEMPLATE_CLASSES = {
     "swift.template.templates.glm": ("GLM4vPackingTemplateMixin",),
 }
 
+#: templates whose positions ms-swift computes only in training (the model computes them otherwise)
+_TRAINING_ONLY = ("Qwen2_5OmniTemplate",)
+
 _settings: dict[str, Any] = {"mm_processor_kwargs": {}}
 
 
@@ -51,7 +54,8 @@ def install(*, mm_processor_kwargs: Mapping[str, Any] | None = None) -> None:
             cls = getattr(module, name)
             current = cls.__dict__["_get_position_ids"]
             if not hasattr(current, "__mmrope_original__"):
-                setattr(cls, "_get_position_ids", _replacing(current))  # noqa: B010 (rebound on purpose)
+                replacement = _replacing(current, training_only=name in _TRAINING_ONLY)
+                setattr(cls, "_get_position_ids", replacement)  # noqa: B010 (rebound on purpose)
 
 
 def installed() -> bool:
@@ -75,9 +79,11 @@ def template_engine(template: Any) -> Any:
     return cached[1]
 
 
-def _replacing(original: Any) -> Any:
+def _replacing(original: Any, *, training_only: bool) -> Any:
     @functools.wraps(original)
     def _get_position_ids(self: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+        if training_only and not self.is_training:
+            return {}
         return position_ids(self, inputs)
 
     _get_position_ids.__mmrope_original__ = original  # type: ignore[attr-defined]
@@ -90,9 +96,6 @@ def position_ids(template: Any, inputs: Mapping[str, Any]) -> dict[str, Any]:
     positions can be fractional (ms-swift alone casts them to int64)."""
     import torch
 
-    if template.config is not None and "omni" in str(getattr(template.config, "model_type", "")) \
-            and not template.is_training:
-        return {}  # ms-swift's Omni templates give no positions outside training: the model computes them
     engine = template_engine(template)
     input_ids = inputs["input_ids"]
     mask = inputs.get("attention_mask_2d")
