@@ -288,6 +288,20 @@ def test_pairwise_collator(installed):
     assert torch.equal(batch["position_ids"], expected(name, batch, rows))
 
 
+def test_kto_collator(installed):
+    """The KTO collator calls the base collator on the target rows and the KL rows."""
+    name = "Qwen3-VL"
+    processor, _, template = cases.family(name)
+    samples = cases.features(name, random.Random(8), 3)
+    rows = [{**sample, "kl_input_ids": sample["input_ids"], "kl_attention_mask": sample["attention_mask"],
+             "kl_labels": sample["labels"], "kto_tags": True} for sample in samples]
+    kto = collator_module.KTODataCollatorWithPadding(
+        template=template, processor=processor, tokenizer=processor.tokenizer, model=cases.reference_model(name),
+        label_pad_token_id=-100)
+    batch = cases.collate(kto, rows)
+    assert torch.equal(batch["position_ids"], expected(name, batch, samples))
+
+
 def test_install_is_idempotent(installed):
     wrapped = collator_module.MultiModalDataCollatorForSeq2Seq.__dict__["__call__"]
     drop_in.install()
