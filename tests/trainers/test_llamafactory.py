@@ -222,6 +222,61 @@ def test_omni_packing_refused_by_llamafactory_alone(name):
         cases.collate(cases.collator(name, neat_packing=True, block_diag_attn=True), packed)
 
 
+MODEL_KEYS = ("input_ids", "attention_mask", "position_ids", "pixel_values", "image_grid_thw", "pixel_values_videos",
+              "video_grid_thw", "second_per_grid_ts", "mm_token_type_ids")
+
+
+def logits(model, batch):
+    inputs = {key: batch[key] for key in MODEL_KEYS if batch.get(key) is not None}
+    if "second_per_grid_ts" in inputs:
+        inputs["second_per_grid_ts"] = torch.as_tensor(inputs["second_per_grid_ts"])
+    with torch.no_grad():
+        return model(**inputs, use_cache=False).logits
+
+
+def test_neat_packing_gives_each_samples_own_logits():
+    """LLaMA-Factory's flash-attention neat packing hands the model one row without an attention
+    mask: the model tells the samples apart by the text row. A tiny Qwen2.5-VL model (sdpa, the
+    same packed-sequence rule) then gives each sample the logits it gives the sample alone, with
+    mmrope's positions; with LLaMA-Factory's, whose text row is the temporal row, it does not."""
+    from cases import tiny_model
+
+    name, model = "Qwen2.5-VL", tiny_model()
+    processor, _, _ = cases.family(name)
+    rng = random.Random(12)
+    samples = [sample for sample in cases.features(name, rng, 12) if sample["images"] or sample["videos"]][:3]
+    _, packed_row = _packed_from(samples)
+    alone = []
+    for sample in samples:  # each sample's own logits: the model computes its positions
+        batch = cases.collate(cases.collator(name, model="none"), [sample])
+        batch["mm_token_type_ids"] = torch.tensor(processor.create_mm_token_type_ids(batch["input_ids"].tolist()))
+        alone.append(logits(model, batch)[0])
+
+    def segments_equal(batch):
+        assert batch["attention_mask"] is None and batch["position_ids"].shape[-1] == sum(map(len, alone))
+        out, start = logits(model, batch)[0], 0
+        same = []
+        for own in alone:
+            same.append(torch.allclose(out[start:start + len(own)], own, atol=1e-5))
+            start += len(own)
+        return same
+
+    flash = {"neat_packing": True, "block_diag_attn": True, "attn_implementation": "flash_attention_2"}
+    llamafactorys = cases.collate(cases.collator(name, **flash), packed_row)
+    assert not all(segments_equal(llamafactorys))
+    drop_in.install()
+    try:
+        assert all(segments_equal(cases.collate(cases.collator(name, **flash), packed_row)))
+    finally:
+        _uninstall()
+
+
+def _packed_from(samples):
+    cutoff = sum(len(sample["input_ids"]) for sample in samples) + 3
+    cutoff += -(cutoff + 1) % 8
+    return [samples], cases.packed([samples], cutoff)
+
+
 # -- Omni -----------------------------------------------------------------------------------------
 
 
