@@ -16,9 +16,10 @@ Call it in your launcher before LLaMA-Factory builds its collator::
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -134,7 +135,8 @@ def _call_with_mmrope_positions(original: Callable[..., Any], collator: Any, fea
     else:
         batch["position_ids"], batch["rope_deltas"] = _padded_positions(engine, collator, batch, inputs,
                                                                         mm_processor_kwargs)
-    _exact.last = (collator, batch["position_ids"], batch["attention_mask"])
+    if batch["position_ids"].is_floating_point():  # what the SFT collator's dtype cast must not reach
+        _exact.last = (collator, batch["position_ids"], batch["attention_mask"])
     return batch
 
 
@@ -157,19 +159,16 @@ def _call_keeping_exact_positions(original: Callable[..., Any], collator: Any, f
     return batch
 
 
-class _framework_positions_off:
+@contextlib.contextmanager
+def _framework_positions_off(collator: Any) -> Iterator[None]:
     """Hide the model and its ``get_rope_index`` from LLaMA-Factory's ``__call__`` for one call:
     it then builds the batch without positions (and without refusing Omni packing)."""
-
-    def __init__(self, collator: Any) -> None:
-        self.collator = collator
-
-    def __enter__(self) -> None:
-        self.saved = (self.collator.model, self.collator.get_rope_func)
-        self.collator.model, self.collator.get_rope_func = None, None
-
-    def __exit__(self, *exc: object) -> None:
-        self.collator.model, self.collator.get_rope_func = self.saved
+    saved = collator.model, collator.get_rope_func
+    collator.model, collator.get_rope_func = None, None
+    try:
+        yield
+    finally:
+        collator.model, collator.get_rope_func = saved
 
 
 # -- positions ----------------------------------------------------------------------------------
