@@ -93,6 +93,21 @@ def test_padding_free_rows_equal_the_reference_per_sample(name, installed):
         assert_packed(*packed(name, seed))
 
 
+@pytest.mark.parametrize("name", ["Qwen2.5-VL", "GLM-4.5V", "Qwen3-Omni"])
+def test_packing_groups_equal_the_reference_per_sample(name, installed):
+    """``--packing``: ms-swift's packed dataset hands the collator groups of rows, which it joins
+    into one ``padding_free`` row."""
+    template = cases.template(name, padding_free=True)
+    template.packing = True
+    samples = cases.rows(name, random.Random(4), 5)
+    rows = [cases.with_token_types(template, row) for row, _ in samples]
+    batch = template.data_collator([rows[:2], rows[2:]])
+    references = [cases.reference_positions(name, torch.tensor([row["input_ids"]]),
+                                            torch.ones(1, len(row["input_ids"]), dtype=torch.long), kwargs)
+                  for row, kwargs in samples]
+    assert_packed(batch, references)
+
+
 @pytest.mark.parametrize("name", RIGHT_ALONE)
 def test_swift_alone_is_right_on_these(name):
     """The positive control: where ms-swift's own positions are right, the harness says so."""
