@@ -14,7 +14,7 @@ from .errors import CollateError, InvalidInputError, a
 
 IGNORE_INDEX = -100  # what transformers' and TRL's losses skip
 _TOKEN_KEYS = ("input_ids", "attention_mask", "labels")
-_TOKEN_TYPE_KEYS = frozenset({"mm_token_type_ids", "token_type_ids"})  # one type per token, by every processor
+_TOKEN_TYPES = "token_type_ids"  # the suffix of the keys holding one type per token (mm_, moe_mm_ ...)
 
 
 class PaddedCollator:
@@ -155,7 +155,7 @@ def _read_samples(samples: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 copy[key] = row
         copy.setdefault("labels", ids)
         for key, value in copy.items():  # per-token keys follow the ids' layout
-            if key in _TOKEN_TYPE_KEYS and isinstance(value, torch.Tensor) and value.shape == ids.shape[1:]:
+            if key.endswith(_TOKEN_TYPES) and isinstance(value, torch.Tensor) and value.shape == ids.shape[1:]:
                 copy[key] = value[None]
         read.append(copy)
     if not read:
@@ -181,7 +181,7 @@ def _token_row(index: int, key: str, value: Any) -> torch.Tensor | None:
 def _token_aligned(samples: list[dict[str, Any]]) -> list[str]:
     """The token-type keys of these samples, each sample's ``(1, L)``; a sample without one (a
     text-only sample) gets zeros, the type of text."""
-    keys = [key for key in dict.fromkeys(key for sample in samples for key in sample) if key in _TOKEN_TYPE_KEYS]
+    keys = [key for key in dict.fromkeys(key for sample in samples for key in sample) if key.endswith(_TOKEN_TYPES)]
     for key in keys:
         for index, sample in enumerate(samples):
             value = sample.get(key)
