@@ -4,6 +4,9 @@ each packed segment's logits are its sample's alone."""
 
 from __future__ import annotations
 
+import runpy
+from pathlib import Path
+
 import datasets
 import pytest
 import torch
@@ -100,3 +103,8 @@ def test_each_packed_segment_has_the_logits_of_its_sample_alone(name):
         if index:  # without the text row the model sees one sequence: later segments attend to earlier ones
             assert (three_rows[segment] - alone).abs().max() > 1e-4
         start = segment.stop
+
+
+def test_the_trl_example_runs(capsys):
+    runpy.run_path(str(Path(__file__).parents[2] / "examples" / "trl_padding_free.py"), run_name="__main__")
+    assert "2 padding-free steps" in capsys.readouterr().out
