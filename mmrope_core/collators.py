@@ -10,6 +10,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .engine import RopeEngine
 from .errors import CollateError, InvalidInputError, a
 
 IGNORE_INDEX = -100  # what transformers' and TRL's losses skip
@@ -27,8 +28,9 @@ class PaddedCollator:
     arguments positions depend on (``{"use_audio_in_video": True}`` for Omni).
     """
 
-    def __init__(self, engine: Any, padding_side: str = "right",
+    def __init__(self, engine: RopeEngine, padding_side: str = "right",
                  mm_processor_kwargs: Mapping[str, Any] | None = None) -> None:
+        _check_engine(engine)
         if padding_side not in ("left", "right"):
             raise InvalidInputError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
         self.engine = engine
@@ -67,8 +69,9 @@ class PackedCollator:
     flash-attention's varlen kernels take instead of scanning the positions.
     """
 
-    def __init__(self, engine: Any, max_length: int | None = None, flash_attn_kwargs: bool = False,
+    def __init__(self, engine: RopeEngine, max_length: int | None = None, flash_attn_kwargs: bool = False,
                  mm_processor_kwargs: Mapping[str, Any] | None = None) -> None:
+        _check_engine(engine)
         if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
                                        or max_length < 1):
             raise InvalidInputError(f"max_length must be a positive int or None, got {max_length!r}")
@@ -120,6 +123,12 @@ class PackedCollator:
         raise CollateError(f"the {len(lengths)} samples hold {sum(lengths)} tokens, more than max_length="
                            f"{self.max_length} for one packed row; lower the batch size, or group samples by "
                            f"length so that a batch fits")
+
+
+def _check_engine(engine: Any) -> None:
+    if not isinstance(engine, RopeEngine):
+        raise InvalidInputError(f"a collator takes a RopeEngine, got {type(engine).__name__}; build it once with "
+                                f"RopeEngine.from_pretrained(path) or RopeEngine.from_processor(processor, config)")
 
 
 def _processor_kwargs(value: Mapping[str, Any] | None) -> dict[str, Any] | None:

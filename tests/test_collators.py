@@ -193,3 +193,5 @@ def test_options_are_checked():
         PackedCollator(engine, mm_processor_kwargs=["use_audio_in_video"])
     with pytest.raises(TypeError):
         PackedCollator(engine, packing=True)
+    with pytest.raises(InvalidInputError, match="takes a RopeEngine, got Qwen2_5_VLProcessor"):
+        PaddedCollator(engine.processor)
