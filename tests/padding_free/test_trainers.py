@@ -17,6 +17,9 @@ from padding_free_cases import FAMILIES, MM_PROCESSOR_KWARGS, engine_of, samples
 from mmrope_core.collators import PackedCollator, PaddedCollator
 
 STEPS, BATCH = 3, 4
+torch.set_num_threads(1)  # two cores, shared
+# TRL's SFTConfig passes transformers a deprecated argument name of its own
+pytestmark = pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning")
 
 
 class Recorder(transformers.TrainerCallback):
@@ -65,6 +68,17 @@ def train(trainer, name, packed, tmp_path):
     runner.train()
     assert len(recorder.losses) == len(recorder.gradients) == STEPS
     return recorder
+
+
+def test_the_samples_hold_what_the_families_are_tested_on():
+    vl = samples("Qwen2.5-VL", STEPS * BATCH)
+    seconds = torch.cat([sample["second_per_grid_ts"] for sample in vl if "second_per_grid_ts" in sample])
+    assert (seconds != seconds.round()).any()  # fractional seconds per grid
+    assert any("pixel_values" in sample for sample in vl) and any(len(sample) == 3 for sample in vl)  # and text alone
+    omni = samples("Qwen2.5-Omni", STEPS * BATCH)
+    # audio inside videos: one audio clip per video, its tokens between the video's markers
+    assert any("video_grid_thw" in sample and len(sample["feature_attention_mask"]) == len(sample["video_grid_thw"])
+               for sample in omni)
 
 
 @pytest.mark.parametrize("trainer", ["transformers", "trl"])
