@@ -29,8 +29,9 @@ import random
 import torch
 from timing import engine, environment, in_fresh_processes, peak_memory, timed
 
+from mmrope_qwen3_omni.audio import qwen3_audio_tokens
+from mmrope_qwen3_omni.binding import token_ids
 from mmrope_qwen3_omni.examples import build
-from mmrope_qwen3_omni.rope import qwen3_audio_tokens, token_ids
 
 MERGE = 2
 

@@ -81,16 +81,17 @@ class Omni:
     """A built Omni processor and config with what the generators need."""
 
     def __init__(self, name: str) -> None:
-        from mmrope_qwen3_omni import rope
+        from mmrope_qwen3_omni.binding import token_ids
         from mmrope_qwen3_omni.examples import build
         from mmrope_qwen3_omni.families import family_of
+        from mmrope_qwen3_omni.layout import tokens_of
 
         self.processor, self.config = build(name)
         self.family = family_of(self.processor)
         self.thinker = self.config.thinker_config
-        self.ids = rope.token_ids(self.processor)
-        self.tokens = rope.tokens_of(self.thinker, {"vision_end": self.ids["vision_eos"],
-                                                    "audio_end": self.ids["audio_eos"]})
+        self.ids = token_ids(self.processor)
+        self.tokens = tokens_of(self.thinker, {"vision_end": self.ids["vision_eos"],
+                                               "audio_end": self.ids["audio_eos"]})
         self.words = self.processor.tokenizer.convert_tokens_to_ids(["the", "cat", "sat", "mat"])
         self.pad = self.processor.tokenizer.pad_token_id
 

@@ -28,7 +28,9 @@ from typing import Any
 import torch
 from timing import engine, timed
 
-from mmrope_qwen3_omni import rope
+from mmrope_core import compiled
+from mmrope_qwen3_omni.fast import FastRopeIndex
+from mmrope_qwen3_omni.stepwise import StepwiseRopeIndex
 
 KERNELS = ("batched", "step-by-step", "engine", "engine cpi")
 BATCH = 8
@@ -60,8 +62,8 @@ class Convention:
         self.engine = engine(side.processor, side.config, "qwen3_omni", convention="vllm")
         bound = self.engine.binding.kernel
         markers = {"vision_end": side.tokens.vision_end, "audio_end": side.tokens.audio_end}
-        kinds = {"batched": rope.FastRopeIndex, "step-by-step": rope.StepwiseRopeIndex}
-        if rope.native is None:  # MMROPE_DISABLE_COMPILED or no compiler
+        kinds = {"batched": FastRopeIndex, "step-by-step": StepwiseRopeIndex}
+        if not compiled.available():  # MMROPE_DISABLE_COMPILED or no compiler
             kinds.pop("batched")
         self.kernels = {name: kind(bound.family, bound.config, markers, bound.audio_rule, convention=bound.convention)
                         for name, kind in kinds.items()}

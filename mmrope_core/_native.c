@@ -250,9 +250,11 @@ lay_out(Layout *layout, Py_ssize_t runs, const int64_t *run_sample, Py_ssize_t f
         int64_t at = first, position_now = 0, largest = -1;
         for (; r < runs && run_sample[r] == s; r++) {
             const int64_t start = layout->start[r], frames = layout->frames[r];
-            if (start < at || start + layout->length[r] > end || frames < 1 || layout->height[r] < 1 ||
-                layout->width[r] < 1 || frames * layout->height[r] * layout->width[r] != layout->length[r] ||
-                frames_seen + frames > frames_given) {
+            int64_t area, length;
+            if (start < at || layout->length[r] > end - start || frames < 1 || layout->height[r] < 1 ||
+                layout->width[r] < 1 || __builtin_mul_overflow(layout->height[r], layout->width[r], &area) ||
+                __builtin_mul_overflow(frames, area, &length) || length != layout->length[r] ||
+                frames > frames_given - frames_seen) {
                 PyErr_Format(PyExc_ValueError, "positions: run %zd does not fit its sample %zd", r, s);
                 return -1;
             }
@@ -750,6 +752,8 @@ floor_div(int64_t a, int64_t b)
 static int64_t
 omni_audio_tokens(const Omni *o, int64_t frames)
 {
+    if (frames > ((int64_t)1 << 56))  /* beyond any row, and whole * 13 below stays in range */
+        return -1;
     if (o->qwen3) {
         const int64_t window = 2 * o->n_window, whole = floor_div(frames, window);
         const int64_t rest = floor_div(frames - whole * window - 1, 2) + 1;
@@ -758,10 +762,15 @@ omni_audio_tokens(const Omni *o, int64_t frames)
     return floor_div(floor_div(frames - 1, 2) + 1 - 2, 2) + 1;
 }
 
+/* -1 where the count overflows int64: no row holds that many tokens. */
 static int64_t
 omni_vision_tokens(const Omni *o, const int64_t *grid)
 {
-    return grid[0] * (grid[1] / o->merge) * (grid[2] / o->merge);
+    int64_t area, tokens;
+    if (__builtin_mul_overflow(grid[1] / o->merge, grid[2] / o->merge, &area) ||
+        __builtin_mul_overflow(grid[0], area, &tokens))
+        return -1;
+    return tokens;
 }
 
 VECTOR_CLONES static int64_t
@@ -821,7 +830,7 @@ omni_read(Omni *o, Py_ssize_t *capacity)
                 item.kind = is_image ? OMNI_IMAGE : OMNI_VIDEO;
                 item.media = is_image ? image++ : video++;
                 const int64_t tokens = omni_vision_tokens(o, (is_image ? o->image_grid : o->video_grid) + 3 * item.media);
-                if (i + 1 + tokens >= n || count_token(ids + i + 1, tokens, next) != tokens ||
+                if (tokens < 1 || tokens > n - i - 2 || count_token(ids + i + 1, tokens, next) != tokens ||
                     ids[i + 1 + tokens] != o->vision_end)
                     return OMNI_MISMATCH;
                 item.tokens = tokens + 2;
@@ -833,9 +842,12 @@ omni_read(Omni *o, Py_ssize_t *capacity)
                 item.audio = audio++;
                 const int64_t video_tokens = omni_vision_tokens(o, o->video_grid + 3 * item.media);
                 const int64_t audio_tokens = omni_audio_tokens(o, o->audio_frames[item.audio]);
+                if (video_tokens < 1 || audio_tokens < 1 || video_tokens > n - i - 4 ||
+                    audio_tokens > n - i - 4 - video_tokens)
+                    return OMNI_MISMATCH;
                 const int64_t end = i + 2 + video_tokens + audio_tokens;  /* its audio end marker */
                 /* transformers' Qwen2.5-Omni finds such a video by its first video token; vLLM reads none */
-                if (audio_tokens < 1 || end + 1 >= n || count_token(ids + i + 2, end - i - 2, o->video) != video_tokens ||
+                if (count_token(ids + i + 2, end - i - 2, o->video) != video_tokens ||
                     count_token(ids + i + 2, end - i - 2, o->audio) != audio_tokens || ids[end] != o->audio_end ||
                     ids[end + 1] != o->vision_end || (!o->qwen3 && !o->vllm && ids[i + 2] != o->video))
                     return OMNI_MISMATCH;
@@ -847,7 +859,7 @@ omni_read(Omni *o, Py_ssize_t *capacity)
                 item.kind = OMNI_AUDIO;
                 item.media = audio++;
                 const int64_t tokens = omni_audio_tokens(o, o->audio_frames[item.media]);
-                if (tokens < 1 || i + 1 + tokens >= n || count_token(ids + i + 1, tokens, o->audio) != tokens ||
+                if (tokens < 1 || tokens > n - i - 2 || count_token(ids + i + 1, tokens, o->audio) != tokens ||
                     ids[i + 1 + tokens] != o->audio_end)
                     return OMNI_MISMATCH;
                 item.tokens = tokens + 2;
@@ -1783,15 +1795,19 @@ fused_match(const FusedRuns *runs, const FusedKind *kinds, Py_ssize_t kind_count
             frames_total += g[0];
         }
     }
+    int64_t placeholders = 0;
     for (Py_ssize_t r = 0; r < runs->size; r++) {
         const int k = runs->type[r] >= 0 ? kind_of[runs->type[r]] : -1;
         if (k < 0)
             return FUSED_MISMATCH;
         found[k]++;
+        placeholders += runs->length[r];
     }
     for (Py_ssize_t k = 0; k < kind_count; k++)
         if (found[k] != wanted[k])
             return FUSED_MISMATCH;
+    if (frames_total > placeholders)  /* every frame takes a token: nothing is sized beyond the batch */
+        return FUSED_MISMATCH;
     m->frames_total = frames_total;
     m->height = PyMem_RawMalloc((size_t)(3 * runs->size + frames_total + 1) * sizeof(int64_t));
     if (!m->height)
@@ -1813,7 +1829,9 @@ fused_match(const FusedRuns *runs, const FusedKind *kinds, Py_ssize_t kind_count
         } else {
             row_of[k]++;
         }
-        if (runs->length[r] * merge * merge != frames * g[1] * g[2])
+        int64_t patches, merged;
+        if (__builtin_mul_overflow(frames, g[1] * g[2], &patches) ||
+            __builtin_mul_overflow(runs->length[r], merge * merge, &merged) || merged != patches)
             return FUSED_MISMATCH;
         m->height[r] = g[1] / merge, m->width[r] = g[2] / merge, m->frames[r] = frames;
         FusedScale scale = {SCALE_I64, 0, 0, 0};

@@ -9,9 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from .errors import CollateError, a
+from .media import require_values
 
 
-def collate(samples: Sequence[Mapping[str, Any]], varlen_keys: Iterable[str] = (), *,
+def collate(samples: Iterable[Mapping[str, Any]], varlen_keys: Iterable[str] = (), *,
             token_aligned: Iterable[str] = (), padding_side: str = "right") -> dict[str, Any]:
     """Merge per-sample multimodal inputs into one batch.
 
@@ -20,10 +21,10 @@ def collate(samples: Sequence[Mapping[str, Any]], varlen_keys: Iterable[str] = (
     audio features: the time dimension too), then every tensor is concatenated on dim 0. Keys in
     ``token_aligned`` hold one value per token and are padded on ``padding_side``, as the tokens
     are. A key missing from some samples (a text-only sample has no ``pixel_values``) is
-    concatenated over the samples that have it. Lists are concatenated. Inputs are not modified.
+    concatenated over the samples that have it; a value of None counts as missing (a ``datasets``
+    row holds None for a key its sample lacks). Lists are concatenated. Inputs are not modified.
     """
-    if isinstance(samples, Mapping) or not isinstance(samples, Sequence):
-        raise CollateError(f"collate takes a list of per-sample dicts, got {type(samples).__name__}")
+    samples = _listed(samples, "collate takes an iterable of per-sample dicts")
     if padding_side not in ("left", "right"):
         raise CollateError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
     varlen, aligned = frozenset(varlen_keys), frozenset(token_aligned)
@@ -31,12 +32,12 @@ def collate(samples: Sequence[Mapping[str, Any]], varlen_keys: Iterable[str] = (
     for index, sample in enumerate(samples):
         if not isinstance(sample, Mapping):
             raise CollateError(f"sample {index} is {a(type(sample).__name__)}, not a dict of multimodal inputs")
-        keys.update(dict.fromkeys(sample))
+        keys.update(dict.fromkeys(key for key, value in sample.items() if value is not None))
     return {key: _merge(key, samples, key in varlen, padding_side == "left" and key in aligned) for key in keys}
 
 
 def batch_processor_outputs(
-    outputs: Sequence[Mapping[str, Any]],
+    outputs: Iterable[Mapping[str, Any]],
     varlen_keys: Iterable[str] = (),
     *,
     pad_token_id: int = 0,
@@ -52,20 +53,20 @@ def batch_processor_outputs(
     if padding_side not in ("left", "right"):
         raise CollateError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
     varlen_keys = frozenset(varlen_keys)
+    outputs = _listed(outputs, "batch takes an iterable of per-sample processor outputs")
     if not outputs:
         raise CollateError("no samples to batch: pass one processor output per sample")
     rows = []
     for index, output in enumerate(outputs):
-        if not isinstance(output, Mapping) or "input_ids" not in output:
+        if not isinstance(output, Mapping) or output.get("input_ids") is None:
             raise CollateError(f"sample {index} has no input_ids; pass the processor's outputs")
-        ids = output["input_ids"]
+        ids = _token_row(index, "input_ids", output["input_ids"])
         mask = output.get("attention_mask")
-        if not isinstance(ids, torch.Tensor) or (mask is not None and not isinstance(mask, torch.Tensor)):
-            raise CollateError(f"sample {index}: input_ids and attention_mask must be (1, L) tensors, got "
-                               f"{type(ids).__name__}; call the processor with return_tensors='pt'")
-        if ids.dim() != 2 or ids.shape[0] != 1:
-            raise CollateError(f"sample {index}: input_ids must be (1, L) per sample, got {tuple(ids.shape)}")
-        rows.append((ids[0], torch.ones_like(ids[0]) if mask is None else mask[0]))
+        mask = torch.ones_like(ids) if mask is None else _token_row(index, "attention_mask", mask)
+        if mask.shape != ids.shape:
+            raise CollateError(f"sample {index}: attention_mask has {mask.numel()} values for {ids.numel()} "
+                               f"input_ids; pass one mask value per token")
+        rows.append((ids, mask))
     length = max(ids.numel() for ids, _ in rows)
     input_ids = torch.full((len(rows), length), pad_token_id, dtype=rows[0][0].dtype)
     attention_mask = torch.zeros(len(rows), length, dtype=rows[0][1].dtype)
@@ -77,13 +78,34 @@ def batch_processor_outputs(
             for output in outputs]
     # a varlen key shaped like every sample's input_ids (token types) is padded where its tokens are
     aligned = [key for key in varlen_keys
-               if all(isinstance(extra.get(key), torch.Tensor) and extra[key].shape == output["input_ids"].shape
-                      for extra, output in zip(rest, outputs))]
+               if all(isinstance(extra.get(key), torch.Tensor) and extra[key].shape == (1, ids.numel())
+                      for extra, (ids, _) in zip(rest, rows))]
     return input_ids, attention_mask, collate(rest, varlen_keys, token_aligned=aligned, padding_side=padding_side)
 
 
+def _listed(items: Any, what: str) -> list[Any]:
+    """``items`` as a list, read once (a generator is consumed here and nowhere else)."""
+    if isinstance(items, (Mapping, str, bytes, torch.Tensor)) or not isinstance(items, Iterable):
+        raise CollateError(f"{what}, got {type(items).__name__}")
+    return list(items)
+
+
+def _token_row(index: int, key: str, value: Any) -> torch.Tensor:
+    """One sample's ``(1, L)`` or ``(L,)`` ids or mask as its ``(L,)`` row."""
+    if not isinstance(value, torch.Tensor):
+        raise CollateError(f"sample {index}: {key} must be a (1, L) tensor, got {type(value).__name__}; call the "
+                           f"processor with return_tensors='pt'")
+    require_values(f"sample {index}: {key}", value)
+    if value.dim() == 2 and value.shape[0] == 1:
+        return value[0]
+    if value.dim() != 1:
+        raise CollateError(f"sample {index}: {key} must be (1, L) or (L,) per sample, got {tuple(value.shape)}; "
+                           f"pass one processor output per sample")
+    return value
+
+
 def _merge(key: str, samples: Sequence[Mapping[str, Any]], varlen: bool, pad_left: bool) -> Any:
-    present = [(index, sample[key]) for index, sample in enumerate(samples) if key in sample]
+    present = [(index, sample[key]) for index, sample in enumerate(samples) if sample.get(key) is not None]
     values = [value for _, value in present]
     if all(isinstance(value, torch.Tensor) for value in values):
         return _cat(key, present, varlen, pad_left)

@@ -6,7 +6,7 @@ import contextlib
 import copy
 import functools
 import types
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -25,6 +25,7 @@ from .errors import (
 )
 from .inputs import ReadOnlyInputs, as_batch
 from .manager import PluginInfo, PluginManager, get_plugin_manager
+from .media import read_media, require_values
 from .options import EngineOptions
 from .packing import PackedLayout
 from .positions import one_d_positions
@@ -155,6 +156,7 @@ class RopeEngine:
             ``clip(cumsum(mask) - 1, 0)``. The dtype is :attr:`position_dtype`. Packed rows restart
             at 0 in every segment and hold 0 (row 0: 1) outside segments.
         """
+        _require_mappings(multi_modal_inputs, mm_processor_kwargs)
         mrope = self.binding.kind == "mrope"
         ids, mask, layout = _read_batch(input_ids, attention_mask, cu_seqlens, segment_ids, mrope=mrope)
         if not mrope:
@@ -193,10 +195,9 @@ class RopeEngine:
         self, multi_modal_inputs: Mapping[str, Any] | None, mm_processor_kwargs: Mapping[str, Any] | None = None
     ) -> dict[str, Any]:
         """The keyword arguments the plugins derive from one batch's inputs, merged."""
-        for key, value in (("multi_modal_inputs", multi_modal_inputs), ("mm_processor_kwargs", mm_processor_kwargs)):
-            if value is not None and not isinstance(value, Mapping):
-                raise InvalidInputError(f"{key} must be a dict of the processor's outputs (or None), got "
-                                        f"{type(value).__name__}")
+        _require_mappings(multi_modal_inputs, mm_processor_kwargs)
+        if multi_modal_inputs is not None:
+            multi_modal_inputs = read_media(multi_modal_inputs)
         merged: dict[str, Any] = {}
         givers: dict[str, PluginInfo] = {}
         for info, result in self._plugins.results(
@@ -221,6 +222,7 @@ class RopeEngine:
         """Where the layout is decided: the batch as it is; packed rows joined into one row for a
         kernel that places them, or else unpacked into a batch of segments; then laid back out
         as the caller's batch."""
+        inputs = read_media(inputs, tokens=ids.numel())
         if layout is None:
             return self._kernel(ids, mask, inputs, four_rows)
         with _segments_as_samples():
@@ -283,12 +285,13 @@ class RopeEngine:
 
     # -- batching and processing -------------------------------------------------------------
 
-    def collate(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    def collate(self, samples: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         """Batch per-sample multimodal inputs; :attr:`varlen_keys` are zero-padded to the largest sample."""
         return _collate(samples, self.varlen_keys)
 
-    def batch(self, outputs: Sequence[Mapping[str, Any]], padding_side: str = "right") -> tuple[Any, Any, dict[str, Any]]:
-        """Batch per-sample processor outputs: ``(input_ids, attention_mask, multi_modal_inputs)``."""
+    def batch(self, outputs: Iterable[Mapping[str, Any]], padding_side: str = "right") -> tuple[Any, Any, dict[str, Any]]:
+        """Batch per-sample processor outputs (any iterable; ids and masks ``(1, L)`` or ``(L,)``):
+        ``(input_ids, attention_mask, multi_modal_inputs)``."""
         tokenizer = getattr(self.processor, "tokenizer", None)
         pad = getattr(tokenizer, "pad_token_id", None)
         return batch_processor_outputs(outputs, self.varlen_keys, pad_token_id=pad or 0, padding_side=padding_side)
@@ -320,6 +323,9 @@ def _read_batch(input_ids: Any, attention_mask: Any, cu_seqlens: Any, segment_id
                 mrope: bool) -> tuple[torch.Tensor, torch.Tensor | None, PackedLayout | None]:
     """The checked ``(B, L)`` ids and mask, and the packed layout when the batch is packed."""
     packed = cu_seqlens is not None or segment_ids is not None
+    for key, value in (("cu_seqlens", cu_seqlens), ("segment_ids", segment_ids)):
+        if isinstance(value, torch.Tensor):
+            require_values(key, value)
     ids, mask = as_batch(input_ids, attention_mask, tokens_in_every_row=mrope and not packed)
     if not packed:
         return ids, mask, None
@@ -335,6 +341,13 @@ def _read_batch(input_ids: Any, attention_mask: Any, cu_seqlens: Any, segment_id
         raise InvalidInputError("attention_mask disagrees with segment_ids: a token is valid exactly when its "
                                 "segment id is not 0; keep the mask 0/1 and the segments in segment_ids")
     return ids, None, layout
+
+
+def _require_mappings(multi_modal_inputs: Any, mm_processor_kwargs: Any) -> None:
+    for key, value in (("multi_modal_inputs", multi_modal_inputs), ("mm_processor_kwargs", mm_processor_kwargs)):
+        if value is not None and not isinstance(value, Mapping):
+            raise InvalidInputError(f"{key} must be a dict of the processor's outputs (or None), got "
+                                    f"{type(value).__name__}")
 
 
 @contextlib.contextmanager

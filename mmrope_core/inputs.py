@@ -10,6 +10,7 @@ import torch
 
 from ._compiled import native
 from .errors import InvalidInputError
+from .media import require_values
 
 
 def as_batch(
@@ -22,6 +23,7 @@ def as_batch(
     place there), and a mask in which every token is valid becomes None. The caller's tensors are
     never modified."""
     ids = _require_tensor("input_ids", input_ids)
+    require_values("input_ids", ids)
     if ids.dtype not in _INTEGER_DTYPES:
         raise InvalidInputError(
             f"input_ids must hold integer token ids, got dtype {ids.dtype}; pass the tokenizer's "
@@ -36,6 +38,8 @@ def as_batch(
         )
     if ids.shape[0] == 0 or ids.shape[1] == 0:
         raise InvalidInputError(f"input_ids is empty (shape {tuple(ids.shape)}); pass at least one token")
+    if ids.dtype in _NARROW_DTYPES:  # positions in the ids' dtype, as the references give them, would wrap
+        ids = ids.long()
     if attention_mask is None:
         return ids, None
     mask = _require_tensor("attention_mask", attention_mask)
@@ -135,6 +139,7 @@ def _require_tensor(name: str, value: Any) -> torch.Tensor:
 
 
 _INTEGER_DTYPES = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
+_NARROW_DTYPES = frozenset({torch.int16, torch.int8, torch.uint8})
 
 
 class ReadOnlyInputs(Mapping[str, Any]):

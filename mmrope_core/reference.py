@@ -120,7 +120,16 @@ class ReferenceKernel(RopeKernel):
         arguments = {key: value for key, value in inputs.items() if key in self.takes}
         if "mm_token_type_ids" in self.takes:
             arguments["mm_token_type_ids"] = self.token_types(input_ids)  # type: ignore[misc]
-        return self.model.get_rope_index(input_ids=input_ids, attention_mask=attention_mask, **arguments)
+        try:
+            return self.model.get_rope_index(input_ids=input_ids, attention_mask=attention_mask, **arguments)
+        except RuntimeError:
+            if input_ids.dtype == torch.int64:
+                raise
+        # some references put int64 values into a tensor of the ids' dtype and fail on int32 ids
+        # (Qwen3-VL's videos): their positions from int64 ids, in the ids' dtype as elsewhere
+        positions, deltas = self.model.get_rope_index(input_ids=input_ids.long(), attention_mask=attention_mask,
+                                                      **arguments)
+        return positions.to(input_ids.dtype), deltas
 
 
 def kernels_agree(fast: RopeKernel, reference: RopeKernel, batches: Iterable[Mapping[str, Any]]) -> bool:

@@ -45,11 +45,22 @@ def test_values_that_cannot_be_batched_are_named():
         collate([{"metadata": "x"}, {"metadata": {"fps": 2}}])
 
 
-def test_collate_takes_a_list_of_dicts():
-    with pytest.raises(CollateError, match="list of per-sample dicts"):
+def test_collate_takes_an_iterable_of_dicts():
+    with pytest.raises(CollateError, match="iterable of per-sample dicts, got dict"):
         collate({"pixel_values": torch.ones(1)})
     with pytest.raises(CollateError, match="sample 1 is an int"):
         collate([{}, 3])
+    samples = [{"pixel_values": torch.ones(1, 2)}, {"pixel_values": torch.zeros(2, 2)}]
+    assert torch.equal(collate(sample for sample in samples)["pixel_values"], collate(samples)["pixel_values"])
+
+
+def test_a_value_of_none_counts_as_missing():
+    batched = collate([{"pixel_values": torch.ones(1, 2), "image_grid_thw": None},
+                       {"pixel_values": None, "image_grid_thw": torch.tensor([[1, 2, 2]])},
+                       {"pixel_values": None, "video_grid_thw": None}])
+    assert sorted(batched) == ["image_grid_thw", "pixel_values"]
+    assert torch.equal(batched["pixel_values"], torch.ones(1, 2))
+    assert torch.equal(batched["image_grid_thw"], torch.tensor([[1, 2, 2]]))
 
 
 def test_varlen_tensors_are_padded_in_every_dimension_but_the_batch_one():
@@ -78,3 +89,55 @@ def test_token_types_are_padded_on_the_side_of_the_tokens(side):
     assert types[~mask.bool()].eq(0).all()
     # a varlen key not aligned with the tokens is padded at its end
     assert inputs["input_features_mask"].tolist()[1] == [True, True, False, False, False]
+
+
+def _outputs(*masks):
+    return [{"input_ids": torch.arange(1, mask.numel() + 1).unsqueeze(0), "attention_mask": mask,
+             "image_grid_thw": torch.tensor([[1, 2, 2]])} for mask in masks]
+
+
+def test_batch_takes_any_iterable_of_outputs():
+    from mmrope_core.collate import batch_processor_outputs
+
+    outputs = _outputs(torch.tensor([[1, 1, 1]]), torch.tensor([[1, 1]]))
+    from_list = batch_processor_outputs(outputs)
+    from_generator = batch_processor_outputs(output for output in outputs)
+    for got, want in zip(from_generator[:2], from_list[:2]):
+        assert torch.equal(got, want)
+    assert torch.equal(from_generator[2]["image_grid_thw"], torch.tensor([[1, 2, 2], [1, 2, 2]]))
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_batch_keeps_each_sample_s_mask_whether_l_or_1_l(side):
+    from mmrope_core.collate import batch_processor_outputs
+
+    masks = (torch.tensor([1, 1, 0]), torch.tensor([[0, 1, 1, 1]]), torch.tensor([1, 1]))
+    ids, mask, _ = batch_processor_outputs(_outputs(*masks), padding_side=side)
+    for row, given in enumerate(masks):
+        given = given.reshape(-1)
+        span = slice(4 - given.numel(), 4) if side == "left" else slice(0, given.numel())
+        assert torch.equal(mask[row, span], given)
+        assert torch.equal(ids[row, span], torch.arange(1, given.numel() + 1))
+        assert int(mask[row].sum()) == int(given.sum())
+
+
+@pytest.mark.parametrize("mask, message", [
+    (torch.ones(2, 3, dtype=torch.long), r"sample 0: attention_mask must be \(1, L\) or \(L,\) per sample, got \(2, 3\)"),
+    (torch.ones(1, 2, dtype=torch.long), "sample 0: attention_mask has 2 values for 3 input_ids"),
+    (torch.ones(1, 1, 3, dtype=torch.long), r"got \(1, 1, 3\)"),
+])
+def test_batch_refuses_masks_that_are_not_one_row_of_its_ids(mask, message):
+    from mmrope_core.collate import batch_processor_outputs
+
+    outputs = [{"input_ids": torch.tensor([[5, 6, 7]]), "attention_mask": mask}]
+    with pytest.raises(CollateError, match=message):
+        batch_processor_outputs(outputs)
+    assert outputs[0]["attention_mask"] is mask
+
+
+def test_batch_refuses_tensors_without_values():
+    from mmrope_core.collate import batch_processor_outputs
+    from mmrope_core.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match="sample 1: input_ids is on the meta device"):
+        batch_processor_outputs([{"input_ids": torch.tensor([[5, 6]])}, {"input_ids": torch.ones(1, 2, device="meta")}])

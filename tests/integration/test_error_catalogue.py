@@ -28,7 +28,7 @@ def manager():
 
 @functools.cache
 def engine(name, impl="fast"):
-    if name in ("Qwen3-Omni",):
+    if name in ("Qwen3-Omni", "Qwen2.5-Omni"):
         from mmrope_qwen3_omni.examples import build
     elif name == "Gemma4":
         from mmrope_gemma4.examples import build as gemma_build
@@ -76,7 +76,7 @@ def compute(input_ids, attention_mask):
 
 
 def omni(row, **kwargs):
-    from mmrope_qwen3_omni.rope import token_ids
+    from mmrope_qwen3_omni.binding import token_ids
 
     processor = engine("Qwen3-Omni").processor
     token = token_ids(processor)
@@ -108,6 +108,10 @@ TRIGGERS = {
     "grid-zero": qwen2("t[iiii]t", image_grid_thw=torch.tensor([[0, 4, 4]])),
     "grid-negative": qwen2("t[iiii]t", image_grid_thw=torch.tensor([[1, -4, 4]])),
     "grid-divisible": qwen2("t[iiii]t", image_grid_thw=torch.tensor([[1, 4, 3]])),
+    "grid-too-large": lambda: engine("Qwen3-VL").get_rope_index(qwen_ids("t[vvvv]t")[0],
+                                                                video_grid_thw=torch.tensor([[2**26, 2, 2]])),
+    "grid-complex": qwen2("t[iiii]t", image_grid_thw=torch.tensor([[1, 4, 4]], dtype=torch.complex64)),
+    "tensor-meta": compute(torch.ones(1, 3, dtype=torch.long, device="meta"), None),
     "grids-left-over": qwen2("t[iiii]t", "t[iiii]t", image_grid_thw=GRID.repeat(3, 1)),
     "run-without-grid": qwen2("t[iiii]t", "t[iiii]t", image_grid_thw=GRID),
     "sampled-placeholder": qwen2("t[iiii]ttit", image_grid_thw=GRID),
@@ -120,6 +124,10 @@ TRIGGERS = {
     "seconds-nonfinite": qwen25_seconds(torch.tensor([float("inf")])),
     "seconds-negative": qwen25_seconds(torch.tensor([-0.5])),
     "other-family-inputs": qwen2("tttttt", image_grid_thw=GRID),
+    "seconds-overflow": qwen25_seconds(torch.tensor([1e30])),
+    "seconds-not-numbers": lambda: engine("Qwen3-Omni").rope_index_kwargs({"video_second_per_grid": "2"}),
+    "audio-mask-form": lambda: engine("Qwen3-Omni").rope_index_kwargs({"feature_attention_mask": [[1, 1, 1]]}),
+    "audio-lengths-negative": omni("t(aaaa)t", audio_seqlens=torch.tensor([-3])),
     "other-family-config": lambda: RopeEngine.from_processor(
         engine("Qwen2-VL").processor, transformers.AutoConfig.for_model("qwen3_vl"), plugin_manager=manager()),
     "audio-length": omni("t[i]t(" + "a" * 10 + ")t", image_grid_thw=torch.tensor([[1, 2, 2]]),
@@ -154,6 +162,10 @@ TRIGGERS = {
                                                                          [torch.ones(1)]),
     "batch-nothing": lambda: engine("Qwen2-VL").batch([]),
     "batch-ids-list": lambda: engine("Qwen2-VL").batch([{"input_ids": [[1, 2, 3]]}]),
+    "batch-mask-shape": lambda: engine("Qwen2-VL").batch([{"input_ids": torch.tensor([[1, 2, 3]]),
+                                                           "attention_mask": torch.ones(2, 3, dtype=torch.long)}]),
+    "batch-mask-length": lambda: engine("Qwen2-VL").batch([{"input_ids": torch.tensor([[1, 2, 3]]),
+                                                            "attention_mask": torch.ones(1, 2, dtype=torch.long)}]),
     "collate-shapes": lambda: collate([{"input_features": torch.ones(1, 4, 3)}, {"input_features": torch.ones(1, 4, 5)}]),
     "collate-types": lambda: collate([{"metadata": "x"}, {"metadata": {"fps": 2}}]),
 }
@@ -172,3 +184,90 @@ def test_each_catalogued_input_raises_what_the_catalogue_says(row):
         TRIGGERS[row]()
     assert re.search(pattern, str(caught.value)), f"{row}: {caught.value}"
     assert type(caught.value).__name__ == error_name
+
+
+# -- the rows of the core's reading, on every family: the same error and message ------------------
+
+FAMILIES = [("Qwen2-VL", "fast"), ("Qwen2.5-VL", "fast"), ("Qwen3-VL", "fast"), ("GLM-4V", "fast"),
+            ("Qwen2.5-Omni", "fast"), ("Qwen3-Omni", "fast"), ("Qwen2-VL", "reference"), ("Qwen3-VL", "reference"),
+            ("GLM-4V", "reference"), ("Qwen3-Omni", "reference"), ("Gemma4", "fast")]
+
+
+@functools.cache
+def family_batch(name):
+    """A valid batch of the family's own processor: ids, mask and multimodal inputs."""
+    import random
+
+    if name == "Gemma4":
+        from mmrope_gemma4.examples import image_samples as samples
+    elif "Omni" in name:
+        from mmrope_qwen3_omni.examples import audio_and_image_samples as samples
+    else:
+        from mmrope_qwen_vl.examples import image_samples as samples
+    built = engine(name)
+    return built.batch([built.process(**sample) for sample in samples(built.processor, random.Random(0))])
+
+
+def _grid(change):
+    def bad(ids, mask, inputs):
+        return ids, mask, {**inputs, "image_grid_thw": change(inputs["image_grid_thw"])}
+    return bad
+
+
+def _set(row, column, value):
+    def change(grid):
+        grid = grid.clone()
+        grid[row, column] = value
+        return grid
+    return change
+
+
+# row id -> (what it does to a valid batch, whether 1-D families read it, the message every family gives)
+EVERY_FAMILY = {
+    "ids-float": (lambda ids, mask, inputs: (ids.float(), mask, inputs), True,
+                  r"input_ids must hold integer token ids, got dtype torch.float32"),
+    "mask-values": (lambda ids, mask, inputs: (ids, mask * 2, inputs), True,
+                    r"attention_mask must hold only 0 and 1; sample 0, position \d+ holds 2"),
+    "mask-shape": (lambda ids, mask, inputs: (ids, mask[:, 1:], inputs), True,
+                   r"attention_mask has shape \(\d, \d+\) but input_ids has \(\d, \d+\)"),
+    "tensor-meta": (lambda ids, mask, inputs: (ids.to("meta"), mask, inputs), True,
+                    r"input_ids is on the meta device, which holds no values"),
+    "inputs-not-a-dict": (lambda ids, mask, inputs: (ids, mask, list(inputs)), True,
+                          r"multi_modal_inputs must be a dict of the processor's outputs \(or None\), got list"),
+    "all-padding": (lambda ids, mask, inputs: (ids, torch.cat((mask[:1] * 0, mask[1:])), inputs), False,
+                    r"sample 0 has no valid token"),
+    "grid-list": (_grid(lambda grid: grid.tolist()), False,
+                  r"image_grid_thw must be a tensor of shape \(N, 3\), got list; convert with torch.as_tensor"),
+    "grid-shape": (_grid(lambda grid: grid[:, :2]), False,
+                   r"image_grid_thw must be an integer tensor of shape \(N, 3\), got torch.int64 \(\d, 2\)"),
+    "grid-float": (_grid(lambda grid: grid.float()), False,
+                   r"image_grid_thw must be an integer tensor of shape \(N, 3\), got torch.float32"),
+    "grid-complex": (_grid(lambda grid: grid.to(torch.complex64)), False,
+                     r"image_grid_thw must be an integer tensor of shape \(N, 3\), got torch.complex64"),
+    "grid-zero": (_grid(_set(0, 0, 0)), False, r"image_grid_thw row 0 is \(0, \d+, \d+\): every size must be positive"),
+    "grid-negative": (_grid(_set(0, 1, -4)), False,
+                      r"image_grid_thw row 0 is \(\d+, -4, \d+\): every size must be positive"),
+    "grid-too-large": (_grid(_set(0, 0, 2**63 - 1)), False,
+                       r"image_grid_thw row 0 is \(9223372036854775807, \d+, \d+\): the grids up to it need more "
+                       r"placeholder tokens than the batch's \d+ tokens hold"),
+}
+
+
+ONE_D = {"Gemma4"}  # 1-D positions read only the ids, the mask and that the inputs are a dict
+CASES = [(name, impl, row) for name, impl in FAMILIES for row in sorted(EVERY_FAMILY)
+         if name not in ONE_D or EVERY_FAMILY[row][1]]
+
+
+@pytest.mark.parametrize("name, impl, row", CASES, ids=[f"{name}-{impl}-{row}" for name, impl, row in CASES])
+def test_every_family_refuses_the_same_input_with_the_same_error(name, impl, row):
+    change, _, message = EVERY_FAMILY[row]
+    built = engine(name, impl)
+    assert (built.rope_kind == "1d") == (name in ONE_D)
+    error_name, _ = catalogue()[row]
+    ids, mask, inputs = change(*family_batch(name))
+    before = {key: value.clone() for key, value in family_batch(name)[2].items() if isinstance(value, torch.Tensor)}
+    with pytest.raises(getattr(errors, error_name)) as caught:
+        built.compute_position_ids(ids, mask, inputs)
+    assert type(caught.value).__name__ == error_name
+    assert re.search(message, str(caught.value)), f"{name} ({impl}), {row}: {caught.value}"
+    assert all(torch.equal(value, family_batch(name)[2][key]) for key, value in before.items())

@@ -35,9 +35,10 @@ def one_sample(name, rng, use_audio_in_video):
     """(input_ids (L,), get_rope_index keyword arguments) of one generated sample."""
     processor = engines(name)[0].processor
     if "Omni" in name:
-        from mmrope_qwen3_omni.probe import random_batch
-        from mmrope_qwen3_omni.rope import token_ids, tokens_of
+        from mmrope_qwen3_omni.binding import token_ids
         from mmrope_qwen3_omni.families import family_of
+        from mmrope_qwen3_omni.layout import tokens_of
+        from mmrope_qwen3_omni.probe import random_batch
 
         ids = token_ids(processor)
         thinker = engines(name)[0].binding.kernel.config

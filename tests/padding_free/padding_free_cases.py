@@ -138,14 +138,15 @@ def _video(name: str, rng: random.Random, generator: torch.Generator) -> dict[st
 def _audio_in_video(rng: random.Random, generator: torch.Generator) -> dict[str, Any]:
     """A generated Qwen2.5-Omni sample whose videos carry their audio (``use_audio_in_video``),
     with random mel features and pixels of the grids' sizes."""
-    from mmrope_qwen3_omni import rope
+    from mmrope_qwen3_omni.binding import token_ids
     from mmrope_qwen3_omni.families import family_of
+    from mmrope_qwen3_omni.layout import tokens_of
     from mmrope_qwen3_omni.probe import random_batch
 
     processor = processor_of("Qwen2.5-Omni")
     thinker = tiny_model_config_for_positions()
-    ids = rope.token_ids(processor)
-    tokens = rope.tokens_of(thinker, {"vision_end": ids["vision_eos"], "audio_end": ids["audio_eos"]})
+    ids = token_ids(processor)
+    tokens = tokens_of(thinker, {"vision_end": ids["vision_eos"], "audio_end": ids["audio_eos"]})
     words = processor.tokenizer.convert_tokens_to_ids(["the", "cat", "sat", "on"])
     batch: dict[str, Any] = {"video_grid_thw": None}
     while batch["video_grid_thw"] is None:

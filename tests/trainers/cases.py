@@ -226,14 +226,15 @@ def _generated_vl(name: str, rng: random.Random) -> tuple[list[int], dict[str, A
 
 
 def _generated_omni(name: str, rng: random.Random, use_audio_in_video: bool) -> tuple[list[int], dict[str, Any], dict[str, Any]]:
-    from mmrope_qwen3_omni import rope
+    from mmrope_qwen3_omni.binding import token_ids
     from mmrope_qwen3_omni.families import family_of
+    from mmrope_qwen3_omni.layout import tokens_of
     from mmrope_qwen3_omni.probe import random_batch
 
     processor, config = build(name)
     thinker = config.thinker_config
-    ids = rope.token_ids(processor)
-    tokens = rope.tokens_of(thinker, {"vision_end": ids["vision_eos"], "audio_end": ids["audio_eos"]})
+    ids = token_ids(processor)
+    tokens = tokens_of(thinker, {"vision_end": ids["vision_eos"], "audio_end": ids["audio_eos"]})
     words = processor.tokenizer.convert_tokens_to_ids(list(FILLER_WORDS))
     kinds = ("video",) if use_audio_in_video else ("image", "audio", "video", "video")
     batch: dict[str, Any] = {"video_grid_thw": None}

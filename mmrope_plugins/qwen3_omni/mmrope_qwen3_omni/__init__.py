@@ -19,7 +19,7 @@ def bind_rope_index(processor: Any, config: Any, options: Any):
     family = family_of(processor)
     if family is None:
         return None
-    from .rope import bind
+    from .binding import bind
 
     return bind(family, processor, config, options)
 
@@ -28,7 +28,7 @@ def bind_rope_index(processor: Any, config: Any, options: Any):
 def get_rope_index_kwargs(processor: Any, multi_modal_inputs: Any, mm_processor_kwargs: Any):
     if family_of(processor) is None:
         return None
-    from .rope import rope_index_kwargs
+    from .inputs import rope_index_kwargs
 
     return rope_index_kwargs(multi_modal_inputs, mm_processor_kwargs)
 

@@ -92,9 +92,11 @@ def audio_and_image_prompt(processor: Any, rng: Any) -> dict[str, Any]:
 def one_sample(processor: Any, config: Any, rng: Any) -> dict[str, Any]:
     """One generated sample for this processor and config: images, audio and videos, every other
     one with the videos' audio interleaved (``use_audio_in_video``)."""
+    from .agreement import agreeing_audio_rule
+    from .binding import thinker_config, token_ids
     from .families import family_of
+    from .layout import tokens_of
     from .probe import random_batch
-    from .rope import agreeing_audio_rule, thinker_config, token_ids, tokens_of
 
     family = family_of(processor)
     assert family is not None, f"{type(processor).__name__} is no Omni processor"

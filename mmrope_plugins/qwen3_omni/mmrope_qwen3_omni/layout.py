@@ -1,12 +1,13 @@
 """Reading an Omni sequence item by item: where each audio, image, video and audio-in-video item
 sits, checked against the grids and audio lengths. The reference implementation's input check,
-and what says why when the compiled reader (``mmrope_core._native.omni_positions``) refuses a
-batch."""
+and what says why when the batched kernel's compiled read
+(``mmrope_core.compiled.omni_positions``) refuses a batch."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -26,6 +27,19 @@ class Tokens:
     vision_end: int
     audio_start: int
     audio_end: int
+
+
+def tokens_of(config: Any, processor_tokens: Mapping[str, int]) -> Tokens:
+    """The thinker config's token ids, with the end markers the processor's tokenizer gives."""
+    return Tokens(
+        image=config.image_token_id,
+        video=config.video_token_id,
+        audio=config.audio_token_id,
+        vision_start=config.vision_start_token_id,
+        vision_end=processor_tokens["vision_end"],
+        audio_start=config.audio_start_token_id,
+        audio_end=processor_tokens["audio_end"],
+    )
 
 
 @dataclasses.dataclass(frozen=True)

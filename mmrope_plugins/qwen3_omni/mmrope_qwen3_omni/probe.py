@@ -11,13 +11,12 @@ import torch
 
 from mmrope_core.tiny import padded_batch
 
+from .audio import audio_token_counts
 from .families import Family
 from .layout import Tokens
 
 
 def audio_tokens(family: Family, frames: int, thinker: Any, rule: str | None) -> int:
-    from .rope import audio_token_counts
-
     counts = audio_token_counts(family, thinker, rule, torch.tensor([frames]))
     assert counts is not None
     return int(counts[0])

@@ -51,18 +51,19 @@ def transformers_reference(name):
 
 
 def generated(name, rng, use_audio_in_video, **limits):
-    from mmrope_qwen3_omni import rope
+    from mmrope_qwen3_omni.binding import token_ids
     from mmrope_qwen3_omni.families import family_of
+    from mmrope_qwen3_omni.layout import tokens_of
     from mmrope_qwen3_omni.probe import random_batch
 
     processor, config = built(name)
     family = family_of(processor)
     tokenizer = processor.tokenizer
-    ids = rope.token_ids(processor)
+    ids = token_ids(processor)
     markers = {"vision_end": ids["vision_eos"], "audio_end": ids["audio_eos"]}
     thinker = config.thinker_config
     words = tokenizer.convert_tokens_to_ids(["the", "cat", "sat", "mat"])
-    return random_batch(family, rope.tokens_of(thinker, markers), 2, thinker, rng,
+    return random_batch(family, tokens_of(thinker, markers), 2, thinker, rng,
                         use_audio_in_video=use_audio_in_video, text_ids=words, pad_id=tokenizer.pad_token_id, **limits)
 
 
@@ -83,7 +84,7 @@ def as_processor_outputs(kwargs):
 
 
 def ids_of(processor):
-    from mmrope_qwen3_omni.rope import token_ids
+    from mmrope_qwen3_omni.binding import token_ids
 
     return token_ids(processor)
 
@@ -100,11 +101,12 @@ def test_fast_binding_is_used_on_this_transformers(manager, name):
 def test_without_the_compiled_loops_the_step_by_step_kernel_is_bound(manager, monkeypatch, name):
     """Not the reference, which fails where the batched kernel does not: a vision start sampled
     at the end of a response is text."""
-    from mmrope_qwen3_omni import rope
+    from mmrope_core import compiled
+    from mmrope_qwen3_omni.stepwise import StepwiseRopeIndex
 
-    monkeypatch.setattr(rope, "native", None)
+    monkeypatch.setattr(compiled, "native", None)
     fast, reference = engines(manager, name)
-    assert type(fast.binding.kernel) is rope.StepwiseRopeIndex and fast.implementation == "fast"
+    assert type(fast.binding.kernel) is StepwiseRopeIndex and fast.implementation == "fast"
     assert "step-by-step kernel (the compiled loops are missing)" in fast.binding.description
     assert reference.binding.kernel.audio_rule == fast.binding.kernel.audio_rule is not None  # probed
     kwargs = {"image_grid_thw": torch.tensor([[1, 2, 2]])}
@@ -201,7 +203,7 @@ def test_dtype_is_the_same_with_and_without_media(manager, name):
 
 
 def test_kwargs_come_from_the_processor_outputs(manager):
-    from mmrope_qwen3_omni.rope import rope_index_kwargs
+    from mmrope_qwen3_omni.inputs import rope_index_kwargs
 
     inputs = {"feature_attention_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]]), "video_second_per_grid": [0.5, 2.0],
               "video_grid_thw": torch.tensor([[1, 2, 2]] * 2)}
@@ -314,7 +316,7 @@ def omni_row(name, row, *, audio_frames=100):
     end, i v a an image, video and audio token, A a whole audio clip of ``audio_frames`` mel
     frames (its markers and placeholders); { } < > a vision start and end and an audio start and
     end that open nothing (sampled in a response)."""
-    from mmrope_qwen3_omni.rope import audio_token_counts
+    from mmrope_qwen3_omni.audio import audio_token_counts
 
     processor, config = built(name)
     token = ids_of(processor)
@@ -424,11 +426,10 @@ def test_from_pretrained_round_trip(manager, tmp_path):
 
 @pytest.mark.parametrize("kernel", ["batched", "step-by-step", "reference"])
 def test_a_keyword_the_thinker_does_not_take_is_refused_by_name(manager, monkeypatch, kernel):
-    from mmrope_core import InvalidInputError
-    from mmrope_qwen3_omni import rope
+    from mmrope_core import InvalidInputError, compiled
 
     if kernel == "step-by-step":
-        monkeypatch.setattr(rope, "native", None)
+        monkeypatch.setattr(compiled, "native", None)
     fast, reference = engines(manager, "Qwen3-Omni")
     engine = reference if kernel == "reference" else fast
     processor, _ = built("Qwen3-Omni")

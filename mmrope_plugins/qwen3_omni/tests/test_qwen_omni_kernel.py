@@ -21,8 +21,9 @@ from test_qwen_omni import (
     transformers_reference,
 )
 
-from mmrope_core import MmropeError, PlaceholderMismatchError, PluginHookError
-from mmrope_qwen3_omni import rope
+from mmrope_core import MmropeError, PlaceholderMismatchError, PluginHookError, compiled
+from mmrope_qwen3_omni.fast import FastRopeIndex
+from mmrope_qwen3_omni.stepwise import StepwiseRopeIndex
 
 BATCHES = 40
 
@@ -110,7 +111,7 @@ def test_compute_position_ids_is_the_text_row_over_the_reference(manager, name, 
     fast, _ = engines(manager, name)
     # the batched kernel writes the four rows itself; the step-by-step one, bound without the
     # compiled loops, leaves the text row to the kernel contract's default
-    assert fast.binding.kernel.places_packed_rows is (rope.native is not None)
+    assert fast.binding.kernel.places_packed_rows is compiled.available()
     rng = random.Random(f"4 rows/{name}/{use_audio_in_video}")
     for index in range(BATCHES):
         ids, mask, kwargs = split(generated(name, rng, use_audio_in_video))
@@ -364,7 +365,7 @@ def both_kernels(manager, name, position_dtype=None):
     token = ids_of(processor)
     markers = {"vision_end": token["vision_eos"], "audio_end": token["audio_eos"]}
     return tuple(kind(bound.family, bound.config, markers, bound.audio_rule, position_dtype=position_dtype)
-                 for kind in (rope.FastRopeIndex, rope.StepwiseRopeIndex))
+                 for kind in (FastRopeIndex, StepwiseRopeIndex))
 
 
 def outcome(method, *args, **kwargs):
@@ -391,7 +392,7 @@ def test_the_step_by_step_kernel_is_the_batched_kernel(manager, monkeypatch, nam
     off for the engines, so both modes compare the two."""
     from mmrope_core import _native
 
-    monkeypatch.setattr(rope, "native", _native)
+    monkeypatch.setattr(compiled, "native", _native)
     kernels = {dtype: both_kernels(manager, name, dtype) for dtype in (None, torch.int64)}
     ran = collections.Counter()
     for index in range(BATCHES):

@@ -21,8 +21,10 @@ from mmrope_core import (
     RopeEngine,
     UnknownConventionError,
     _native,
+    compiled,
 )
-from mmrope_qwen3_omni import rope
+from mmrope_qwen3_omni.fast import FastRopeIndex
+from mmrope_qwen3_omni.stepwise import StepwiseRopeIndex
 
 BATCHES = 40
 
@@ -43,14 +45,14 @@ def place(request, manager, monkeypatch):
     """``place(name, ids, **kwargs) -> (positions, deltas)`` by one of the vllm-convention paths:
     the batched kernel (its compiled loops loaded even where MMROPE_DISABLE_COMPILED switched
     them off for the engines), the step-by-step kernel, or the engine bound."""
-    monkeypatch.setattr(rope, "native", _native)
+    monkeypatch.setattr(compiled, "native", _native)
 
     def placed(name, ids, config=None, mask=None, **kwargs):
         engine = vllm_engine(manager, name, config)
         if request.param == "engine":
             return engine.get_rope_index(ids, mask, **kwargs)
         bound = engine.binding.kernel
-        kind = rope.FastRopeIndex if request.param == "batched" else rope.StepwiseRopeIndex
+        kind = FastRopeIndex if request.param == "batched" else StepwiseRopeIndex
         kernel = kind(bound.family, bound.config, markers(name), bound.audio_rule, convention=bound.convention)
         return kernel.rope_index(ids, None if mask is None else mask.bool(), **kwargs)
 
@@ -524,10 +526,10 @@ def test_both_kernels_agree(manager, monkeypatch, name, use_audio_in_video):
     four rows and errors on generated batches with stray markers, without grids, with padding
     inside samples, with a video's seconds left out, with separate audio beside audio in video
     (refused), and with a token removed."""
-    monkeypatch.setattr(rope, "native", _native)
+    monkeypatch.setattr(compiled, "native", _native)
     bound = vllm_engine(manager, name).binding.kernel
     fast, stepwise = (kind(bound.family, bound.config, markers(name), bound.audio_rule, convention=bound.convention)
-                      for kind in (rope.FastRopeIndex, rope.StepwiseRopeIndex))
+                      for kind in (FastRopeIndex, StepwiseRopeIndex))
     ran = collections.Counter()
     for index in range(BATCHES):
         rng = random.Random(f"vllm kernels/{name}/{use_audio_in_video}/{index}")

@@ -1,0 +1,178 @@
+"""Reading the caller's media arrays: grids, seconds per grid, audio lengths and audio masks.
+
+The engine reads every input of these names before a plugin's hook or kernel sees it, so a bad
+array gets the same typed error in every family, third-party kernels included. A reading checks
+type, dtype, shape, device and sign, and, given the batch's token count, that the sizes fit the
+batch before anything is sized from them. Plugins may call the readers themselves.
+
+Example::
+
+    grid = read_grid("image_grid_thw", torch.tensor([[1, 4, 4]]), tokens=input_ids.numel())
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import InvalidInputError, PlaceholderMismatchError, counted
+
+#: Keys read as ``(N, 3)`` grids: every key ending so (``image_grid_thw``, ``video_grid_thw``).
+GRID_SUFFIX = "_grid_thw"
+#: Keys read as seconds per video grid, one value per video.
+SECONDS_KEYS = ("second_per_grid_ts", "second_per_grids", "video_second_per_grid")
+#: Keys read as audio lengths in feature frames, one value per audio.
+AUDIO_LENGTH_KEYS = ("audio_seqlens",)
+#: Keys read as ``(N, frames)`` audio feature masks.
+AUDIO_MASK_KEYS = ("feature_attention_mask",)
+
+# A placeholder token stands for at most MERGE_BOUND**2 patches (merge sizes are 1 to 4 in
+# practice), and for at most FRAMES_PER_AUDIO_TOKEN feature frames (Qwen-Omni: 4 and ~8).
+MERGE_BOUND = 32
+FRAMES_PER_AUDIO_TOKEN = 64
+#: Seconds per grid above this (12 days) would place temporal positions where int64 overflows.
+MAX_SECONDS_PER_GRID = 2.0**20
+
+_INTEGERS = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
+                       torch.uint16, torch.uint32, torch.uint64})
+_REALS = _INTEGERS | {torch.float64, torch.float32, torch.float16, torch.bfloat16}
+
+
+def read_media(inputs: Mapping[str, Any], *, tokens: int | None = None) -> dict[str, Any]:
+    """``inputs`` with every grid, seconds, audio length and audio mask key read (see the
+    module); other keys as they are. ``tokens``: the batch's token count, which bounds the
+    sizes. Raises :class:`~mmrope_core.InvalidInputError` (or its subclass
+    :class:`~mmrope_core.PlaceholderMismatchError` for sizes the batch cannot hold)."""
+    read = dict(inputs)
+    for key, value in inputs.items():
+        if value is None:
+            continue
+        if key.endswith(GRID_SUFFIX):
+            read[key] = read_grid(key, value, tokens=tokens)
+        elif key in SECONDS_KEYS:
+            videos = read.get("video_grid_thw")
+            read[key] = read_seconds(key, value, videos=None if videos is None else len(videos))
+        elif key in AUDIO_LENGTH_KEYS:
+            read[key] = read_audio_lengths(key, value, tokens=tokens)
+        elif key in AUDIO_MASK_KEYS:
+            read[key] = read_audio_mask(key, value)
+    return read
+
+
+def read_grid(key: str, value: Any, *, tokens: int | None = None) -> torch.Tensor | None:
+    """An ``(N, 3)`` grid of positive ``(t, h, w)`` patch counts as int64, on its own device.
+
+    Other integer dtypes are widened (the values are kept); floats, complex and bool are
+    refused. With ``tokens``, the grids' frames and patches must fit in that many tokens."""
+    if value is None:
+        return None
+    if not isinstance(value, torch.Tensor):
+        raise InvalidInputError(f"{key} must be a tensor of shape (N, 3), got {type(value).__name__}; "
+                                f"convert with torch.as_tensor({key}) or use the processor's output")
+    require_values(key, value)
+    if value.dtype not in _INTEGERS or value.dim() != 2 or value.shape[1] != 3:
+        raise InvalidInputError(f"{key} must be an integer tensor of shape (N, 3), got {value.dtype} "
+                                f"{tuple(value.shape)}")
+    host = value.detach().cpu().numpy()
+    if host.size == 0:
+        return value.long()
+    if host.min() <= 0:
+        row = int(np.flatnonzero((host <= 0).any(axis=1))[0])
+        raise InvalidInputError(f"{key} row {row} is {tuple(host[row].tolist())}: every size must be positive. "
+                                f"Pass the processor's grids")
+    if tokens is not None:
+        # in float64, which cannot wrap: every frame takes a token, every token MERGE_BOUND**2 patches at most
+        frames = np.cumsum(host[:, 0], dtype=np.float64)
+        patches = np.cumsum(host.astype(np.float64).prod(axis=1))
+        over = (frames > tokens) | (patches > float(tokens) * MERGE_BOUND**2)
+        if over.any():
+            row = int(over.argmax())
+            raise PlaceholderMismatchError(
+                f"{key} row {row} is {tuple(host[row].tolist())}: the grids up to it need more placeholder tokens "
+                f"than the batch's {counted(tokens, 'token')} hold. The grid is corrupt or belongs to other "
+                f"samples; pass the processor's grids for these samples")
+    return value if value.dtype == torch.int64 else value.long()
+
+
+def read_seconds(key: str, value: Any, *, videos: int | None = None) -> torch.Tensor | None:
+    """Seconds per video grid: finite, not negative, at most :data:`MAX_SECONDS_PER_GRID`, one
+    per video where ``videos`` is given. A tensor keeps its dtype (the temporal rule depends on
+    it); a list or number becomes float32, as processors return it."""
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        seconds = value
+    elif isinstance(value, (list, tuple, int, float, np.ndarray)) and not isinstance(value, bool):
+        try:
+            seconds = torch.as_tensor(np.asarray(value, dtype=np.float32))
+        except (TypeError, ValueError) as exc:
+            raise InvalidInputError(f"{key} must hold numbers (seconds per video grid), got {value!r}") from exc
+    else:
+        raise InvalidInputError(f"{key} must be a tensor or list of seconds per video grid, got "
+                                f"{type(value).__name__}; pass the processor's output")
+    require_values(key, seconds)
+    if seconds.dtype not in _REALS:
+        raise InvalidInputError(f"{key} must hold real numbers (seconds per video grid), got {seconds.dtype}")
+    if seconds.dim() != 1:
+        seconds = seconds.reshape(-1)
+    if videos is not None and seconds.numel() != videos:
+        raise InvalidInputError(f"{key} has {counted(seconds.numel(), 'value')} for {counted(videos, 'video')} in "
+                                f"video_grid_thw; pass one value per video")
+    host = seconds.detach().cpu().to(torch.float64).numpy()
+    if host.size:
+        low, high = host.min(), host.max()
+        if not (low >= 0 and high < np.inf):  # NaN fails both
+            what = "a negative" if low < 0 else "a non-finite"
+            raise InvalidInputError(f"{key} holds {what} value: {seconds.tolist()}")
+        if high > MAX_SECONDS_PER_GRID:
+            raise InvalidInputError(f"{key} holds {high:g} seconds per grid: temporal positions that far do not "
+                                    f"fit int64. Pass the processor's timing (seconds per grid of frames)")
+    return seconds
+
+
+def read_audio_lengths(key: str, value: Any, *, tokens: int | None = None) -> torch.Tensor | None:
+    """Each audio's feature frames as a 1-D int64 tensor: integers, not negative and, with
+    ``tokens``, no more frames than the batch's tokens can stand for."""
+    if value is None:
+        return None
+    if not isinstance(value, torch.Tensor):
+        try:
+            value = torch.as_tensor(np.asarray(value, dtype=np.int64))
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise InvalidInputError(f"{key} must hold integer feature lengths (feature_attention_mask.sum(-1)), "
+                                    f"got {value!r}") from exc
+    require_values(key, value)
+    if value.dtype not in _INTEGERS:
+        raise InvalidInputError(f"{key} must hold integer feature lengths, got {value.dtype}; "
+                                f"pass feature_attention_mask.sum(-1)")
+    lengths = value.reshape(-1).long()
+    host = lengths.detach().cpu().numpy()
+    if host.size and host.min() < 0:
+        raise InvalidInputError(f"{key} (feature_attention_mask.sum(-1)) holds a negative length: {host.tolist()}")
+    if host.size and tokens is not None and host.max() > FRAMES_PER_AUDIO_TOKEN * tokens + 4096:
+        raise PlaceholderMismatchError(
+            f"{key} holds {int(host.max())} feature frames, more than the batch's {counted(tokens, 'token')} can "
+            f"stand for; pass the feature_attention_mask of these samples")
+    return lengths
+
+
+def read_audio_mask(key: str, value: Any) -> torch.Tensor:
+    """An ``(N, frames)`` integer or bool audio feature mask, one row per audio."""
+    if not isinstance(value, torch.Tensor):
+        raise InvalidInputError(f"{key} must be a tensor of shape (audios, frames), got {type(value).__name__}; "
+                                f"pass the processor's output with return_tensors='pt'")
+    require_values(key, value)
+    if value.dim() != 2 or not (value.dtype in _INTEGERS or value.dtype == torch.bool):
+        raise InvalidInputError(f"{key} must be an integer or bool tensor of shape (audios, frames), one row per "
+                                f"audio, got {value.dtype} {tuple(value.shape)}")
+    return value
+
+
+def require_values(key: str, value: torch.Tensor) -> None:
+    """Refuse a tensor whose values cannot be read: one on the meta device."""
+    if value.device.type == "meta":
+        raise InvalidInputError(f"{key} is on the meta device, which holds no values; pass a tensor with its "
+                                f"values, on the CPU or the device of input_ids")

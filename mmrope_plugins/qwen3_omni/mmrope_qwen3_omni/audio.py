@@ -1,0 +1,53 @@
+"""How many placeholder tokens an audio's mel frames take: each Omni generation's encoder rule,
+the rules the probe tries (``AUDIO_RULES``) and the one vLLM 0.33 uses (``VLLM_AUDIO_RULES``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from mmrope_core import InvalidInputError
+
+from .families import Family
+
+#: The audio-length rules tried, in order, until a kernel agrees with the installed reference:
+#: Qwen3-Omni's encoder window as the config gives it or of 50 mel frames; Qwen2.5-Omni's one.
+AUDIO_RULES = {True: ("config_window", "window_50"), False: ("qwen2_5",)}
+
+
+#: vLLM 0.33 counts Qwen3-Omni's audio tokens with an encoder window of 50 mel frames whatever
+#: the config says.
+VLLM_AUDIO_RULES = {True: "window_50", False: "qwen2_5"}
+
+
+def qwen3_audio_tokens(lengths: torch.Tensor, n_window: int) -> torch.Tensor:
+    """Audio tokens of Qwen3-Omni's encoder for ``lengths`` mel frames (chunks of ``2 * n_window``)."""
+    chunk = n_window * 2
+    rest = lengths % chunk
+    frames = (rest - 1) // 2 + 1
+    return ((frames - 1) // 2 + 1 - 1) // 2 + 1 + (lengths // chunk) * 13
+
+
+def qwen2_5_audio_tokens(lengths: torch.Tensor) -> torch.Tensor:
+    return ((lengths - 1) // 2 + 1 - 2) // 2 + 1
+
+
+def audio_window(family: Family, thinker: Any, rule: str | None) -> int:
+    """The mel frames of one Qwen3-Omni encoder window half (``n_window``) under ``rule``; 0 for
+    Qwen2.5-Omni, whose audio length has no window."""
+    if not family.float_positions:
+        return 0
+    return int(thinker.audio_config.n_window) if rule == "config_window" else 50
+
+
+def audio_token_counts(family: Family, thinker: Any, rule: str | None, audio_seqlens: Any) -> torch.Tensor | None:
+    if audio_seqlens is None:
+        return None
+    lengths = torch.as_tensor(audio_seqlens).reshape(-1).long()
+    if bool((lengths < 0).any()):
+        raise InvalidInputError(f"audio_seqlens (feature_attention_mask.sum(-1)) holds a negative length: "
+                                f"{lengths.tolist()}")
+    if family.float_positions:
+        return qwen3_audio_tokens(lengths, audio_window(family, thinker, rule))
+    return qwen2_5_audio_tokens(lengths)
