@@ -109,6 +109,9 @@ def test_each_packed_segment_has_the_logits_of_its_sample_alone(name):
     packed = PackedCollator(engine, mm_processor_kwargs=kwargs)(rows)
     row = logits(model, packed)[0]
     three_rows = logits(model, {**packed, "position_ids": packed["position_ids"][1:]})[0]
+    # flash-attention's boundaries ride along harmlessly where another attention runs
+    with_boundaries = PackedCollator(engine, flash_attn_kwargs=True, mm_processor_kwargs=kwargs)(rows)
+    assert torch.equal(logits(model, with_boundaries)[0], row)
     start = 0
     for index, sample in enumerate(rows):
         alone = logits(model, {**PaddedCollator(engine, mm_processor_kwargs=kwargs)([sample]), "use_cache": False})[0]
