@@ -195,3 +195,12 @@ def test_options_are_checked():
         PackedCollator(engine, packing=True)
     with pytest.raises(InvalidInputError, match="takes a RopeEngine, got Qwen2_5_VLProcessor"):
         PaddedCollator(engine.processor)
+
+
+def test_a_collator_pickles_for_data_loader_workers():
+    import pickle
+
+    engine, samples = engine_and_samples(QWEN)
+    collator = PackedCollator(engine, max_length=4096, flash_attn_kwargs=True)
+    copy = pickle.loads(pickle.dumps(collator))
+    assert torch.equal(copy(samples)["position_ids"], collator(samples)["position_ids"])
