@@ -52,11 +52,13 @@ def train(trainer, name, packed, tmp_path):
     collator = PackedCollator(engine, mm_processor_kwargs=kwargs) if packed else PaddedCollator(engine, mm_processor_kwargs=kwargs)
     dataset = as_dataset(samples(name, STEPS * BATCH))
     recorder = Recorder()
+    # SGD: Adam divides by the gradients' size, so rounding in gradients near zero would move whole steps
     common = {"output_dir": str(tmp_path), "per_device_train_batch_size": BATCH, "max_steps": STEPS, "optim": "sgd",
               "learning_rate": 0.5, "lr_scheduler_type": "constant", "logging_steps": 1, "report_to": [],
               "save_strategy": "no", "remove_unused_columns": False, "use_cpu": True, "disable_tqdm": True,
               "seed": 0}
     if trainer == "trl":
+        # TRL turns bf16 on by default, on CPU too: compare in float32
         args = trl.SFTConfig(**common, bf16=False, dataset_kwargs={"skip_prepare_dataset": True}, max_length=None)
         runner = trl.SFTTrainer(model=model, args=args, train_dataset=dataset, data_collator=collator,
                                 processing_class=engine.processor, callbacks=[recorder])
