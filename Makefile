@@ -1,7 +1,7 @@
 # Three environments, each built from nothing: the newest supported transformers (.venv), the
-# oldest (.venv-oldest), and the trainers' (.venv-trainers: verl 0.9.1, Ray, datasets, on the
-# transformers verl allows). Each installs mmrope-core, every plugin under mmrope_plugins/ and
-# the third-party example plugin.
+# oldest (.venv-oldest), and the trainers' (.venv-trainers: verl 0.9.1, LLaMA-Factory 0.9.5,
+# ms-swift 4.6.0, Ray, datasets, on the transformers verl allows). Each installs mmrope-core, every
+# plugin under mmrope_plugins/ and the third-party example plugin.
 PYTHON ?= python3
 PLUGINS := $(patsubst %/pyproject.toml,%,$(wildcard mmrope_plugins/*/pyproject.toml)) examples/third_party_plugin
 EDITABLE := -e . $(addprefix -e ./,$(PLUGINS))
@@ -25,7 +25,8 @@ test-without-compiled: .venv/.installed
 test-oldest: .venv-oldest/.installed
 	.venv-oldest/bin/python -m pytest -q -p no:cacheprovider -m differential
 
-# verl's own agent-loop code, Ray actors, Ray Data and datasets with real engines, and the examples.
+# verl's agent-loop code, LLaMA-Factory's collators and ms-swift's templates, Ray actors, Ray Data
+# and datasets with real engines, and the examples.
 test-trainers: .venv-trainers/.installed
 	.venv-trainers/bin/python -m pytest -q -p no:cacheprovider tests/trainers
 
@@ -52,10 +53,12 @@ bench: .venv/.installed
 	.venv-oldest/bin/pip install -q --no-build-isolation $(EDITABLE)
 	touch $@
 
-.venv-trainers/.installed: requirements/trainers.txt requirements/verl.txt $(SOURCES)
+TRAINER_REQUIREMENTS := $(addprefix requirements/,trainers.txt verl.txt llamafactory.txt swift.txt)
+.venv-trainers/.installed: $(TRAINER_REQUIREMENTS) $(SOURCES)
 	$(PYTHON) -m venv .venv-trainers
 	.venv-trainers/bin/pip install -q -r requirements/trainers.txt
-	.venv-trainers/bin/pip install -q --no-deps -r requirements/verl.txt
+	.venv-trainers/bin/pip install -q --no-deps -r requirements/verl.txt -r requirements/llamafactory.txt \
+		-r requirements/swift.txt
 	.venv-trainers/bin/pip install -q --no-build-isolation $(EDITABLE)
 	touch $@
 

@@ -30,7 +30,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "plugin and implementation")
     demo = commands.add_parser("demo", help="build tiny processors of every installed family and show their positions")
     demo.add_argument("--seed", type=int, default=0, help="seed of the generated prompts and images")
-    check = commands.add_parser("check", help="run the conformance checks on an installed plugin")
+    check = commands.add_parser("check", help="run the conformance checks on an installed plugin, then fuzz it")
     check.add_argument("name", help="the plugin's entry-point name or its distribution (see `mmrope plugins`)")
     check.add_argument("--seed", type=int, default=0, help="seed of the generated samples")
     verify = commands.add_parser(

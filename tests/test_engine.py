@@ -354,3 +354,21 @@ def test_bad_inputs_raise_typed_errors(toy_manager, toy, input_ids, attention_ma
     engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager)
     with pytest.raises(InvalidInputError, match=message):
         engine.compute_position_ids(input_ids, attention_mask, {})
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16])
+def test_narrow_ids_reach_the_kernel_as_int64_so_positions_never_wrap(toy_manager, toy, dtype):
+    engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager)
+    ids = torch.full((1, 300), 7, dtype=dtype)
+    positions, _ = engine.get_rope_index(ids)
+    want, _ = engine.get_rope_index(ids.long())
+    assert positions.dtype == torch.int64 and torch.equal(positions, want)
+    assert int(positions.max()) == 299 and ids.dtype == dtype
+
+
+@pytest.mark.parametrize("packing", ["cu_seqlens", "segment_ids"])
+def test_packing_tensors_without_values_are_refused_by_name(toy_manager, toy, packing):
+    engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager)
+    value = torch.tensor([0, 3], device="meta") if packing == "cu_seqlens" else torch.ones(1, 3, device="meta")
+    with pytest.raises(InvalidInputError, match=f"{packing} is on the meta device, which holds no values"):
+        engine.compute_position_ids(torch.tensor([[7, 7, 7]]), None, {}, **{packing: value})

@@ -1,5 +1,7 @@
 """mmrope inside trainers that have their own place for position ids.
 
-``mmrope_core.integrations.verl``: a drop-in for verl's processor factory. Importing this package
-imports no trainer.
+``mmrope_core.integrations.verl``: a drop-in for verl's processor factory;
+``mmrope_core.integrations.llamafactory``: for LLaMA-Factory's multimodal collators;
+``mmrope_core.integrations.swift``: for ms-swift's templates. Importing this package imports no
+trainer.
 """

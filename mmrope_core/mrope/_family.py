@@ -9,6 +9,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from ..media import read_seconds
 from ._media import MarkedVideoTypes, MediaKind, TokenTypeMap
 
 #: How ``tokens_per_second * second_per_grid_ts`` becomes a video's temporal scale:
@@ -107,29 +108,13 @@ def seconds_per_grid(value: Any, videos: int) -> tuple[torch.Tensor, np.ndarray 
     """``second_per_grid_ts`` as a checked ``(videos,)`` tensor (a list becomes float32, as the
     processor returns it; None, one second each), and the same on the CPU: a numpy view where
     numpy holds its dtype, else a tensor."""
-    from ..errors import InvalidInputError, counted
-
     if value is None:
         seconds = torch.ones(videos, dtype=torch.int64)
         return seconds, seconds.numpy()
-    seconds = value if isinstance(value, torch.Tensor) else torch.as_tensor(value, dtype=torch.float32)
-    if seconds.dim() != 1:
-        seconds = seconds.reshape(-1)
-    if seconds.numel() != videos:
-        raise InvalidInputError(
-            f"second_per_grid_ts has {counted(seconds.numel(), 'value')} for {counted(videos, 'video')} in "
-            f"video_grid_thw; "
-            f"pass one value per video"
-        )
-    host = seconds.detach().cpu()
-    on_host = host.numpy() if host.dtype in _NUMPY_DTYPES else host
-    values = on_host if isinstance(on_host, np.ndarray) else on_host.to(torch.float64).numpy()
-    if values.size:
-        low, high = values.min(), values.max()
-        if not (low >= 0 and high < np.inf):  # NaN fails both
-            what = "a negative" if low < 0 else "a non-finite"
-            raise InvalidInputError(f"second_per_grid_ts holds {what} value: {seconds.tolist()}")
-    return seconds, on_host
+    checked = read_seconds("second_per_grid_ts", value, videos=videos)
+    assert checked is not None  # (value is not None)
+    host = checked.detach().cpu()
+    return checked, host.numpy() if host.dtype in _NUMPY_DTYPES else host
 
 
 _NUMPY_DTYPES = (torch.float32, torch.float64, torch.int64, torch.int32)

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from ..kernel import RopeKernel
+from ..media import read_grid
 from ._family import MropeFamily, seconds_per_grid
 from ._fused import FusedPositions
 from ._media import MediaGrids
@@ -87,8 +88,8 @@ class MropeKernel(RopeKernel):
     def media(self, image_grid_thw: Any = None, video_grid_thw: Any = None,
               second_per_grid_ts: Any = None) -> dict[int, MediaGrids | None]:
         """Each media type's grids (videos split into frames for per-frame families) and scales."""
-        images = _grid("image_grid_thw", image_grid_thw)
-        videos = _grid("video_grid_thw", video_grid_thw) if self.family.has_video else None
+        images = read_grid("image_grid_thw", image_grid_thw)
+        videos = read_grid("video_grid_thw", video_grid_thw) if self.family.has_video else None
         scale = None
         if videos is not None and self.family.tokens_per_second is not None:
             _, seconds = seconds_per_grid(second_per_grid_ts, videos.shape[0])
@@ -102,24 +103,12 @@ class MropeKernel(RopeKernel):
     def _read(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor | None, image_grid_thw: Any = None,
               video_grid_thw: Any = None, second_per_grid_ts: Any = None,
               **ignored: Any) -> tuple[torch.Tensor, dict[int, MediaGrids | None]]:
-        media = self.media(image_grid_thw, video_grid_thw, second_per_grid_ts)
+        # sizes bounded by the batch before anything is sized from them, for kernels called directly
+        tokens = input_ids.numel()
+        media = self.media(read_grid("image_grid_thw", image_grid_thw, tokens=tokens),
+                           read_grid("video_grid_thw", video_grid_thw, tokens=tokens), second_per_grid_ts)
         return self.token_types(input_ids, cu_seqlens), media
 
 
 def _bool(mask: torch.Tensor | None) -> torch.Tensor | None:
     return mask if mask is None or mask.dtype == torch.bool else mask.bool()
-
-
-def _grid(key: str, value: Any) -> torch.Tensor | None:
-    from ..errors import InvalidInputError
-
-    if value is None:
-        return None
-    if not isinstance(value, torch.Tensor):
-        raise InvalidInputError(
-            f"{key} must be a tensor of shape (N, 3), got {type(value).__name__}; "
-            f"convert with torch.as_tensor({key}) or use the processor's output"
-        )
-    if value.dim() != 2 or value.shape[1] != 3 or value.dtype.is_floating_point:
-        raise InvalidInputError(f"{key} must be an integer tensor of shape (N, 3), got {value.dtype} {tuple(value.shape)}")
-    return value

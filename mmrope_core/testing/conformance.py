@@ -46,11 +46,14 @@ def check_plugin(
     cases: Sequence[ExampleCase] | None = None,
     manager: PluginManager | None = None,
     seed: int = 0,
+    fuzz_examples: int = 300,
 ) -> list[Violation]:
     """Run every conformance rule on plugin ``name`` (an entry-point or registered name).
 
     ``cases`` default to the plugin's own ``example_cases``. ``manager`` defaults to a fresh one
-    that loads only this plugin from the installed entry points.
+    that loads only this plugin from the installed entry points. ``fuzz_examples`` corrupt
+    batches are then fed to the installed entry point ``name`` in a child process
+    (:func:`~mmrope_core.testing.fuzz.fuzz_plugin`); 0 skips the fuzzing.
     """
     manager = manager or PluginManager(env={"MMROPE_LOAD_PLUGINS": name})
     info = {plugin.name: plugin for plugin in manager.plugins()}.get(name)
@@ -58,13 +61,18 @@ def check_plugin(
         state = "not installed" if info is None else f"{info.status}: {info.reason}"
         return [Violation(name, "entry point", "the plugin loads", state)]
     checker = _Checker(name, manager, random.Random(seed))
-    if cases is None:
-        cases = checker.example_cases()
-    if not cases:
+    checked = checker.example_cases() if cases is None else cases
+    if not checked:
         checker.fail("example_cases", "examples exist", "the plugin offers no example case to check it on")
-    for case in cases:
+    for case in checked:
         checker.check_case(case)
     checker.check_foreign()
+    if fuzz_examples and info.distribution:  # a child process finds installed entry points only
+        from .fuzz import fuzz_plugin
+
+        for finding in fuzz_plugin(name, cases=cases, seed=seed, examples=fuzz_examples):
+            checker.violations.append(Violation(name, "kernel (fuzzed)", finding.rule,
+                                                f"[{', '.join(finding.mutations)}] {finding.detail}", finding.case))
     return checker.violations
 
 

@@ -26,6 +26,11 @@ IMPLEMENTATIONS = ("fast", "reference")
 CONVENTIONS = (TRANSFORMERS, VLLM_0_33)
 
 
+def fast_kernel() -> type[FastRopeIndex] | type[StepwiseRopeIndex]:
+    """The fast implementation's kernel: the batched one is a compiled loop."""
+    return FastRopeIndex if available() else StepwiseRopeIndex
+
+
 def bind(family: Family, processor: Any, config: Any, options: Mapping[str, Any]) -> RopeBinding:
     implementation = options.get("implementation", "fast")
     if implementation not in IMPLEMENTATIONS:
@@ -36,10 +41,9 @@ def bind(family: Family, processor: Any, config: Any, options: Mapping[str, Any]
     thinker = thinker_config(family, processor, config)
     ids = token_ids(processor)
     markers = {"vision_end": ids["vision_eos"], "audio_end": ids["audio_eos"]}
-    # the batched kernel is a compiled loop
-    compiled = available()
-    kernel, name = (FastRopeIndex, "batched kernel") if compiled else (StepwiseRopeIndex, "step-by-step kernel")
-    why = "" if compiled else " (the compiled loops are missing)"
+    kernel = fast_kernel()
+    name = "batched kernel" if kernel is FastRopeIndex else "step-by-step kernel"
+    why = "" if kernel is FastRopeIndex else " (the compiled loops are missing)"
     if convention != TRANSFORMERS:
         if implementation == "reference":
             raise UnknownConventionError(

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from mmrope_core import InvalidInputError
-from mmrope_core.errors import counted
+from mmrope_core.media import read_seconds
 
 INPUT_KEYS = ("image_grid_thw", "video_grid_thw", "audio_seqlens", "second_per_grids", "use_audio_in_video")
 
@@ -60,11 +60,7 @@ def seconds_tensor(value: Any) -> torch.Tensor | None:
 def check_seconds(second_per_grids: torch.Tensor | None, video_grid_thw: torch.Tensor) -> None:
     if second_per_grids is None:
         raise InvalidInputError("videos need second_per_grids (the processor's video_second_per_grid)")
-    if second_per_grids.numel() != video_grid_thw.shape[0]:
-        raise InvalidInputError(f"second_per_grids has {counted(second_per_grids.numel(), 'value')} for "
-                                f"{counted(video_grid_thw.shape[0], 'video')}; pass one per video")
-    if not bool(torch.isfinite(second_per_grids.float()).all()) or bool((second_per_grids < 0).any()):
-        raise InvalidInputError(f"second_per_grids must be finite and not negative: {second_per_grids.tolist()}")
+    read_seconds("second_per_grids", second_per_grids, videos=video_grid_thw.shape[0])
 
 
 def valid_tokens(mask_row: torch.Tensor) -> slice | torch.Tensor:

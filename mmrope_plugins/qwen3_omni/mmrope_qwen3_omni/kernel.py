@@ -12,6 +12,7 @@ import torch
 
 from mmrope_core import InvalidInputError, RopeKernel
 from mmrope_core.conventions import TRANSFORMERS, VLLM_0_33
+from mmrope_core.media import read_grid
 
 from .audio import audio_window
 from .families import Family
@@ -42,12 +43,11 @@ class Implementation(RopeKernel):
         """Each sample's media items, after checking inputs and layout; ``rows`` are each
         sample's valid tokens. ``refuse_empty``: a sample without tokens is an error where the
         reader reaches it, as in the batched kernel."""
+        # read as the engine reads them, for kernels called directly
+        in_rows = sum(row.size for row in rows)
+        image_grid_thw = read_grid("image_grid_thw", image_grid_thw, tokens=in_rows)
+        video_grid_thw = read_grid("video_grid_thw", video_grid_thw, tokens=in_rows)
         for key, value in (("image_grid_thw", image_grid_thw), ("video_grid_thw", video_grid_thw)):
-            if value is not None and (not isinstance(value, torch.Tensor) or value.dim() != 2 or value.shape[1] != 3):
-                raise InvalidInputError(f"{key} must be a tensor of shape (N, 3), got {type(value).__name__} "
-                                        f"{tuple(getattr(value, 'shape', ()))}")
-            if value is not None and bool((value <= 0).any()):
-                raise InvalidInputError(f"{key} holds a size that is not positive: {value.tolist()}")
             if value is not None and bool((value[:, 1:] % self.merge != 0).any()):
                 raise InvalidInputError(f"{key} holds a height or width not divisible by the spatial merge size "
                                         f"{self.merge}: {value.tolist()}")

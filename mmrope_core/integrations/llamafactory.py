@@ -1,0 +1,223 @@
+"""A drop-in for LLaMA-Factory's multimodal collators: they then take every M-RoPE position id
+from mmrope.
+
+LLaMA-Factory 0.9.5's ``MultiModalDataCollatorForSeq2Seq`` (and its subclasses: the SFT collator
+with ``neat_packing``, the pairwise and KTO collators) asks the model object for
+``get_rope_index`` and computes positions itself. :func:`install` wraps the collators'
+``__call__``: LLaMA-Factory still builds the whole batch (padding, media, labels, packing), then
+the positions come from an engine built from the collator's processor and the model's config.
+
+Call it in your launcher before LLaMA-Factory builds its collator::
+
+    from mmrope_core.integrations import llamafactory as mmrope_llamafactory
+
+    mmrope_llamafactory.install()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+
+__all__ = ["collator_engine", "install", "installed"]
+
+#: Where LLaMA-Factory 0.9.5 defines its collators.
+COLLATOR_MODULE = "llamafactory.data.collator"
+#: Where LLaMA-Factory hands on Omni deltas counted over the padding too.
+_OMNI_THINKERS = ("qwen2_5_omni_thinker", "qwen3_omni_moe_thinker")
+
+_settings: dict[str, Any] = {"config": None, "mm_processor_kwargs": {}}
+_exact = threading.local()  # the last batch's positions before the SFT collator's dtype cast
+
+
+def install(*, config: Any = None, mm_processor_kwargs: Mapping[str, Any] | None = None) -> None:
+    """Make LLaMA-Factory's multimodal collators take their M-RoPE positions from mmrope.
+
+    Args:
+        config: the model config, for collators built without a model object (``model=None``),
+            which then get positions too; a collator's own ``model.config`` is used when it has one.
+        mm_processor_kwargs: processor keyword arguments the positions depend on, for every
+            sample, on top of the processor's own ``use_audio_in_video`` that LLaMA-Factory sets.
+
+    Idempotent: calling it again only replaces the settings. Collators whose processor uses 1-D
+    RoPE, that have no processor, or that have neither a model nor ``config``, keep
+    LLaMA-Factory's own behaviour.
+    """
+    import importlib
+
+    module = importlib.import_module(COLLATOR_MODULE)
+    _settings["config"] = config
+    _settings["mm_processor_kwargs"] = dict(mm_processor_kwargs or {})
+    _wrap(module.MultiModalDataCollatorForSeq2Seq, _call_with_mmrope_positions)
+    _wrap(module.SFTDataCollatorWith4DAttentionMask, _call_keeping_exact_positions)
+
+
+def installed() -> bool:
+    """Whether :func:`install` has wrapped LLaMA-Factory's collators in this process."""
+    import sys
+
+    module = sys.modules.get(COLLATOR_MODULE)
+    return module is not None and _is_wrapped(module.MultiModalDataCollatorForSeq2Seq.__dict__["__call__"])
+
+
+def collator_engine(collator: Any) -> Any:
+    """The engine a collator's positions come from (built on first use), or None where
+    LLaMA-Factory's own behaviour is kept: no processor, a 1-D RoPE family, or no model and no
+    config given to :func:`install` (LLaMA-Factory's collators for ``predict_with_generate``
+    have no model, and the model computes positions as it generates)."""
+    from mmrope_core.engine import RopeEngine
+    from mmrope_core.errors import UnsupportedProcessorError
+
+    config = _config_of(collator)
+    key = (id(collator.processor), id(config))
+    cached = collator.__dict__.get("_mmrope_engine")
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    if collator.processor is None or config is None:  # without a model LLaMA-Factory gives no positions either
+        engine = None
+    else:
+        try:
+            engine = RopeEngine.from_processor(collator.processor, config)
+        except UnsupportedProcessorError:
+            if getattr(collator, "get_rope_func", None) is not None:  # LLaMA-Factory would place M-RoPE itself
+                raise
+            engine = None
+        if engine is not None and engine.rope_kind != "mrope":
+            engine = None
+    collator.__dict__["_mmrope_engine"] = (key, engine)
+    return engine
+
+
+# -- the wrappers -------------------------------------------------------------------------------
+
+
+def _wrap(cls: type, replacement: Callable[..., Any]) -> None:
+    current = cls.__dict__["__call__"]
+    if _is_wrapped(current):
+        return
+
+    @functools.wraps(current)
+    def method(self: Any, features: list[dict[str, Any]]) -> Any:
+        return replacement(current, self, features)
+
+    method.__mmrope_original__ = current  # type: ignore[attr-defined]
+    setattr(cls, "__call__", method)  # noqa: B010 (a class attribute, rebound on purpose)
+
+
+def _is_wrapped(function: Any) -> bool:
+    return hasattr(function, "__mmrope_original__")
+
+
+def _call_with_mmrope_positions(original: Callable[..., Any], collator: Any, features: list[dict[str, Any]]) -> Any:
+    engine = collator_engine(collator)
+    if engine is None:
+        return original(collator, features)
+    injected = _injected_media(collator, features)  # read before LLaMA-Factory pops the media lists
+    packed = any(len((feature.get("packing_params") or {}).get("sequence_boundaries") or ()) > 2
+                 for feature in features)
+    with _framework_positions_off(collator):
+        batch = original(collator, features)
+    if packed and "image" in injected:  # the SFT collator then keeps the fake image's tokens (its own flag)
+        batch["has_dummy_image"] = True
+    inputs = _inputs_without(batch, injected)
+    mm_processor_kwargs = {"use_audio_in_video": bool(getattr(collator.processor, "use_audio_in_video", False)),
+                           **_settings["mm_processor_kwargs"]}
+    if packed:
+        positions = engine.compute_position_ids(batch["input_ids"], None, inputs, mm_processor_kwargs,
+                                                segment_ids=batch["attention_mask"].long())
+        batch["position_ids"] = positions.transpose(0, 1)
+        batch.pop("rope_deltas", None)
+    else:
+        batch["position_ids"], batch["rope_deltas"] = _padded_positions(engine, collator, batch, inputs,
+                                                                        mm_processor_kwargs)
+    if batch["position_ids"].is_floating_point():  # what the SFT collator's dtype cast must not reach
+        _exact.last = (collator, batch["position_ids"], batch["attention_mask"])
+    return batch
+
+
+def _call_keeping_exact_positions(original: Callable[..., Any], collator: Any, features: list[dict[str, Any]]) -> Any:
+    """The SFT collator casts every float tensor to its compute dtype: give back float positions
+    (Qwen3-Omni's) as they were, with the same padding removed."""
+    _exact.last = None
+    batch = original(collator, features)
+    last, _exact.last = getattr(_exact, "last", None), None
+    if last is None or last[0] is not collator:
+        return batch
+    _, positions, attention_mask = last
+    if batch.get("position_ids") is None or batch["position_ids"].dtype == positions.dtype:
+        return batch
+    if batch["position_ids"].shape[-1] != positions.shape[-1]:  # neat packing removed the padding
+        kept = {"attention_mask": attention_mask, "position_ids": positions}
+        type(collator)._unpad_packed_features(kept)
+        positions = kept["position_ids"]
+    batch["position_ids"] = positions
+    return batch
+
+
+@contextlib.contextmanager
+def _framework_positions_off(collator: Any) -> Iterator[None]:
+    """Hide the model and its ``get_rope_index`` from LLaMA-Factory's ``__call__`` for one call:
+    it then builds the batch without positions (and without refusing Omni packing)."""
+    saved = collator.model, collator.get_rope_func
+    collator.model, collator.get_rope_func = None, None
+    try:
+        yield
+    finally:
+        collator.model, collator.get_rope_func = saved
+
+
+# -- positions ----------------------------------------------------------------------------------
+
+
+def _padded_positions(engine: Any, collator: Any, batch: Mapping[str, Any], inputs: dict[str, Any],
+                      mm_processor_kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(4, B, L)``: the text row counting valid tokens (1 at padding) above the model's own
+    ``(t, h, w)``; and the deltas as LLaMA-Factory hands them on."""
+    mask = (batch["attention_mask"] != 0).long()
+    positions, deltas = engine.get_rope_index(batch["input_ids"], mask,
+                                              **engine.rope_index_kwargs(inputs, mm_processor_kwargs))
+    text = torch.ones_like(mask)
+    text[mask.bool()] = (torch.cumsum(mask, dim=-1) - 1)[mask.bool()]
+    if _model_type(_config_of(collator)) in _OMNI_THINKERS:  # LLaMA-Factory counts Omni deltas over padding too
+        deltas = deltas - (1 - mask).sum(dim=-1, keepdim=True).to(deltas.dtype)
+    return torch.cat([text.to(positions.dtype)[None], positions], dim=0), deltas
+
+
+def _injected_media(collator: Any, features: list[dict[str, Any]]) -> set[str]:
+    """Which fake media LLaMA-Factory will add to the first row (masked out), as it decides."""
+    plugin = collator.template.mm_plugin
+    images = sum(len(feature.get("images") or ()) for feature in features)
+    videos = sum(len(feature.get("videos") or ()) for feature in features)
+    audios = sum(len(feature.get("audios") or ()) for feature in features)
+    injected = set()
+    if plugin.image_token is not None and images == 0 and videos == 0:
+        injected.add("image")
+    if plugin.audio_token is not None and audios == 0:
+        injected.add("audio")
+    return injected
+
+
+def _inputs_without(batch: Mapping[str, Any], injected: set[str]) -> dict[str, Any]:
+    """The batch's media inputs, less the fake ones: their tokens are padding, they place nothing."""
+    inputs = dict(batch)
+    if "image" in injected:
+        inputs.pop("image_grid_thw", None)
+    if "audio" in injected:
+        inputs.pop("feature_attention_mask", None)
+    return inputs
+
+
+def _config_of(collator: Any) -> Any:
+    model = collator.model
+    if model is not None and getattr(model, "config", None) is not None:
+        return model.config
+    return _settings["config"]
+
+
+def _model_type(config: Any) -> str | None:
+    return getattr(config, "model_type", None)

@@ -1,0 +1,120 @@
+"""A drop-in for ms-swift's multimodal templates: their unchanged collators and packing then take
+every M-RoPE position id from mmrope.
+
+ms-swift 4.6.0's templates compute positions in one method, ``_get_position_ids(inputs)``, called
+by the data collator on padded batches and by ``packing_row`` on each sample of a packed
+(``padding_free`` / ``packing``) row; it calls the model's ``get_rope_index``, building a model on
+the meta device when the template holds none. :func:`install` replaces that method on the
+templates that define it (``Qwen2VLTemplate`` and its subclasses, ``Qwen2_5OmniTemplate`` and
+Qwen3-Omni's, ``GLM4vPackingTemplateMixin``) with one that asks an engine built from the
+template's processor and model config.
+
+Switch with ms-swift's own option, which loads the file (see :mod:`.plugin`)::
+
+    swift sft ... --external_plugins "$(python -m mmrope_core.integrations.swift)"
+
+or call :func:`install` in your own code before training.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["install", "installed", "template_engine"]
+
+#: Where ms-swift 4.6.0 defines ``_get_position_ids`` for M-RoPE templates.
+TEMPLATE_CLASSES = {
+    "swift.template.templates.qwen": ("Qwen2VLTemplate", "Qwen2_5OmniTemplate"),
+    "swift.template.templates.glm": ("GLM4vPackingTemplateMixin",),
+}
+
+#: templates whose positions ms-swift computes only in training (the model computes them otherwise)
+_TRAINING_ONLY = ("Qwen2_5OmniTemplate",)
+
+_settings: dict[str, Any] = {"mm_processor_kwargs": {}}
+
+
+def install(*, mm_processor_kwargs: Mapping[str, Any] | None = None) -> None:
+    """Make ms-swift's M-RoPE templates take their positions from mmrope, in this process.
+
+    Args:
+        mm_processor_kwargs: processor keyword arguments the positions depend on, for every
+            sample, on top of the template's own ``use_audio_in_video`` (ms-swift's
+            ``USE_AUDIO_IN_VIDEO`` setting).
+
+    Idempotent: calling it again only replaces the settings.
+    """
+    _settings["mm_processor_kwargs"] = dict(mm_processor_kwargs or {})
+    for module_name, class_names in TEMPLATE_CLASSES.items():
+        module = importlib.import_module(module_name)
+        for name in class_names:
+            cls = getattr(module, name)
+            current = cls.__dict__["_get_position_ids"]
+            if not hasattr(current, "__mmrope_original__"):
+                replacement = _replacing(current, training_only=name in _TRAINING_ONLY)
+                setattr(cls, "_get_position_ids", replacement)  # noqa: B010 (rebound on purpose)
+
+
+def installed() -> bool:
+    """Whether :func:`install` has replaced the templates' position method in this process."""
+    import sys
+
+    module = sys.modules.get("swift.template.templates.qwen")
+    return module is not None and hasattr(module.Qwen2VLTemplate.__dict__["_get_position_ids"], "__mmrope_original__")
+
+
+def template_engine(template: Any) -> Any:
+    """The engine a template's positions come from, built on first use from its processor and
+    its model config (``template.config``)."""
+    from mmrope_core.engine import RopeEngine
+
+    key = (id(template.processor), id(template.config))
+    cached = template.__dict__.get("_mmrope_engine")
+    if cached is None or cached[0] != key:
+        cached = (key, RopeEngine.from_processor(template.processor, template.config))
+        template.__dict__["_mmrope_engine"] = cached
+    return cached[1]
+
+
+def _replacing(original: Any, *, training_only: bool) -> Any:
+    @functools.wraps(original)
+    def _get_position_ids(self: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+        if training_only and not self.is_training:
+            return {}
+        return position_ids(self, inputs)
+
+    _get_position_ids.__mmrope_original__ = original  # type: ignore[attr-defined]
+    return _get_position_ids
+
+
+def position_ids(template: Any, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """What ms-swift's ``_get_position_ids`` returns, from mmrope: ``{"position_ids": (4, B, L)}``,
+    the template's own text row above the model's ``(t, h, w)``; float32 for Qwen3-Omni, whose
+    positions can be fractional (ms-swift alone casts them to int64)."""
+    import torch
+
+    engine = template_engine(template)
+    input_ids = inputs["input_ids"]
+    mask = inputs.get("attention_mask_2d")
+    if mask is None:
+        mask = inputs.get("attention_mask")
+    if mask is None:
+        mask = torch.ones_like(input_ids)
+    mm_processor_kwargs = {"use_audio_in_video": bool(getattr(template, "use_audio_in_video", False)),
+                           **_settings["mm_processor_kwargs"]}
+    media = {key: _tensor(value) if key in _TIMINGS else value for key, value in inputs.items()}
+    positions, _ = engine.get_rope_index(input_ids, mask, **engine.rope_index_kwargs(media, mm_processor_kwargs))
+    return {"position_ids": template._concat_text_position_ids(positions)}  # ms-swift's own text row
+
+
+#: per-video timings, which ms-swift gathers as Python lists
+_TIMINGS = ("second_per_grid_ts", "video_second_per_grid")
+
+
+def _tensor(value: Any) -> Any:
+    import torch
+
+    return torch.tensor(value, dtype=torch.float32) if isinstance(value, list) else value

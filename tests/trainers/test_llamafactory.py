@@ -1,0 +1,384 @@
+"""LLaMA-Factory 0.9.5's own SFT collator, with and without mmrope's drop-in, against the model
+classes' own ``get_rope_index`` on generated samples of every family it trains: padded batches,
+``neat_packing`` rows, audio in video, text-only batches (its fake image), bf16 compute."""
+
+from __future__ import annotations
+
+import random
+import runpy
+import sys
+import types
+from pathlib import Path
+
+import llamafactory_cases as cases
+import pytest
+import torch
+
+collator_module = cases.import_llamafactory()
+
+from mmrope_core.errors import PlaceholderMismatchError  # noqa: E402
+from mmrope_core.integrations import llamafactory as drop_in  # noqa: E402
+
+GLM = ("GLM-4V", "GLM-4.5V")
+VIDEO_FAMILIES = [name for name in cases.FAMILIES if name not in GLM]
+
+
+@pytest.fixture
+def installed():
+    """The drop-in installed for one test, LLaMA-Factory's own ``__call__`` given back after."""
+    classes = (collator_module.MultiModalDataCollatorForSeq2Seq, collator_module.SFTDataCollatorWith4DAttentionMask)
+    originals = [cls.__dict__["__call__"] for cls in classes]
+    drop_in.install()
+    yield
+    for cls, original in zip(classes, originals):
+        cls.__call__ = original
+    drop_in._settings.update(config=None, mm_processor_kwargs={})
+
+
+def padded_batches(name, seed, count=3, **kwargs):
+    rng = random.Random(seed)
+    return [cases.features(name, rng, rng.randint(1, 4), **kwargs) for _ in range(count)]
+
+
+def expected(name, batch, features, **kwargs):
+    return cases.reference_positions(name, batch["input_ids"], batch["attention_mask"],
+                                     cases.media_of(batch, features), **kwargs)
+
+
+def assert_packed_positions(name, batch, groups, **kwargs):
+    """Every packed sample's positions equal the reference on that sample alone: the text row
+    restarting at 0, the model's own ``(t, h, w)`` (its video timing and audio included)."""
+    flat = [sample for group in groups for sample in group]
+    media = cases.media_of(batch, flat)
+    index = 0
+    for row, group in enumerate(groups):
+        start = 0
+        for sample in group:
+            ids = torch.tensor([sample["input_ids"]])
+            reference = cases.reference_positions(name, ids, torch.ones_like(ids),
+                                                  cases.segment_media(media, flat, index), **kwargs)
+            got = batch["position_ids"][:, row:row + 1, start:start + ids.shape[1]]
+            assert got.dtype == reference.dtype
+            assert torch.equal(got, reference), (name, row, start)
+            start += ids.shape[1]
+            index += 1
+
+
+def packed_groups(name, seed, rows=2, **kwargs):
+    rng = random.Random(seed)
+    groups = [cases.features(name, rng, rng.randint(1, 3), **kwargs) for _ in range(rows)]
+    cutoff = max(sum(len(sample["input_ids"]) for sample in group) for group in groups) + rng.randint(0, 9)
+    cutoff += -(cutoff + 1) % 8  # LLaMA-Factory packs to cutoff_len + 1, a multiple of 8
+    return groups, cases.packed(groups, cutoff)
+
+
+# -- padded batches -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", cases.FAMILIES)
+def test_padded_batches_equal_the_reference(name, installed):
+    for features in padded_batches(name, seed=sum(map(ord, name))):
+        batch = cases.collate(cases.collator(name), features)
+        assert torch.equal(batch["position_ids"], expected(name, batch, features))
+
+
+@pytest.mark.parametrize("name", VIDEO_FAMILIES)
+def test_llamafactory_alone_places_padded_batches_but_copies_the_temporal_row(name):
+    """The positive control: LLaMA-Factory's own positions, from the model's ``get_rope_index``,
+    equal the reference's ``(t, h, w)``; its row 0 is the temporal row, not a text counter."""
+    differs = False
+    for features in padded_batches(name, seed=7):
+        batch = cases.collate(cases.collator(name), features)
+        reference = expected(name, batch, features)
+        assert torch.equal(batch["position_ids"][1:], reference[1:])
+        differs |= not torch.equal(batch["position_ids"][0], reference[0])
+    assert differs
+
+
+@pytest.mark.parametrize("name", GLM)
+def test_glm_videos_crash_llamafactory_alone_and_are_placed_with_the_drop_in(name):
+    rng = random.Random(3)
+    features = [sample for sample in cases.features(name, rng, 12) if sample["videos"]][:3]
+    assert features
+    with pytest.raises((RuntimeError, StopIteration, TypeError)):
+        cases.collate(cases.collator(name), features)
+    drop_in.install()
+    try:
+        batch = cases.collate(cases.collator(name), features)
+        assert torch.equal(batch["position_ids"], expected(name, batch, features))
+    finally:
+        _uninstall()
+
+
+@pytest.mark.parametrize("model", ["config", "none"])
+def test_no_model_method_needed(model, installed):
+    """LLaMA-Factory takes ``get_rope_index`` from the model object; the drop-in needs only
+    the config (from the model, or given to ``install``)."""
+    _, config, _ = cases.family("Qwen2.5-VL")
+    if model == "none":
+        drop_in.install(config=config)
+    for features in padded_batches("Qwen2.5-VL", seed=11, count=2):
+        batch = cases.collate(cases.collator("Qwen2.5-VL", model=model), features)
+        assert torch.equal(batch["position_ids"], expected("Qwen2.5-VL", batch, features))
+
+
+def test_without_the_model_llamafactory_alone_gives_no_positions():
+    features = padded_batches("Qwen2.5-VL", seed=11, count=1)[0]
+    assert "position_ids" not in cases.collate(cases.collator("Qwen2.5-VL", model="none"), features)
+
+
+def test_no_model_and_no_config_keeps_llamafactorys_behaviour(installed):
+    """LLaMA-Factory builds its collator without a model for ``predict_with_generate``: no
+    positions, the model computes them as it generates."""
+    features = padded_batches("Qwen2-VL", seed=1, count=1)[0]
+    assert "position_ids" not in cases.collate(cases.collator("Qwen2-VL", model="none"), features)
+
+
+@pytest.mark.parametrize("name", ["Qwen2.5-VL", "Qwen3-Omni"])
+def test_the_rest_of_the_batch_is_llamafactorys(name, installed):
+    """Same keys, same tensors, same deltas as LLaMA-Factory's own batch; only the text row
+    differs."""
+    features = padded_batches(name, seed=5, count=1)[0]
+    mine = cases.collate(cases.collator(name), features)
+    _uninstall()
+    theirs = cases.collate(cases.collator(name), features)
+    assert mine.keys() == theirs.keys()
+    for key in theirs:
+        if key != "position_ids":
+            assert torch.equal(torch.as_tensor(mine[key]), torch.as_tensor(theirs[key])), key
+    assert torch.equal(mine["position_ids"][1:], theirs["position_ids"][1:])
+
+
+def test_text_only_batches_with_the_fake_image(installed):
+    """LLaMA-Factory adds a masked fake image (and, for Omni, a fake audio clip) to batches
+    without media: it places nothing."""
+    for name in ("Qwen2-VL", "Qwen3-Omni"):
+        rng = random.Random(2)
+        features = cases.features(name, rng, 3, text_only=True)
+        batch = cases.collate(cases.collator(name), features)
+        assert "pixel_values" in batch
+        assert torch.equal(batch["position_ids"], expected(name, batch, features))
+        groups, packed = packed_groups(name, seed=4, text_only=True)
+        batch = cases.collate(cases.collator(name, neat_packing=True, block_diag_attn=True), packed)
+        assert_packed_positions(name, batch, groups)
+
+
+def test_placeholders_that_disagree_with_the_grids_are_refused(installed):
+    """LLaMA-Factory's Qwen3-VL plugin writes the first video's frame count for every video of
+    a sample: with two videos of different lengths the tokens no longer match the grids, and
+    the drop-in says so instead of placing them."""
+    processor, _, template = cases.family("Qwen3-VL")
+    rng = random.Random(0)
+    clips = [[cases._image(rng)] * 4, [cases._image(rng)] * 2]
+    messages = template.mm_plugin.process_messages([{"role": "user", "content": "<video> the <video>"}], [], clips,
+                                                   [], processor)
+    ids = processor.tokenizer.encode(messages[0]["content"], add_special_tokens=False)
+    features = [{"input_ids": ids, "attention_mask": [1] * len(ids), "labels": ids, "images": [], "videos": clips,
+                 "audios": []}]
+    with pytest.raises(PlaceholderMismatchError, match="sample 0"):
+        cases.collate(cases.collator("Qwen3-VL"), features)
+
+
+# -- neat packing ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", cases.FAMILIES)
+@pytest.mark.parametrize("attention", ["eager", "flash_attention_2"])
+def test_neat_packing_equals_the_reference_per_sample(name, attention, installed):
+    """Packed rows as ``neat_packing`` makes them: each sample placed as if alone, Omni too; with
+    flash-attention LLaMA-Factory then removes the padding (one row per batch)."""
+    rows = 1 if attention == "flash_attention_2" else 2
+    for seed in range(3):
+        groups, packed = packed_groups(name, seed=seed, rows=rows)
+        batch = cases.collate(cases.collator(name, neat_packing=True, block_diag_attn=True,
+                                             attn_implementation=attention), packed)
+        if attention == "flash_attention_2":
+            assert batch["attention_mask"] is None
+            if any(sample["images"] or sample["videos"] for sample in groups[0]):  # else the fake image stays
+                assert batch["position_ids"].shape[-1] == sum(len(sample["input_ids"]) for sample in groups[0])
+        assert_packed_positions(name, batch, groups)
+
+
+@pytest.mark.parametrize("name", ["Qwen2-VL", "Qwen3-VL"])
+def test_neat_packing_alone_copies_the_temporal_row(name):
+    """LLaMA-Factory alone: right ``(t, h, w)`` per sample, but row 0, which the model reads to
+    tell packed samples apart, is the temporal row: it does not count text positions."""
+    groups, packed = packed_groups(name, seed=1)
+    batch = cases.collate(cases.collator(name, neat_packing=True, block_diag_attn=True), packed)
+    with pytest.raises(AssertionError):
+        assert_packed_positions(name, batch, groups)
+    batch["position_ids"][0] = batch["position_ids"][1]  # what LLaMA-Factory wrote: t for text
+    flat = [sample for group in groups for sample in group]
+    first = flat[0]["input_ids"]
+    reference = cases.reference_positions(name, torch.tensor([first]), torch.ones(1, len(first), dtype=torch.long),
+                                          cases.segment_media(cases.media_of(batch, flat), flat, 0))
+    assert torch.equal(batch["position_ids"][1:, :1, :len(first)], reference[1:])
+
+
+@pytest.mark.parametrize("name", cases.OMNI)
+def test_omni_packing_refused_by_llamafactory_alone(name):
+    _, packed = packed_groups(name, seed=0)
+    with pytest.raises(RuntimeError, match="Omni models are not supported for packed sequences"):
+        cases.collate(cases.collator(name, neat_packing=True, block_diag_attn=True), packed)
+
+
+MODEL_KEYS = ("input_ids", "attention_mask", "position_ids", "pixel_values", "image_grid_thw", "pixel_values_videos",
+              "video_grid_thw", "second_per_grid_ts", "mm_token_type_ids")
+
+
+def logits(model, batch):
+    inputs = {key: batch[key] for key in MODEL_KEYS if batch.get(key) is not None}
+    if "second_per_grid_ts" in inputs:
+        inputs["second_per_grid_ts"] = torch.as_tensor(inputs["second_per_grid_ts"])
+    with torch.no_grad():
+        return model(**inputs, use_cache=False).logits
+
+
+def test_neat_packing_gives_each_samples_own_logits():
+    """LLaMA-Factory's flash-attention neat packing hands the model one row without an attention
+    mask: the model tells the samples apart by the text row. A tiny Qwen2.5-VL model (sdpa, the
+    same packed-sequence rule) then gives each sample the logits it gives the sample alone, with
+    mmrope's positions; with LLaMA-Factory's, whose text row is the temporal row, it does not."""
+    from cases import tiny_model
+
+    name, model = "Qwen2.5-VL", tiny_model()
+    processor, _, _ = cases.family(name)
+    rng = random.Random(12)
+    samples = [sample for sample in cases.features(name, rng, 12) if sample["images"] or sample["videos"]][:3]
+    _, packed_row = _packed_from(samples)
+    alone = []
+    for sample in samples:  # each sample's own logits: the model computes its positions
+        batch = cases.collate(cases.collator(name, model="none"), [sample])
+        batch["mm_token_type_ids"] = torch.tensor(processor.create_mm_token_type_ids(batch["input_ids"].tolist()))
+        alone.append(logits(model, batch)[0])
+
+    def segments_equal(batch):
+        assert batch["attention_mask"] is None and batch["position_ids"].shape[-1] == sum(map(len, alone))
+        out, start = logits(model, batch)[0], 0
+        same = []
+        for own in alone:
+            same.append(torch.allclose(out[start:start + len(own)], own, atol=1e-5))
+            start += len(own)
+        return same
+
+    flash = {"neat_packing": True, "block_diag_attn": True, "attn_implementation": "flash_attention_2"}
+    llamafactorys = cases.collate(cases.collator(name, **flash), packed_row)
+    assert not all(segments_equal(llamafactorys))
+    drop_in.install()
+    try:
+        assert all(segments_equal(cases.collate(cases.collator(name, **flash), packed_row)))
+    finally:
+        _uninstall()
+
+
+def _packed_from(samples):
+    cutoff = sum(len(sample["input_ids"]) for sample in samples) + 3
+    cutoff += -(cutoff + 1) % 8
+    return [samples], cases.packed([samples], cutoff)
+
+
+# -- Omni -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", cases.OMNI)
+def test_audio_in_video(name, installed):
+    """LLaMA-Factory's ``use_audio_in_video`` (set on the processor) reaches the positions,
+    padded and packed."""
+    processor, _, _ = cases.family(name)
+    processor.use_audio_in_video = True
+    try:
+        for features in padded_batches(name, seed=3, count=2, audio_in_video=True):
+            assert any(sample["videos"] for sample in features)
+            batch = cases.collate(cases.collator(name), features)
+            assert torch.equal(batch["position_ids"], expected(name, batch, features, use_audio_in_video=True))
+        groups, packed = packed_groups(name, seed=3, audio_in_video=True)
+        batch = cases.collate(cases.collator(name, neat_packing=True, block_diag_attn=True), packed)
+        assert_packed_positions(name, batch, groups, use_audio_in_video=True)
+    finally:
+        del processor.use_audio_in_video
+
+
+@pytest.mark.parametrize("attention", ["eager", "flash_attention_2"])
+def test_qwen3_omni_positions_stay_float32_under_bf16(attention, installed):
+    """The SFT collator casts every float tensor to ``compute_dtype``: Qwen3-Omni's positions
+    (past 256, fractional after videos) reach the model as float32, exact."""
+    name = "Qwen3-Omni"
+    features = padded_batches(name, seed=9, count=1, long=True)[0]
+    batch = cases.collate(cases.collator(name, compute_dtype=torch.bfloat16), features)
+    assert batch["position_ids"].dtype == torch.float32 and batch["pixel_values"].dtype == torch.bfloat16
+    assert torch.equal(batch["position_ids"], expected(name, batch, features))
+    groups, packed = packed_groups(name, seed=9, rows=1, long=True)
+    batch = cases.collate(cases.collator(name, neat_packing=True, block_diag_attn=True, attn_implementation=attention,
+                                         compute_dtype=torch.bfloat16), packed)
+    assert_packed_positions(name, batch, groups)
+
+
+def test_qwen3_omni_positions_cast_to_bf16_by_llamafactory_alone():
+    name = "Qwen3-Omni"
+    features = padded_batches(name, seed=9, count=1, long=True)[0]
+    batch = cases.collate(cases.collator(name, compute_dtype=torch.bfloat16), features)
+    reference = expected(name, batch, features)
+    assert batch["position_ids"].dtype == torch.bfloat16
+    assert not torch.equal(batch["position_ids"][1:].float(), reference[1:])
+
+
+def test_pairwise_collator(installed):
+    """The pairwise (DPO) collator calls the base collator on chosen and rejected rows: both
+    get mmrope's positions."""
+    name = "Qwen2.5-VL"
+    processor, _, template = cases.family(name)
+    rng = random.Random(6)
+    chosen, rejected = cases.features(name, rng, 2), cases.features(name, rng, 2)
+    pairs = [{"chosen_input_ids": good["input_ids"], "chosen_attention_mask": good["attention_mask"],
+              "chosen_labels": good["labels"], "rejected_input_ids": good["input_ids"][:-1] + bad["input_ids"][-1:],
+              "rejected_attention_mask": good["attention_mask"], "rejected_labels": good["labels"],
+              "images": good["images"], "videos": good["videos"], "audios": []}
+             for good, bad in zip(chosen, rejected)]
+    pairwise = collator_module.PairwiseDataCollatorWithPadding(
+        template=template, processor=processor, tokenizer=processor.tokenizer, model=cases.reference_model(name),
+        label_pad_token_id=-100)
+    batch = cases.collate(pairwise, pairs)
+    rows = [{"images": pair["images"], "videos": pair["videos"], "audios": []} for pair in pairs] * 2
+    assert batch["input_ids"].shape[0] == 4
+    assert torch.equal(batch["position_ids"], expected(name, batch, rows))
+
+
+def test_kto_collator(installed):
+    """The KTO collator calls the base collator on the target rows and the KL rows."""
+    name = "Qwen3-VL"
+    processor, _, template = cases.family(name)
+    samples = cases.features(name, random.Random(8), 3)
+    rows = [{**sample, "kl_input_ids": sample["input_ids"], "kl_attention_mask": sample["attention_mask"],
+             "kl_labels": sample["labels"], "kto_tags": True} for sample in samples]
+    kto = collator_module.KTODataCollatorWithPadding(
+        template=template, processor=processor, tokenizer=processor.tokenizer, model=cases.reference_model(name),
+        label_pad_token_id=-100)
+    batch = cases.collate(kto, rows)
+    assert torch.equal(batch["position_ids"], expected(name, batch, samples))
+
+
+def test_install_is_idempotent(installed):
+    wrapped = collator_module.MultiModalDataCollatorForSeq2Seq.__dict__["__call__"]
+    drop_in.install()
+    assert collator_module.MultiModalDataCollatorForSeq2Seq.__dict__["__call__"] is wrapped
+    assert drop_in.installed()
+
+
+def _uninstall():
+    for cls in (collator_module.MultiModalDataCollatorForSeq2Seq, collator_module.SFTDataCollatorWith4DAttentionMask):
+        call = cls.__dict__["__call__"]
+        cls.__call__ = getattr(call, "__mmrope_original__", call)
+
+
+def test_the_launcher_installs_before_llamafactory_trains(monkeypatch):
+    """``examples/llamafactory_train.py`` runs LLaMA-Factory's ``run_exp`` with the drop-in in
+    place. ``run_exp`` itself (model loading, the trainer) stands in here: it needs weights."""
+    seen = []
+    tuner = types.ModuleType("llamafactory.train.tuner")
+    tuner.run_exp = lambda: seen.append(drop_in.installed())
+    monkeypatch.setitem(sys.modules, "llamafactory.train.tuner", tuner)
+    try:
+        runpy.run_path(str(Path(__file__).parents[2] / "examples" / "llamafactory_train.py"), run_name="__main__")
+    finally:
+        _uninstall()
+    assert seen == [True]

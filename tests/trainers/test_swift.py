@@ -1,0 +1,180 @@
+"""ms-swift 4.6.0's own templates and data collator, with and without mmrope's drop-in, against the
+model classes' own ``get_rope_index``: padded batches and ``padding_free`` rows (what its
+``packing`` builds too) of every family whose template computes M-RoPE positions."""
+
+from __future__ import annotations
+
+import importlib
+import random
+import subprocess
+import sys
+
+import pytest
+import swift_cases as cases
+import torch
+
+from mmrope_core.integrations import swift as drop_in
+
+FAMILIES = list(cases.FAMILIES)
+RIGHT_ALONE = [name for name in FAMILIES if name not in (*cases.GLM, "Qwen3-Omni")]
+
+
+def _position_classes():
+    for module_name, names in drop_in.TEMPLATE_CLASSES.items():
+        module = importlib.import_module(module_name)
+        yield from (getattr(module, name) for name in names)
+
+
+def _uninstall():
+    for cls in _position_classes():
+        method = cls.__dict__["_get_position_ids"]
+        cls._get_position_ids = getattr(method, "__mmrope_original__", method)
+
+
+@pytest.fixture
+def installed():
+    drop_in.install()
+    yield
+    _uninstall()
+    drop_in._settings.update(mm_processor_kwargs={})
+
+
+def padded(name, seed, count=4, **kwargs):
+    template = cases.template(name)
+    template.use_audio_in_video = kwargs.get("use_audio_in_video", False)  # ms-swift's USE_AUDIO_IN_VIDEO
+    samples = cases.rows(name, random.Random(seed), count, **kwargs)
+    batch = template.data_collator([cases.with_token_types(template, row) for row, _ in samples])
+    reference = cases.reference_positions(name, batch["input_ids"], batch["attention_mask"],
+                                          cases.stacked_kwargs([kwargs for _, kwargs in samples]))
+    return batch, reference
+
+
+def packed(name, seed, count=4, *, model=True, **kwargs):
+    """One ``padding_free`` row and, per sample, its reference positions alone."""
+    template = cases.template(name, padding_free=True, model=model)
+    template.use_audio_in_video = kwargs.get("use_audio_in_video", False)
+    samples = cases.rows(name, random.Random(seed), count, **kwargs)
+    batch = template.data_collator([cases.with_token_types(template, row) for row, _ in samples])
+    references = []
+    for row, reference_kwargs in samples:
+        ids = torch.tensor([row["input_ids"]])
+        references.append(cases.reference_positions(name, ids, torch.ones_like(ids), reference_kwargs))
+    return batch, references
+
+
+def assert_packed(batch, references):
+    """Each sample's ``(t, h, w)`` equal to its reference alone, dtype included; ms-swift's own
+    text row restarts at 0 in each (its flash-attention boundaries come from it)."""
+    start = 0
+    for reference in references:
+        length = reference.shape[-1]
+        got = batch["position_ids"][:, :, start:start + length]
+        assert got.dtype == reference.dtype
+        assert torch.equal(got, reference)
+        assert torch.equal(batch["text_position_ids"][0, start:start + length].long(), torch.arange(length))
+        start += length
+    assert start == batch["position_ids"].shape[-1]
+    starts = torch.tensor([0, *torch.cumsum(torch.tensor([r.shape[-1] for r in references]), 0).tolist()])
+    assert torch.equal(batch["cu_seq_lens_q"].long(), starts)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_padded_batches_equal_the_reference(name, installed):
+    for seed in range(3):
+        batch, reference = padded(name, seed)
+        assert batch["position_ids"].dtype == reference.dtype
+        assert torch.equal(batch["position_ids"], reference)
+        assert torch.equal(batch["text_position_ids"], torch.arange(reference.shape[-1]).expand(reference.shape[1], -1))
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_padding_free_rows_equal_the_reference_per_sample(name, installed):
+    for seed in range(3):
+        assert_packed(*packed(name, seed))
+
+
+@pytest.mark.parametrize("name", ["Qwen2.5-VL", "GLM-4.5V", "Qwen3-Omni"])
+def test_packing_groups_equal_the_reference_per_sample(name, installed):
+    """``--packing``: ms-swift's packed dataset hands the collator groups of rows, which it joins
+    into one ``padding_free`` row."""
+    template = cases.template(name, padding_free=True)
+    template.packing = True
+    samples = cases.rows(name, random.Random(4), 5)
+    rows = [cases.with_token_types(template, row) for row, _ in samples]
+    batch = template.data_collator([rows[:2], rows[2:]])
+    references = [cases.reference_positions(name, torch.tensor([row["input_ids"]]),
+                                            torch.ones(1, len(row["input_ids"]), dtype=torch.long), kwargs)
+                  for row, kwargs in samples]
+    assert_packed(batch, references)
+
+
+@pytest.mark.parametrize("name", RIGHT_ALONE)
+def test_swift_alone_is_right_on_these(name):
+    """The positive control: where ms-swift's own positions are right, the harness says so."""
+    batch, reference = padded(name, seed=0)
+    assert torch.equal(batch["position_ids"], reference)
+    assert_packed(*packed(name, seed=0))
+
+
+@pytest.mark.parametrize("name", cases.GLM)
+def test_glm_videos_crash_swift_alone(name):
+    """GLM-4.1V and GLM-4.5V: ms-swift types video frames (image tokens between video markers)
+    as images; every batch with a video raises in the model's ``get_rope_index``."""
+    with pytest.raises((StopIteration, TypeError, RuntimeError)):
+        padded(name, seed=0)
+    with pytest.raises((StopIteration, TypeError, RuntimeError)):
+        packed(name, seed=0)
+
+
+def test_qwen3_omni_positions_truncated_by_swift_alone():
+    name = "Qwen3-Omni"
+    batch, reference = padded(name, seed=0, count=8, use_audio_in_video=True)
+    assert batch["position_ids"].dtype == torch.int64 and reference.is_floating_point()
+    assert torch.equal(batch["position_ids"], reference.trunc().long())
+    assert not torch.equal(batch["position_ids"].float(), reference)
+
+
+def test_qwen3_omni_positions_float_with_the_drop_in(installed):
+    name = "Qwen3-Omni"
+    batch, reference = padded(name, seed=0, count=8, use_audio_in_video=True)
+    assert not torch.equal(reference, reference.trunc())  # fractional positions are there
+    assert batch["position_ids"].dtype == torch.float32 and torch.equal(batch["position_ids"], reference)
+
+
+@pytest.mark.parametrize("name", cases.OMNI)
+def test_audio_in_video(name, installed):
+    """ms-swift's ``USE_AUDIO_IN_VIDEO`` setting (the template's ``use_audio_in_video``)."""
+    batch, reference = padded(name, seed=5, count=3, use_audio_in_video=True)
+    assert torch.equal(batch["position_ids"], reference)
+    assert_packed(*packed(name, seed=5, count=3, use_audio_in_video=True))
+
+
+def test_no_model_needed(installed):
+    """ms-swift alone builds a model on the meta device from the checkpoint to reach
+    ``get_rope_index``; the drop-in needs only the processor and the config."""
+    assert_packed(*packed("Qwen2.5-VL", seed=2, model=False))
+    _uninstall()
+    with pytest.raises(Exception):  # noqa: B017 (ms-swift's own loading fails: there is no checkpoint)
+        packed("Qwen2.5-VL", seed=2, model=False)
+
+
+def test_external_plugins_file_installs_it():
+    """The path ``python -m mmrope_core.integrations.swift`` prints, loaded the way ms-swift's
+    ``--external_plugins`` loads files."""
+    from swift.utils import import_external_file
+
+    path = subprocess.run([sys.executable, "-m", "mmrope_core.integrations.swift"], check=True, capture_output=True,
+                          text=True).stdout.strip()
+    try:
+        import_external_file(path)
+        assert drop_in.installed()
+        batch, reference = padded("GLM-4V", seed=0)
+        assert torch.equal(batch["position_ids"], reference)
+    finally:
+        _uninstall()
+
+
+def test_install_is_idempotent(installed):
+    before = [cls.__dict__["_get_position_ids"] for cls in _position_classes()]
+    drop_in.install()
+    assert [cls.__dict__["_get_position_ids"] for cls in _position_classes()] == before
