@@ -793,8 +793,8 @@ omni_media_fit(const Omni *o)
             if (grid[r] < 1 || grid[r + 1] < 1 || grid[r + 2] < 1 || grid[r + 1] % o->merge || grid[r + 2] % o->merge)
                 return 0;
     }
-    for (Py_ssize_t v = 0; v < o->videos; v++)
-        if (!Py_IS_FINITE(o->seconds[v]) || !(o->seconds[v] >= 0))
+    for (Py_ssize_t v = 0; v < o->videos; v++)  /* mmrope_core.media.MAX_SECONDS_PER_GRID: temporal ids fit int64 */
+        if (!Py_IS_FINITE(o->seconds[v]) || !(o->seconds[v] >= 0) || o->seconds[v] > 1048576.0)
             return 0;
     for (Py_ssize_t a = 0; a < o->audios; a++)
         if (o->audio_frames[a] < 0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -61,6 +62,9 @@ def batch_processor_outputs(
         if not isinstance(output, Mapping) or output.get("input_ids") is None:
             raise CollateError(f"sample {index} has no input_ids; pass the processor's outputs")
         ids = _token_row(index, "input_ids", output["input_ids"])
+        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+            raise CollateError(f"sample {index}: input_ids must hold integer token ids, got {ids.dtype}; pass the "
+                               f"tokenizer's ids")
         mask = output.get("attention_mask")
         mask = torch.ones_like(ids) if mask is None else _token_row(index, "attention_mask", mask)
         if mask.shape != ids.shape:
@@ -68,8 +72,9 @@ def batch_processor_outputs(
                                f"input_ids; pass one mask value per token")
         rows.append((ids, mask))
     length = max(ids.numel() for ids, _ in rows)
-    input_ids = torch.full((len(rows), length), pad_token_id, dtype=rows[0][0].dtype)
-    attention_mask = torch.zeros(len(rows), length, dtype=rows[0][1].dtype)
+    # a dtype that holds every sample's values: the first sample's could wrap the others'
+    input_ids = torch.full((len(rows), length), pad_token_id, dtype=_common_dtype(ids for ids, _ in rows))
+    attention_mask = torch.zeros(len(rows), length, dtype=_common_dtype(mask for _, mask in rows))
     for index, (ids, mask) in enumerate(rows):
         span = slice(length - ids.numel(), length) if padding_side == "left" else slice(0, ids.numel())
         input_ids[index, span] = ids
@@ -78,9 +83,15 @@ def batch_processor_outputs(
             for output in outputs]
     # a varlen key shaped like every sample's input_ids (token types) is padded where its tokens are
     aligned = [key for key in varlen_keys
-               if all(isinstance(extra.get(key), torch.Tensor) and extra[key].shape == (1, ids.numel())
+               if all(isinstance(extra.get(key), torch.Tensor) and extra[key].shape in ((1, ids.numel()), ids.shape)
                       for extra, (ids, _) in zip(rest, rows))]
+    for extra in rest:
+        extra.update({key: extra[key].reshape(1, -1) for key in aligned})
     return input_ids, attention_mask, collate(rest, varlen_keys, token_aligned=aligned, padding_side=padding_side)
+
+
+def _common_dtype(tensors: Iterable[torch.Tensor]) -> torch.dtype:
+    return functools.reduce(torch.promote_types, (tensor.dtype for tensor in tensors))
 
 
 def _listed(items: Any, what: str) -> list[Any]:

@@ -59,7 +59,8 @@ def omni_positions(out: np.ndarray, text_row: bool, batch: int, length: int, ids
             mel frames per audio encoder window half, ``n_window`` (Qwen3-Omni)).
         per_second: temporal positions per second of video.
         image_grid, video_grid: int64 ``(N, 3)`` grids in the batch's order, or None.
-        seconds: float32 seconds per grid of each video (needed with videos).
+        seconds: float32 seconds per grid of each video (needed with videos); values that are not
+            finite, negative or above 2**20 (temporal ids would not fit int64) give OMNI_BAD_MEDIA.
         audio_frames: int64 mel frames of each audio in the batch's order, or None.
         deltas: written: each sample's largest position + 1 - its token count, in ``out``'s dtype.
         threads: at most this many threads share the write.

@@ -47,14 +47,15 @@ def read_media(inputs: Mapping[str, Any], *, tokens: int | None = None) -> dict[
     sizes. Raises :class:`~mmrope_core.InvalidInputError` (or its subclass
     :class:`~mmrope_core.PlaceholderMismatchError` for sizes the batch cannot hold)."""
     read = dict(inputs)
+    for key, value in inputs.items():  # grids first: the seconds are counted against the videos
+        if value is not None and key.endswith(GRID_SUFFIX):
+            read[key] = read_grid(key, value, tokens=tokens)
+    videos = read.get("video_grid_thw")
     for key, value in inputs.items():
         if value is None:
             continue
-        if key.endswith(GRID_SUFFIX):
-            read[key] = read_grid(key, value, tokens=tokens)
-        elif key in SECONDS_KEYS:
-            videos = read.get("video_grid_thw")
-            read[key] = read_seconds(key, value, videos=None if videos is None else len(videos))
+        if key in SECONDS_KEYS:
+            read[key] = read_seconds(key, value, videos=None if videos is None else videos.shape[0])
         elif key in AUDIO_LENGTH_KEYS:
             read[key] = read_audio_lengths(key, value, tokens=tokens)
         elif key in AUDIO_MASK_KEYS:
@@ -76,25 +77,34 @@ def read_grid(key: str, value: Any, *, tokens: int | None = None) -> torch.Tenso
     if value.dtype not in _INTEGERS or value.dim() != 2 or value.shape[1] != 3:
         raise InvalidInputError(f"{key} must be an integer tensor of shape (N, 3), got {value.dtype} "
                                 f"{tuple(value.shape)}")
-    host = value.detach().cpu().numpy()
+    host = value.numpy() if value.is_cpu and not value.requires_grad else value.detach().cpu().numpy()
     if host.size == 0:
         return value.long()
+    if host.dtype != np.int64:  # products below must not wrap in a narrow dtype, nor a uint64 in int64
+        host = np.minimum(host, 2**62).astype(np.int64) if host.dtype == np.uint64 else host.astype(np.int64)
     if host.min() <= 0:
         row = int(np.flatnonzero((host <= 0).any(axis=1))[0])
         raise InvalidInputError(f"{key} row {row} is {tuple(host[row].tolist())}: every size must be positive. "
                                 f"Pass the processor's grids")
-    if tokens is not None:
-        # in float64, which cannot wrap: every frame takes a token, every token MERGE_BOUND**2 patches at most
-        frames = np.cumsum(host[:, 0], dtype=np.float64)
-        patches = np.cumsum(host.astype(np.float64).prod(axis=1))
-        over = (frames > tokens) | (patches > float(tokens) * MERGE_BOUND**2)
-        if over.any():
-            row = int(over.argmax())
-            raise PlaceholderMismatchError(
-                f"{key} row {row} is {tuple(host[row].tolist())}: the grids up to it need more placeholder tokens "
-                f"than the batch's {counted(tokens, 'token')} hold. The grid is corrupt or belongs to other "
-                f"samples; pass the processor's grids for these samples")
+    # sums of fewer than 2**15 products of sizes below 2**16 cannot wrap in int64; others are measured in float64
+    if tokens is not None and (host.max() >= 2**16 or len(host) >= 2**15 or host[:, 0].sum() > tokens
+                               or (host[:, 0] * host[:, 1] * host[:, 2]).sum() > tokens * MERGE_BOUND**2):
+        _refuse_sizes_beyond(key, host, tokens)
     return value if value.dtype == torch.int64 else value.long()
+
+
+def _refuse_sizes_beyond(key: str, host: np.ndarray, tokens: int) -> None:
+    """Raise naming the first row where the grids' frames or patches outgrow ``tokens``: every
+    frame takes a token, every token MERGE_BOUND**2 patches at most."""
+    frames = np.cumsum(host[:, 0], dtype=np.float64)
+    patches = np.cumsum(host.astype(np.float64).prod(axis=1))
+    over = (frames > tokens) | (patches > float(tokens) * MERGE_BOUND**2)
+    if over.any():
+        row = int(over.argmax())
+        raise PlaceholderMismatchError(
+            f"{key} row {row} is {tuple(host[row].tolist())}: the grids up to it need more placeholder tokens "
+            f"than the batch's {counted(tokens, 'token')} hold. The grid is corrupt or belongs to other "
+            f"samples; pass the processor's grids for these samples")
 
 
 def read_seconds(key: str, value: Any, *, videos: int | None = None) -> torch.Tensor | None:
@@ -105,11 +115,10 @@ def read_seconds(key: str, value: Any, *, videos: int | None = None) -> torch.Te
         return None
     if isinstance(value, torch.Tensor):
         seconds = value
-    elif isinstance(value, (list, tuple, int, float, np.ndarray)) and not isinstance(value, bool):
-        try:
-            seconds = torch.as_tensor(np.asarray(value, dtype=np.float32))
-        except (TypeError, ValueError) as exc:
-            raise InvalidInputError(f"{key} must hold numbers (seconds per video grid), got {value!r}") from exc
+    elif isinstance(value, (list, tuple, int, float, np.ndarray, np.number)) and not isinstance(value, bool):
+        given = _numbers(key, value, "iuf", "seconds per video grid")
+        _check_seconds(key, given.astype(np.float64), videos)  # before float32 could round or overflow them
+        return torch.from_numpy(given.astype(np.float32).reshape(-1))
     else:
         raise InvalidInputError(f"{key} must be a tensor or list of seconds per video grid, got "
                                 f"{type(value).__name__}; pass the processor's output")
@@ -118,19 +127,33 @@ def read_seconds(key: str, value: Any, *, videos: int | None = None) -> torch.Te
         raise InvalidInputError(f"{key} must hold real numbers (seconds per video grid), got {seconds.dtype}")
     if seconds.dim() != 1:
         seconds = seconds.reshape(-1)
-    if videos is not None and seconds.numel() != videos:
-        raise InvalidInputError(f"{key} has {counted(seconds.numel(), 'value')} for {counted(videos, 'video')} in "
+    _check_seconds(key, seconds.detach().cpu().to(torch.float64).numpy(), videos)
+    return seconds
+
+
+def _check_seconds(key: str, seconds: np.ndarray, videos: int | None) -> None:
+    if videos is not None and seconds.size != videos:
+        raise InvalidInputError(f"{key} has {counted(seconds.size, 'value')} for {counted(videos, 'video')} in "
                                 f"video_grid_thw; pass one value per video")
-    host = seconds.detach().cpu().to(torch.float64).numpy()
-    if host.size:
-        low, high = host.min(), host.max()
+    if seconds.size:
+        low, high = seconds.min(), seconds.max()
         if not (low >= 0 and high < np.inf):  # NaN fails both
             what = "a negative" if low < 0 else "a non-finite"
             raise InvalidInputError(f"{key} holds {what} value: {seconds.tolist()}")
         if high > MAX_SECONDS_PER_GRID:
             raise InvalidInputError(f"{key} holds {high:g} seconds per grid: temporal positions that far do not "
                                     f"fit int64. Pass the processor's timing (seconds per grid of frames)")
-    return seconds
+
+
+def _numbers(key: str, value: Any, kinds: str, what: str) -> np.ndarray:
+    """A list or number as a numpy array of one of numpy's ``kinds`` (no bools, strings or objects)."""
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError) as exc:  # ragged lists
+        raise InvalidInputError(f"{key} must hold {what}, got {value!r}") from exc
+    if array.dtype.kind not in kinds:
+        raise InvalidInputError(f"{key} must hold {what}, got {value!r}")
+    return array
 
 
 def read_audio_lengths(key: str, value: Any, *, tokens: int | None = None) -> torch.Tensor | None:
@@ -139,24 +162,21 @@ def read_audio_lengths(key: str, value: Any, *, tokens: int | None = None) -> to
     if value is None:
         return None
     if not isinstance(value, torch.Tensor):
-        try:
-            value = torch.as_tensor(np.asarray(value, dtype=np.int64))
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise InvalidInputError(f"{key} must hold integer feature lengths (feature_attention_mask.sum(-1)), "
-                                    f"got {value!r}") from exc
+        value = torch.from_numpy(_numbers(key, value, "iu", "integer feature lengths (feature_attention_mask.sum(-1))"))
     require_values(key, value)
     if value.dtype not in _INTEGERS:
         raise InvalidInputError(f"{key} must hold integer feature lengths, got {value.dtype}; "
                                 f"pass feature_attention_mask.sum(-1)")
-    lengths = value.reshape(-1).long()
-    host = lengths.detach().cpu().numpy()
-    if host.size and host.min() < 0:
-        raise InvalidInputError(f"{key} (feature_attention_mask.sum(-1)) holds a negative length: {host.tolist()}")
-    if host.size and tokens is not None and host.max() > FRAMES_PER_AUDIO_TOKEN * tokens + 4096:
+    host = value.detach().cpu().reshape(-1)
+    frames = host.to(torch.float64)  # compared before int64 could wrap a uint64
+    if host.numel() and (frames.min() < 0 or frames.max() > 2.0**62):
+        raise InvalidInputError(f"{key} (feature_attention_mask.sum(-1)) holds a negative or impossible length: "
+                                f"{host.tolist()}")
+    if host.numel() and tokens is not None and frames.max() > FRAMES_PER_AUDIO_TOKEN * tokens + 4096:
         raise PlaceholderMismatchError(
-            f"{key} holds {int(host.max())} feature frames, more than the batch's {counted(tokens, 'token')} can "
+            f"{key} holds {int(frames.max())} feature frames, more than the batch's {counted(tokens, 'token')} can "
             f"stand for; pass the feature_attention_mask of these samples")
-    return lengths
+    return value.reshape(-1).long()
 
 
 def read_audio_mask(key: str, value: Any) -> torch.Tensor:

@@ -141,3 +141,24 @@ def test_batch_refuses_tensors_without_values():
 
     with pytest.raises(InvalidInputError, match="sample 1: input_ids is on the meta device"):
         batch_processor_outputs([{"input_ids": torch.tensor([[5, 6]])}, {"input_ids": torch.ones(1, 2, device="meta")}])
+
+
+def test_batch_ids_take_a_dtype_that_holds_every_sample():
+    from mmrope_core.collate import batch_processor_outputs
+
+    outputs = [{"input_ids": torch.tensor([1, 2, 3], dtype=torch.uint8)}, {"input_ids": torch.tensor([[1, 2, 151655]])}]
+    ids, _, _ = batch_processor_outputs(outputs)
+    assert ids.dtype == torch.int64 and ids[1].tolist() == [1, 2, 151655]
+    with pytest.raises(CollateError, match="sample 0: input_ids must hold integer token ids, got torch.float32"):
+        batch_processor_outputs([{"input_ids": torch.ones(1, 3)}])
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_token_types_given_as_l_rows_are_padded_with_their_tokens(side):
+    from mmrope_core.collate import batch_processor_outputs
+
+    outputs = [{"input_ids": torch.tensor([5, 6, 7]), "mm_token_type_ids": torch.tensor([0, 1, 0])},
+               {"input_ids": torch.tensor([[5, 6]]), "mm_token_type_ids": torch.tensor([[1, 1]])}]
+    _, _, inputs = batch_processor_outputs(outputs, {"mm_token_type_ids"}, padding_side=side)
+    want = [[0, 1, 0], [1, 1, 0]] if side == "right" else [[0, 1, 0], [0, 1, 1]]
+    assert inputs["mm_token_type_ids"].tolist() == want

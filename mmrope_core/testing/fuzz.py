@@ -47,7 +47,8 @@ _GRID_DTYPES = (torch.float32, torch.float64, torch.complex64, torch.int8, torch
                 torch.bool)
 _SECONDS = (float("nan"), float("inf"), -1.0, 0.0, 0.5, 1e30, 2.0**40, 1e18)
 _ID_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32)
-_REFUSED = "refused: "  # names of mutations that leave an input no engine can read
+_REFUSED = "refused: "
+UNPICKLED = "example cases reach the fuzzing process"  # names of mutations that leave an input no engine can read
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +74,7 @@ def fuzz_plugin(name: str, *, cases: Sequence[Any] | None = None, seed: int = 0,
         try:
             payload = pickle.dumps((name, cases, seed, examples, chooser, trace, report))
         except (pickle.PicklingError, AttributeError, TypeError) as exc:
-            return [FuzzFinding(name, (), "example cases reach the fuzzing process",
+            return [FuzzFinding(name, (), UNPICKLED,
                                 f"they do not pickle ({exc}); define their functions at module level")]
         env = {**os.environ, "MMROPE_LOAD_PLUGINS": name, "PYTHONPATH": os.pathsep.join(filter(None, sys.path))}
         try:
@@ -270,9 +271,16 @@ class _Fuzzer:
         if reference is None:
             return
         want = self.judged(reference, case, names)  # the reference engine is fuzzed too
-        if case.call == "batch" or isinstance(got, BaseException):
+        if case.call == "batch":
+            return
+        if isinstance(got, BaseException):
+            if not isinstance(want, BaseException) and _in_range(want) and isinstance(got, MmropeError):
+                self.found(case, names, "results are the reference's", f"the engine refuses what the reference "
+                           f"computes ({type(got).__name__}: {str(got)[:200]})")
             return
         if isinstance(want, BaseException):
+            if _reference_failed(want):
+                return
             self.found(case, names, "results are the reference's", f"the reference refuses the input "
                        f"({type(want).__name__}: {str(want)[:200]}) but the engine returns positions")
         elif not _equal(got, want):
@@ -289,7 +297,7 @@ class _Fuzzer:
                 self.found(case, names, "a batch holds its samples as given", problem)
             return
         positions = (got[0] if isinstance(got, tuple) else got).double()
-        if positions.numel() and not bool(((positions >= 0) & (positions < 2.0**62)).all()):
+        if not _in_range(got):
             self.found(case, names, "positions lie between 0 and 2**62",
                        f"found {positions.min().item()} to {positions.max().item()}")
         if isinstance(case.ids, torch.Tensor) and case.ids.dtype != torch.int64 and case.ids.device.type != "meta":
@@ -350,6 +358,19 @@ def _batch_problem(outputs: list[dict[str, Any]], got: Any) -> str:
     return "" if keys == set(media) else f"the media keys are {sorted(media)}, the samples hold {sorted(keys)}"
 
 
+def _reference_failed(error: BaseException) -> bool:
+    """A typed error the reference implementation raised because its own code failed on the input
+    (chained from that failure): there is no reference result to hold the engine to."""
+    return isinstance(error, MmropeError) and error.__cause__ is not None and not isinstance(
+        error.__cause__, MmropeError)
+
+
+def _in_range(result: Any) -> bool:
+    """Positions between 0 and 2**62: none wrapped around or overflowed."""
+    positions = (result[0] if isinstance(result, tuple) else result).double()
+    return not positions.numel() or bool(((positions >= 0) & (positions < 2.0**62)).all())
+
+
 def _as_int64(result: Any) -> Any:
     if isinstance(result, tuple):
         return tuple(_as_int64(item) for item in result)
@@ -371,9 +392,10 @@ def _peak_memory() -> int:
 
 def _applicable(case: _Base) -> list[Callable[[_Base, Any], str]]:
     if case.call == "batch":
-        return [_batch_mask_shape, _batch_mask_length, _batch_ids_dtype, _batch_drop_media, _batch_meta]
+        return [_batch_mask_shape, _batch_mask_length, _batch_ids_dtype, _batch_drop_media, _batch_meta,
+                _batch_rows_flat]
     found: list[Callable[[_Base, Any], str]] = [_ids_dtype, _ids_token, _ids_truncated, _ids_meta, _mask_values,
-                                                _mask_shape, _inputs_not_a_dict, _unknown_key]
+                                                _mask_shape, _inputs_not_a_dict, _unknown_key, _keys_reversed]
     keys = case.inputs if isinstance(case.inputs, dict) else {}
     if any(_is_grid(key, value) for key, value in keys.items()):
         found += [_grid_value, _grid_value, _grid_dtype, _grid_shape, _grid_container, _grid_meta, _grid_dropped]
@@ -492,10 +514,12 @@ def _audio_mask(case: _Base, choices: Any) -> str:
 
 def _audio_lengths(case: _Base, choices: Any) -> str:
     lengths = torch.as_tensor(case.inputs["audio_seqlens"]).clone()
-    form = choices.choice(("negative", "huge", "float", "list"))
+    form = choices.choice(("negative", "huge", "float", "list", "list of floats", "uint64"))
     if form in ("negative", "huge") and lengths.numel():
         lengths.view(-1)[0] = -1 if form == "negative" else choices.choice(_HUGE)
-    case.inputs["audio_seqlens"] = {"float": lengths.float(), "list": lengths.tolist()}.get(form, lengths)
+    changed = {"float": lengths.float(), "list": lengths.tolist(), "list of floats": (lengths.double() + 0.5).tolist(),
+               "uint64": lengths.clamp(min=0).to(torch.uint64)}
+    case.inputs["audio_seqlens"] = changed.get(form, lengths)
     return f"audio_seqlens {form}"
 
 
@@ -551,6 +575,12 @@ def _inputs_not_a_dict(case: _Base, choices: Any) -> str:
     return f"{_REFUSED}multi_modal_inputs a {type(case.inputs).__name__}"
 
 
+def _keys_reversed(case: _Base, choices: Any) -> str:
+    if isinstance(case.inputs, dict):  # a reading must not depend on which key comes first
+        case.inputs = dict(reversed(case.inputs.items()))
+    return "keys in reverse order"
+
+
 def _unknown_key(case: _Base, choices: Any) -> str:
     if isinstance(case.inputs, dict):
         case.inputs["image_grid_thw_typo"] = torch.ones(1, 3, dtype=torch.long)
@@ -580,10 +610,22 @@ def _batch_mask_length(case: _Base, choices: Any) -> str:
 
 def _batch_ids_dtype(case: _Base, choices: Any) -> str:
     index = choices.integer(0, len(case.outputs) - 1)
-    form = choices.choice(("list", "1-D", "int32"))
+    form = choices.choice(("list", "1-D", "int32", "uint8", "float"))
     ids = case.outputs[index]["input_ids"]
-    case.outputs[index]["input_ids"] = {"list": ids.tolist(), "1-D": ids[0], "int32": ids.int()}[form]
+    case.outputs[index]["input_ids"] = {"list": ids.tolist(), "1-D": ids[0], "int32": ids.int(),
+                                        "uint8": ids.clamp(max=255).to(torch.uint8), "float": ids.float()}[form]
     return f"sample {index}: input_ids {form}"
+
+
+def _batch_rows_flat(case: _Base, choices: Any) -> str:
+    """One sample's per-token tensors as ``(L,)`` rows, as a dataset's rows often hold them."""
+    index = choices.integer(0, len(case.outputs) - 1)
+    output = case.outputs[index]
+    length = output["input_ids"].shape[-1]
+    for key, value in list(output.items()):
+        if isinstance(value, torch.Tensor) and value.dim() == 2 and value.shape == (1, length):
+            output[key] = value[0]
+    return f"sample {index}: (L,) rows"
 
 
 def _batch_drop_media(case: _Base, choices: Any) -> str:

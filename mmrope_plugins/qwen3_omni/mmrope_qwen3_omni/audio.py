@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from mmrope_core import InvalidInputError
+from mmrope_core.media import read_audio_lengths
 
 from .families import Family
 
@@ -42,12 +42,9 @@ def audio_window(family: Family, thinker: Any, rule: str | None) -> int:
 
 
 def audio_token_counts(family: Family, thinker: Any, rule: str | None, audio_seqlens: Any) -> torch.Tensor | None:
-    if audio_seqlens is None:
+    lengths = read_audio_lengths("audio_seqlens", audio_seqlens)
+    if lengths is None:
         return None
-    lengths = torch.as_tensor(audio_seqlens).reshape(-1).long()
-    if bool((lengths < 0).any()):
-        raise InvalidInputError(f"audio_seqlens (feature_attention_mask.sum(-1)) holds a negative length: "
-                                f"{lengths.tolist()}")
     if family.float_positions:
         return qwen3_audio_tokens(lengths, audio_window(family, thinker, rule))
     return qwen2_5_audio_tokens(lengths)

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from mmrope_core import InvalidInputError
-from mmrope_core.media import read_seconds
+from mmrope_core.media import read_grid, read_seconds
 
 INPUT_KEYS = ("image_grid_thw", "video_grid_thw", "audio_seqlens", "second_per_grids", "use_audio_in_video")
 
@@ -111,12 +111,9 @@ def host_media(image_grid_thw, video_grid_thw, second_per_grids, audio_seqlens) 
 
 
 def _host_grid(key: str, grid: Any) -> np.ndarray | None:
-    if grid is None:
-        return None
-    if not isinstance(grid, torch.Tensor) or grid.dim() != 2 or grid.shape[1] != 3:
-        raise InvalidInputError(f"{key} must be a tensor of shape (N, 3), got {type(grid).__name__} "
-                                f"{tuple(getattr(grid, 'shape', ()))}")
-    return _host(grid, torch.int64)
+    # read as the engine reads it (an integer (N, 3) grid of positive sizes), for kernels called directly
+    grid = read_grid(key, grid)
+    return None if grid is None else _host(grid, torch.int64)
 
 
 def _host(tensor: torch.Tensor, dtype: torch.dtype) -> np.ndarray:

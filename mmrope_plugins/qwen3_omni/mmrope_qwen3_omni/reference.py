@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from mmrope_core import PlaceholderMismatchError
 from mmrope_core.reference import config_only_model
 
 from .audio import audio_token_counts
@@ -43,12 +44,19 @@ class ReferenceRopeIndex(Implementation):
             lengths = audio_token_counts(self.family, self.config, self.audio_rule, audio_seqlens)
             rows = [input_ids[sample][valid_tokens(row)].cpu().numpy() for sample, row in enumerate(mask)]
             self.check(rows, image_grid_thw, video_grid_thw, lengths, second_per_grids, use_audio_in_video, self.tokens)
-        # int64 ids, whatever the caller's: Qwen2.5-Omni's writes int64 values into a tensor of the
-        # ids' dtype and fails on int32 ids; its batched kernel gives int64 positions for every dtype
-        return self.model.get_rope_index(
-            input_ids=input_ids.long(), image_grid_thw=image_grid_thw, video_grid_thw=video_grid_thw,
-            attention_mask=mask.long(), use_audio_in_video=use_audio_in_video,
-            audio_seqlens=audio_seqlens, second_per_grids=second_per_grids,
-        )
+        try:
+            # int64 ids, whatever the caller's: Qwen2.5-Omni's writes int64 values into a tensor of
+            # the ids' dtype and fails on int32 ids; its batched kernel gives int64 positions for all
+            return self.model.get_rope_index(
+                input_ids=input_ids.long(), image_grid_thw=image_grid_thw, video_grid_thw=video_grid_thw,
+                attention_mask=mask.long(), use_audio_in_video=use_audio_in_video,
+                audio_seqlens=audio_seqlens, second_per_grids=second_per_grids,
+            )
+        except (IndexError, ValueError, RuntimeError, StopIteration) as exc:  # the layout checked above
+            raise PlaceholderMismatchError(
+                f"the installed transformers' {self.family.name} get_rope_index cannot place this batch "
+                f"({type(exc).__name__}: {exc}): a start marker that opens no media (sampled in a response) is "
+                f"read as text by implementation='fast' only. Mask such tokens out, or use implementation='fast'"
+            ) from exc
 
     __call__ = rope_index
