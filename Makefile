@@ -31,7 +31,7 @@ test-trainers: .venv-trainers/.installed
 	.venv-trainers/bin/python -m pytest -q -p no:cacheprovider tests/trainers
 
 lint: .venv/.installed
-	.venv/bin/ruff check mmrope_core mmrope_plugins examples tests/trainers
+	.venv/bin/ruff check mmrope_core mmrope_plugins examples tests/trainers tests/padding_free tests/test_collators.py
 	.venv/bin/mypy
 
 bench: .venv/.installed
@@ -39,6 +39,7 @@ bench: .venv/.installed
 	.venv/bin/python benchmarks/qwen_omni.py
 	.venv/bin/python benchmarks/packing.py
 	.venv/bin/python benchmarks/transformers_families.py
+	.venv/bin/python benchmarks/padding_free.py
 
 .venv/.installed: requirements/newest.txt $(SOURCES)
 	$(PYTHON) -m venv .venv

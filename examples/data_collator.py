@@ -8,22 +8,8 @@ takes out.
 import random
 
 from mmrope_core import RopeEngine
+from mmrope_core.collators import PaddedCollator
 from mmrope_qwen_vl.examples import build, image_samples
-
-
-class MropeCollator:
-    def __init__(self, engine, padding_side="right"):
-        self.engine, self.padding_side = engine, padding_side
-
-    def __call__(self, features):
-        """``features``: processor outputs, ``input_ids`` ``(1, L)`` each, with their media."""
-        input_ids, attention_mask, inputs = self.engine.batch(features, padding_side=self.padding_side)
-        position_ids = self.engine.compute_position_ids(input_ids, attention_mask, inputs)
-        if self.engine.rope_kind == "mrope":
-            position_ids = position_ids.transpose(0, 1)  # (B, 4, L) -> (4, B, L): row 0 is the text row
-        labels = input_ids.masked_fill(attention_mask == 0, -100)
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
-                "labels": labels, **inputs}
 
 
 def main(count=4):
@@ -31,7 +17,8 @@ def main(count=4):
     engine = RopeEngine.from_processor(processor, config)
     rng = random.Random(0)
     features = [engine.process(**call) for _ in range(count // 2) for call in image_samples(processor, rng)]
-    batch = MropeCollator(engine)(features)
+    collator = PaddedCollator(engine, padding_side="right")
+    batch = collator(features)  # input_ids, attention_mask, position_ids (4, B, L), labels, the media
     print({key: tuple(value.shape) for key, value in batch.items()})
     return engine, features, batch
 

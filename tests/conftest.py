@@ -5,6 +5,8 @@ from pathlib import Path
 import pytest
 
 DISTS = Path(__file__).parent / "dists"
+# nothing here may reach the hub (the trainers' tests build their models in code): set before they import it
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import transformers
 import mmrope_core.errors as errors
 from mmrope_core import PluginManager, RopeEngine
 from mmrope_core.collate import collate
+from mmrope_core.collators import PackedCollator, PaddedCollator
 
 CATALOGUE = Path(__file__).parents[2] / "docs" / "errors.md"
 ROW = re.compile(r"^\| `([\w-]+)` \| .* \| `(\w+)` \| `(.+)` \| .* \|$")
@@ -168,6 +169,13 @@ TRIGGERS = {
                                                             "attention_mask": torch.ones(1, 2, dtype=torch.long)}]),
     "collate-shapes": lambda: collate([{"input_features": torch.ones(1, 4, 3)}, {"input_features": torch.ones(1, 4, 5)}]),
     "collate-types": lambda: collate([{"metadata": "x"}, {"metadata": {"fps": 2}}]),
+    "collator-no-engine": lambda: PaddedCollator(engine("Qwen2-VL").processor),
+    "collator-not-samples": lambda: PaddedCollator(engine("Qwen2-VL"))({"input_ids": torch.tensor([[1, 2, 3]])}),
+    "collator-labels-length": lambda: PaddedCollator(engine("Qwen2-VL"))([{"input_ids": torch.tensor([[1, 2, 3]]),
+                                                                         "labels": torch.tensor([[1, 2]])}]),
+    "packed-padded-sample": lambda: PackedCollator(engine("Qwen2-VL"))([{"input_ids": torch.tensor([[1, 2, 3]]),
+                                                                        "attention_mask": torch.tensor([[1, 1, 0]])}]),
+    "packed-max-length": lambda: PackedCollator(engine("Qwen2-VL"), max_length=5)([{"input_ids": torch.tensor([[1, 2, 3]])}] * 2),
 }
 
 

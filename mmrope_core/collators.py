@@ -1,0 +1,203 @@
+"""Data collators for transformers' ``Trainer`` and TRL's ``SFTTrainer``: processor outputs, one
+per sample, in; the model's inputs with their position ids out, padded or packed into one row."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .engine import RopeEngine
+from .errors import CollateError, InvalidInputError, a
+
+IGNORE_INDEX = -100  # what transformers' and TRL's losses skip
+_TOKEN_KEYS = ("input_ids", "attention_mask", "labels")
+_TOKEN_TYPES = "token_type_ids"  # the suffix of the keys holding one type per token (mm_, moe_mm_ ...)
+
+
+class PaddedCollator:
+    """Samples to one padded batch: ``input_ids``, ``attention_mask``, ``labels``, ``position_ids``
+    in the model's layout (``(4, B, L)`` for M-RoPE, ``(B, L)`` for 1-D) and the media.
+
+    A sample is one processor output: ``input_ids`` ``(1, L)`` (or ``(L,)``) and optionally its
+    ``attention_mask`` and ``labels`` of the same shape; without labels, the ids are the labels.
+    Given labels are kept, padding gets -100. ``mm_processor_kwargs`` are the processor
+    arguments positions depend on (``{"use_audio_in_video": True}`` for Omni).
+    """
+
+    def __init__(self, engine: RopeEngine, padding_side: str = "right",
+                 mm_processor_kwargs: Mapping[str, Any] | None = None) -> None:
+        _check_engine(engine)
+        if padding_side not in ("left", "right"):
+            raise InvalidInputError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+        self.engine = engine
+        self.padding_side = padding_side
+        self.mm_processor_kwargs = _processor_kwargs(mm_processor_kwargs)
+
+    def __call__(self, samples: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+        read = _read_samples(samples)
+        labels = [sample.pop("labels") for sample in read]
+        per_token = {key: [sample.pop(key) for sample in read] for key in _token_aligned(read)}
+        input_ids, attention_mask, inputs = self.engine.batch(read, padding_side=self.padding_side)
+        positions = self.engine.compute_position_ids(input_ids, attention_mask, inputs, self.mm_processor_kwargs)
+        if self.engine.rope_kind == "mrope":
+            positions = positions.transpose(0, 1)  # (B, 4, L) -> (4, B, L): the model takes the rows first
+        batch_labels = self._padded(labels, input_ids.shape[1], IGNORE_INDEX).masked_fill(attention_mask == 0,
+                                                                                          IGNORE_INDEX)
+        types = {key: self._padded(rows, input_ids.shape[1], 0) for key, rows in per_token.items()}
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": positions,
+                "labels": batch_labels, **types, **inputs}
+
+    def _padded(self, rows: list[torch.Tensor], width: int, value: int) -> torch.Tensor:
+        """``(1, L_i)`` rows as one ``(B, width)`` tensor, padded with ``value`` where the ids are."""
+        sides = [(width - row.shape[1], 0) if self.padding_side == "left" else (0, width - row.shape[1]) for row in rows]
+        return torch.cat([F.pad(row, side, value=value) for row, side in zip(rows, sides)])
+
+
+class PackedCollator:
+    """Samples to one padding-free ``(1, T)`` row: ``input_ids``, ``labels``, ``position_ids``
+    (``(4, 1, T)`` for M-RoPE, ``(1, T)`` for 1-D; each segment's as its sample alone) and the
+    media of every sample in order, and ``use_cache=False``. There is no ``attention_mask``:
+    transformers separates the segments where the text row restarts, when no cache is used.
+
+    Labels are the given ones (or the ids) with -100 at every segment's first token, so that no
+    sample learns to predict the next sample's first token. ``max_length`` refuses rows longer
+    than it; ``flash_attn_kwargs=True`` adds ``cu_seq_lens_q/k`` and ``max_length_q/k``, which
+    flash-attention's varlen kernels take instead of scanning the positions.
+    """
+
+    def __init__(self, engine: RopeEngine, max_length: int | None = None, flash_attn_kwargs: bool = False,
+                 mm_processor_kwargs: Mapping[str, Any] | None = None) -> None:
+        _check_engine(engine)
+        if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
+                                       or max_length < 1):
+            raise InvalidInputError(f"max_length must be a positive int or None, got {max_length!r}")
+        if not isinstance(flash_attn_kwargs, bool):
+            raise InvalidInputError(f"flash_attn_kwargs must be True or False, got {flash_attn_kwargs!r}")
+        self.engine = engine
+        self.max_length = max_length
+        self.flash_attn_kwargs = flash_attn_kwargs
+        self.mm_processor_kwargs = _processor_kwargs(mm_processor_kwargs)
+
+    def __call__(self, samples: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+        read = _read_samples(samples)
+        for index, sample in enumerate(read):
+            mask = sample.pop("attention_mask", None)
+            if mask is not None and not bool(mask.all()):
+                raise CollateError(f"sample {index}: attention_mask has padding (0s), which a packed row cannot "
+                                   f"hold; give each sample unpadded (one processor call per sample)")
+        lengths = [sample["input_ids"].shape[1] for sample in read]
+        self._check_length(lengths)
+        token_types = _token_aligned(read)
+        cu_seqlens = torch.tensor([0, *itertools.accumulate(lengths)])
+        input_ids = torch.cat([sample.pop("input_ids") for sample in read], dim=1)
+        labels = torch.cat([sample.pop("labels") for sample in read], dim=1)
+        labels[0, cu_seqlens[:-1]] = IGNORE_INDEX  # the token before a segment's first one belongs to another sample
+        per_token = {key: torch.cat([sample.pop(key) for sample in read], dim=1) for key in token_types}
+        inputs = self.engine.collate(read)
+        positions = self.engine.compute_position_ids(input_ids, None, inputs, self.mm_processor_kwargs,
+                                                     cu_seqlens=cu_seqlens)
+        if self.engine.rope_kind == "mrope":
+            positions = positions.transpose(0, 1)  # (1, 4, T) -> (4, 1, T)
+        # a cache turns the model's segment detection off: the segments would attend to one another
+        batch = {"input_ids": input_ids, "position_ids": positions, "labels": labels, **per_token, **inputs,
+                 "use_cache": False}
+        if self.flash_attn_kwargs:
+            boundaries = cu_seqlens.to(torch.int32)
+            longest = max(lengths)
+            batch.update(cu_seq_lens_q=boundaries, cu_seq_lens_k=boundaries.clone(),
+                         max_length_q=longest, max_length_k=longest)
+        return batch
+
+    def _check_length(self, lengths: list[int]) -> None:
+        if self.max_length is None or sum(lengths) <= self.max_length:
+            return
+        too_long = [index for index, length in enumerate(lengths) if length > self.max_length]
+        if too_long:
+            raise CollateError(f"sample {too_long[0]} alone has {lengths[too_long[0]]} tokens, more than "
+                               f"max_length={self.max_length}; truncate it before the media (or drop it) when "
+                               f"preparing the dataset")
+        raise CollateError(f"the {len(lengths)} samples hold {sum(lengths)} tokens, more than max_length="
+                           f"{self.max_length} for one packed row; lower the batch size, or group samples by "
+                           f"length so that a batch fits")
+
+
+def _check_engine(engine: Any) -> None:
+    if not isinstance(engine, RopeEngine):
+        raise InvalidInputError(f"a collator takes a RopeEngine, got {type(engine).__name__}; build it once with "
+                                f"RopeEngine.from_pretrained(path) or RopeEngine.from_processor(processor, config)")
+
+
+def _processor_kwargs(value: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if value is not None and not isinstance(value, Mapping):
+        raise InvalidInputError(f"mm_processor_kwargs must be a dict of the processor's arguments (or None), "
+                                f"got {type(value).__name__}")
+    return None if value is None else dict(value)
+
+
+def _read_samples(samples: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Checked shallow copies of the samples: None-valued keys left out (a ``datasets`` row holds
+    None for what its sample lacks), token keys as ``(1, L)`` tensors, ``labels`` always there."""
+    if isinstance(samples, (Mapping, str, bytes)) or not isinstance(samples, Iterable):
+        raise CollateError(f"a collator takes a list of samples (one processor output each), got "
+                           f"{type(samples).__name__}")
+    read = []
+    for index, sample in enumerate(samples):
+        if not isinstance(sample, Mapping):
+            raise CollateError(f"sample {index} is {a(type(sample).__name__)}, not a dict of processor outputs")
+        copy = {key: value for key, value in sample.items() if value is not None}
+        ids = _token_row(index, "input_ids", copy.get("input_ids"))
+        if ids is None:
+            raise CollateError(f"sample {index} has no input_ids; pass the processor's outputs")
+        if ids.shape[1] == 0:
+            raise CollateError(f"sample {index} has no tokens (input_ids of length 0); drop it from the dataset")
+        copy["input_ids"] = ids
+        for key in _TOKEN_KEYS[1:]:
+            row = _token_row(index, key, copy.get(key))
+            if row is not None and row.shape != ids.shape:
+                raise CollateError(f"sample {index}: {key} has shape {tuple(row.shape)}, input_ids "
+                                   f"{tuple(ids.shape)}; give one {key} value per token")
+            if row is not None:
+                copy[key] = row
+        copy.setdefault("labels", ids)
+        for key, value in copy.items():  # per-token keys follow the ids' layout
+            if key.endswith(_TOKEN_TYPES) and isinstance(value, torch.Tensor) and value.shape == ids.shape[1:]:
+                copy[key] = value[None]
+        read.append(copy)
+    if not read:
+        raise CollateError("no samples to collate: pass at least one processor output")
+    return read
+
+
+def _token_row(index: int, key: str, value: Any) -> torch.Tensor | None:
+    """``value`` as a ``(1, L)`` tensor; None when it is missing."""
+    if value is None:
+        return None
+    if not isinstance(value, torch.Tensor):
+        raise CollateError(f"sample {index}: {key} is {a(type(value).__name__)}, not a tensor; call the processor "
+                           f"with return_tensors='pt', or read a datasets.Dataset with .with_format('torch')")
+    if value.dim() == 1:
+        return value[None]
+    if value.dim() != 2 or value.shape[0] != 1:
+        raise CollateError(f"sample {index}: {key} must be (1, L) or (L,) per sample, got {tuple(value.shape)}; "
+                           f"give the collator one processor output per sample")
+    return value
+
+
+def _token_aligned(samples: list[dict[str, Any]]) -> list[str]:
+    """The token-type keys of these samples, each sample's ``(1, L)``; a sample without one (a
+    text-only sample) gets zeros, the type of text."""
+    keys = [key for key in dict.fromkeys(key for sample in samples for key in sample) if key.endswith(_TOKEN_TYPES)]
+    for key in keys:
+        for index, sample in enumerate(samples):
+            value = sample.get(key)
+            if value is None:
+                sample[key] = torch.zeros_like(sample["input_ids"])
+            elif not isinstance(value, torch.Tensor) or value.shape != sample["input_ids"].shape:
+                raise CollateError(f"sample {index}: {key} holds one value per token and must be shaped like "
+                                   f"input_ids {tuple(sample['input_ids'].shape)}, got "
+                                   f"{tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__}")
+    return keys
