@@ -32,23 +32,14 @@ import numpy as np
 import torch
 
 from ..errors import MmropeError, PluginError
+from ._mutations import CORRUPT_ROWS, REFUSED, Case, applicable, is_grid
 
 #: A call may take this long (seconds) and raise the process's peak memory this much (bytes):
 #: the batches are a few hundred tokens, so anything sized from a corrupt number shows.
 CALL_SECONDS = 5.0
 MEMORY_GROWTH = 512 * 2**20
 
-_HUGE = (2**26, 2**31, 2**62 + 1, 2**63 - 1, (2**63 - 1) // 2, -(2**31))
-_GRID_VALUES = (0, -1, 1, 2, 3, 7, 16, *_HUGE)
-# whole rows that once crashed, stalled or wrapped around: each is tried on every grid key of every case
-CORRUPT_ROWS = ((2**63 - 1, 2, 2), ((2**63 - 1) // 2, 4, 2), (1 + 2**62, 4, 4), (2**26, 2, 2), (2**31, 2, 2),
-                (1, 2**31, 2**31), (2**21, 2**21, 2**21))
-_GRID_DTYPES = (torch.float32, torch.float64, torch.complex64, torch.int8, torch.int16, torch.int32, torch.uint8,
-                torch.bool)
-_SECONDS = (float("nan"), float("inf"), -1.0, 0.0, 0.5, 1e30, 2.0**40, 1e18)
-_ID_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32)
-_REFUSED = "refused: "
-UNPICKLED = "example cases reach the fuzzing process"  # names of mutations that leave an input no engine can read
+UNPICKLED = "example cases reach the fuzzing process"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,19 +144,6 @@ class _HypothesisChoices:
         return self.data.draw(self.strategies.integers(low, high))
 
 
-@dataclasses.dataclass
-class _Base:
-    """A valid batch to mutate: the call, its arguments and the engines to compare."""
-
-    case: str
-    call: str  # "position_ids", "rope_index" or "batch"
-    ids: Any
-    mask: Any
-    inputs: dict[str, Any]
-    options: dict[str, Any]  # mm_processor_kwargs, for position_ids
-    outputs: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # for batch
-
-
 class _Fuzzer:
     def __init__(self, name: str, trace: str) -> None:
         self.name, self.trace = name, open(trace, "w")  # noqa: SIM115 (closed with the process)
@@ -178,7 +156,7 @@ class _Fuzzer:
         manager = PluginManager(env={"MMROPE_LOAD_PLUGINS": self.name})
         if cases is None:
             cases = [case for result in manager.results_of(self.name, "example_cases") if result for case in result]
-        bases: list[_Base] = []
+        bases: list[Case] = []
         rng = random.Random(seed)
         for case in cases:
             try:
@@ -198,7 +176,7 @@ class _Fuzzer:
                 self.one(bases, choices)
         return self.findings
 
-    def run_hypothesis(self, bases: list[_Base], seed: int, examples: int) -> None:
+    def run_hypothesis(self, bases: list[Case], seed: int, examples: int) -> None:
         from hypothesis import HealthCheck, Phase, given, settings, strategies
         from hypothesis import seed as seeded
 
@@ -211,7 +189,7 @@ class _Fuzzer:
 
         draw()
 
-    def bases(self, case: Any, manager: Any, rng: random.Random) -> list[_Base]:
+    def bases(self, case: Any, manager: Any, rng: random.Random) -> list[Case]:
         from ..engine import RopeEngine
 
         processor, config = case.build()
@@ -223,25 +201,25 @@ class _Fuzzer:
             reference = None
         self.engines[case.name] = (fast, reference)
         outputs = [dict(fast.process(**sample)) for sample in case.samples(processor, rng)]
-        bases = [_Base(case.name, "batch", None, None, {}, {}, outputs)]
+        bases = [Case(case.name, "batch", None, None, {}, {}, outputs)]
         for side in ("right", "left"):
             ids, mask, inputs = fast.batch(outputs, side)
-            bases.append(_Base(case.name, "position_ids", ids, mask, inputs, {}))
+            bases.append(Case(case.name, "position_ids", ids, mask, inputs, {}))
             if fast.rope_kind == "mrope":
-                bases.append(_Base(case.name, "rope_index", ids, mask, fast.rope_index_kwargs(inputs), {}))
+                bases.append(Case(case.name, "rope_index", ids, mask, fast.rope_index_kwargs(inputs), {}))
         if case.batches is not None and fast.rope_kind == "mrope":
             for _ in range(3):
                 sample = dict(case.batches(processor, config, rng))
                 ids, mask = sample.pop("input_ids"), sample.pop("attention_mask", None)
-                bases.append(_Base(case.name, "rope_index", ids, mask, sample, {}))
+                bases.append(Case(case.name, "rope_index", ids, mask, sample, {}))
         return bases
 
-    def sweep(self, bases: list[_Base]) -> None:
+    def sweep(self, bases: list[Case]) -> None:
         """Each of :data:`CORRUPT_ROWS` in place of the first row of each grid key, once per case."""
         done = set()
         for base in bases:
             for key, value in base.inputs.items():
-                if base.call == "batch" or (base.case, key) in done or not _is_grid(key, value):
+                if base.call == "batch" or (base.case, key) in done or not is_grid(key, value):
                     continue
                 done.add((base.case, key))
                 for row in CORRUPT_ROWS:
@@ -249,19 +227,19 @@ class _Fuzzer:
                     grid[0] = torch.tensor(row)
                     self.check(dataclasses.replace(base, inputs={**base.inputs, key: grid}), (f"{key}[0] = {row}",))
 
-    def one(self, bases: list[_Base], choices: Any) -> None:
+    def one(self, bases: list[Case], choices: Any) -> None:
         base = choices.choice(bases)
         case = dataclasses.replace(base, inputs=dict(base.inputs), outputs=[dict(o) for o in base.outputs])
         names = []
         for _ in range(choices.integer(0, 2)):  # none: the valid batch itself, compared with the reference
-            mutation = choices.choice(_applicable(case))
+            mutation = choices.choice(applicable(case))
             # a mutation that does not apply to what an earlier one left is passed over
             with contextlib.suppress(AttributeError, IndexError, KeyError, RuntimeError, TypeError, ValueError,
                                      NotImplementedError):
                 names.append(mutation(case, choices))
         self.check(case, tuple(names))
 
-    def check(self, case: _Base, names: tuple[str, ...]) -> None:
+    def check(self, case: Case, names: tuple[str, ...]) -> None:
         fast, reference = self.engines[case.case]
         self.trace.write(f"{case.case} {case.call} [{', '.join(names)}]\n")
         self.trace.flush()
@@ -286,9 +264,9 @@ class _Fuzzer:
         elif not _equal(got, want):
             self.found(case, names, "results are the reference's", "the positions differ from the reference's")
 
-    def check_result(self, engine: Any, case: _Base, names: tuple[str, ...], got: Any) -> None:
+    def check_result(self, engine: Any, case: Case, names: tuple[str, ...], got: Any) -> None:
         """What a result must be whatever the reference says."""
-        refused = [name for name in names if name.startswith(_REFUSED)
+        refused = [name for name in names if name.startswith(REFUSED)
                    and (engine.rope_kind == "mrope" or "_grid_thw" not in name)]  # 1-D positions read no grid
         if refused:
             self.found(case, names, "an input that cannot be read is refused", f"{refused[0]} gave a result")
@@ -307,7 +285,7 @@ class _Fuzzer:
                 self.found(case, names, "positions do not depend on the ids' dtype",
                            f"{case.ids.dtype} ids give other positions than int64 ids")
 
-    def judged(self, engine: Any, case: _Base, names: tuple[str, ...]) -> Any:
+    def judged(self, engine: Any, case: Case, names: tuple[str, ...]) -> Any:
         """The engine's result or error, after checking the rules every call keeps."""
         before = _snapshot(case)
         start = time.perf_counter()
@@ -330,11 +308,11 @@ class _Fuzzer:
                 self.found(case, names, "errors say what is wrong", f"{type(outcome).__name__} without a message")
         return outcome
 
-    def found(self, case: _Base, names: tuple[str, ...], rule: str, detail: str) -> None:
+    def found(self, case: Case, names: tuple[str, ...], rule: str, detail: str) -> None:
         self.findings.append(FuzzFinding(case.case, (case.call, *names), rule, detail))
 
 
-def _call(engine: Any, case: _Base) -> Any:
+def _call(engine: Any, case: Case) -> Any:
     if case.call == "batch":
         return engine.batch(iter(case.outputs))
     if case.call == "position_ids":
@@ -389,265 +367,9 @@ def _peak_memory() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-# -- mutations: each changes the case (never a tensor in place) and returns its name ---------------
-
-def _applicable(case: _Base) -> list[Callable[[_Base, Any], str]]:
-    if case.call == "batch":
-        return [_batch_mask_shape, _batch_mask_length, _batch_ids_dtype, _batch_drop_media, _batch_meta,
-                _batch_rows_flat]
-    found: list[Callable[[_Base, Any], str]] = [_ids_dtype, _ids_token, _ids_truncated, _ids_meta, _mask_values,
-                                                _mask_shape, _inputs_not_a_dict, _unknown_key, _keys_reversed]
-    keys = case.inputs if isinstance(case.inputs, dict) else {}
-    if any(_is_grid(key, value) for key, value in keys.items()):
-        found += [_grid_value, _grid_value, _grid_dtype, _grid_shape, _grid_container, _grid_meta, _grid_dropped]
-    if any(key in keys for key in ("second_per_grid_ts", "second_per_grids", "video_second_per_grid")):
-        found += [_seconds_value, _seconds_form]
-    if "feature_attention_mask" in keys:
-        found += [_audio_mask]
-    if "audio_seqlens" in keys:
-        found += [_audio_lengths]
-    return found
-
-
-def _pick(case: _Base, choices: Any, test: Callable[[str, Any], bool]) -> str:
-    return choices.choice(sorted(key for key, value in case.inputs.items() if test(key, value)))
-
-
-def _is_grid(key: str, value: Any) -> bool:
-    """A grid the grid mutations can change: an ``(N, 3)`` tensor with values."""
-    return (key.endswith("_grid_thw") and isinstance(value, torch.Tensor) and value.dim() == 2
-            and value.shape[0] > 0 and value.shape[1] == 3 and value.device.type != "meta")
-
-
-def _grid_key(case: _Base, choices: Any) -> str:
-    return _pick(case, choices, _is_grid)
-
-
-def _grid_value(case: _Base, choices: Any) -> str:
-    key = _grid_key(case, choices)
-    grid = case.inputs[key].clone()
-    row, column, value = choices.integer(0, grid.shape[0] - 1), choices.integer(0, 2), choices.choice(_GRID_VALUES)
-    grid[row, column] = value
-    case.inputs[key] = grid
-    return f"{key}[{row}, {column}] = {value}"
-
-
-def _grid_dtype(case: _Base, choices: Any) -> str:
-    key, dtype = _grid_key(case, choices), choices.choice(_GRID_DTYPES)
-    grid = case.inputs[key]
-    case.inputs[key] = grid.to(dtype) + (0.5 if dtype.is_floating_point and choices.integer(0, 1) else 0)
-    return f"{key} as {dtype}"
-
-
-def _grid_shape(case: _Base, choices: Any) -> str:
-    key = _grid_key(case, choices)
-    grid = case.inputs[key]
-    shaped = choices.choice((grid[:, :2], grid.reshape(-1), grid.unsqueeze(0), grid[:0], torch.cat((grid, grid))))
-    case.inputs[key] = shaped
-    return f"{key} of shape {tuple(shaped.shape)}"
-
-
-def _grid_container(case: _Base, choices: Any) -> str:
-    key = _grid_key(case, choices)
-    form = choices.choice(("list", "numpy"))
-    case.inputs[key] = case.inputs[key].tolist() if form == "list" else case.inputs[key].numpy().copy()
-    return f"{key} as a {form}"
-
-
-def _grid_meta(case: _Base, choices: Any) -> str:
-    key = _grid_key(case, choices)
-    case.inputs[key] = case.inputs[key].to("meta")
-    return f"{_REFUSED}{key} on meta"
-
-
-def _grid_dropped(case: _Base, choices: Any) -> str:
-    key = _grid_key(case, choices)
-    del case.inputs[key]
-    return f"no {key}"
-
-
-def _seconds_key(case: _Base, choices: Any) -> str:
-    return _pick(case, choices, lambda key, value: key in ("second_per_grid_ts", "second_per_grids",
-                                                             "video_second_per_grid"))
-
-
-def _seconds_value(case: _Base, choices: Any) -> str:
-    key, value = _seconds_key(case, choices), choices.choice(_SECONDS)
-    seconds = torch.as_tensor(case.inputs[key], dtype=torch.float64 if value > 2.0**100 else None).clone()
-    if seconds.numel() == 0 or not seconds.dtype.is_floating_point:
-        seconds = seconds.to(torch.float32)
-    if seconds.numel():
-        seconds.view(-1)[choices.integer(0, seconds.numel() - 1)] = value
-    case.inputs[key] = seconds
-    return f"{key} holds {value}"
-
-
-def _seconds_form(case: _Base, choices: Any) -> str:
-    key = _seconds_key(case, choices)
-    seconds = torch.as_tensor(case.inputs[key])
-    form = choices.choice(("str", "list", "one more", "complex", "int", "meta"))
-    case.inputs[key] = {"str": "2", "list": seconds.tolist(), "one more": torch.cat((seconds.reshape(-1),
-                        seconds.reshape(-1)[:1] + 1)), "complex": seconds.to(torch.complex64),
-                        "int": seconds.long(), "meta": seconds.to("meta")}[form]
-    return f"{key} as {form}"
-
-
-def _audio_mask(case: _Base, choices: Any) -> str:
-    mask = case.inputs["feature_attention_mask"]
-    form = choices.choice(("list", "numpy", "1-D", "float", "empty row", "meta", "negative"))
-    changed: Any
-    if form == "list":
-        changed = mask.tolist()
-    elif form == "numpy":
-        changed = mask.numpy().copy()
-    elif form == "1-D":
-        changed = mask[0]
-    elif form == "float":
-        changed = mask.float()
-    elif form == "meta":
-        changed = mask.to("meta")
-    else:
-        changed = mask.clone()
-        changed[choices.integer(0, mask.shape[0] - 1)] = 0 if form == "empty row" else -(2**40)
-    case.inputs["feature_attention_mask"] = changed
-    return f"feature_attention_mask {form}"
-
-
-def _audio_lengths(case: _Base, choices: Any) -> str:
-    lengths = torch.as_tensor(case.inputs["audio_seqlens"]).clone()
-    form = choices.choice(("negative", "huge", "float", "list", "list of floats", "uint64"))
-    if form in ("negative", "huge") and lengths.numel():
-        lengths.view(-1)[0] = -1 if form == "negative" else choices.choice(_HUGE)
-    changed = {"float": lengths.float(), "list": lengths.tolist(), "list of floats": (lengths.double() + 0.5).tolist(),
-               "uint64": lengths.clamp(min=0).to(torch.uint64)}
-    case.inputs["audio_seqlens"] = changed.get(form, lengths)
-    return f"audio_seqlens {form}"
-
-
-def _ids_dtype(case: _Base, choices: Any) -> str:
-    dtype = choices.choice(_ID_DTYPES)
-    case.ids = case.ids.to(dtype)
-    return f"input_ids as {dtype}"
-
-
-def _ids_token(case: _Base, choices: Any) -> str:
-    """A token of the batch's own put anywhere: a sampled placeholder or marker, or one removed."""
-    ids = case.ids.clone()
-    row, column = choices.integer(0, ids.shape[0] - 1), choices.integer(0, ids.shape[1] - 1)
-    source = (choices.integer(0, ids.shape[0] - 1), choices.integer(0, ids.shape[1] - 1))
-    ids[row, column] = ids[source]
-    case.ids = ids
-    return f"input_ids[{row}, {column}] = input_ids{source}"
-
-
-def _ids_truncated(case: _Base, choices: Any) -> str:
-    length = choices.integer(1, case.ids.shape[1])
-    case.ids = case.ids[:, :length]
-    if isinstance(case.mask, torch.Tensor) and case.mask.dim() == 2:
-        case.mask = case.mask[:, :length]
-    return f"truncated to {length} tokens"
-
-
-def _ids_meta(case: _Base, choices: Any) -> str:
-    case.ids = case.ids.to("meta")
-    return f"{_REFUSED}input_ids on meta"
-
-
-def _mask_values(case: _Base, choices: Any) -> str:
-    mask = torch.ones_like(case.ids, dtype=torch.long) if case.mask is None else case.mask.clone()
-    value = choices.choice((0, 2, -1))
-    mask[choices.integer(0, mask.shape[0] - 1), choices.integer(0, mask.shape[1] - 1)] = value
-    case.mask = mask
-    return f"a mask value {value}"
-
-
-def _mask_shape(case: _Base, choices: Any) -> str:
-    mask = torch.ones_like(case.ids) if case.mask is None else case.mask
-    form = choices.choice(("1-D", "shorter", "float", "none", "meta"))
-    case.mask = {"1-D": mask.reshape(-1), "shorter": mask[..., :-1], "float": mask.float(), "none": None,
-                 "meta": mask.to("meta")}[form]
-    return f"mask {form}"
-
-
-def _inputs_not_a_dict(case: _Base, choices: Any) -> str:
-    if case.call == "rope_index":
-        return _unknown_key(case, choices)
-    case.inputs = choices.choice(("abc", [1, 2], 3, torch.ones(2)))
-    return f"{_REFUSED}multi_modal_inputs a {type(case.inputs).__name__}"
-
-
-def _keys_reversed(case: _Base, choices: Any) -> str:
-    if isinstance(case.inputs, dict):  # a reading must not depend on which key comes first
-        case.inputs = dict(reversed(case.inputs.items()))
-    return "keys in reverse order"
-
-
-def _unknown_key(case: _Base, choices: Any) -> str:
-    if isinstance(case.inputs, dict):
-        case.inputs["image_grid_thw_typo"] = torch.ones(1, 3, dtype=torch.long)
-    return "an unknown key"
-
-
-def _batch_mask_shape(case: _Base, choices: Any) -> str:
-    index = choices.integer(0, len(case.outputs) - 1)
-    mask = case.outputs[index]["attention_mask"]
-    form = choices.choice(("1-D", "two rows", "1-D with padding"))
-    if form == "1-D":
-        changed = mask[0]
-    elif form == "two rows":
-        changed = torch.cat((mask, mask))
-    else:
-        changed = mask[0].clone()
-        changed[-1] = 0
-    case.outputs[index]["attention_mask"] = changed
-    return f"sample {index}: attention_mask {form}"
-
-
-def _batch_mask_length(case: _Base, choices: Any) -> str:
-    index = choices.integer(0, len(case.outputs) - 1)
-    case.outputs[index]["attention_mask"] = case.outputs[index]["attention_mask"][..., :-1]
-    return f"{_REFUSED}sample {index}: a shorter attention_mask"
-
-
-def _batch_ids_dtype(case: _Base, choices: Any) -> str:
-    index = choices.integer(0, len(case.outputs) - 1)
-    form = choices.choice(("list", "1-D", "int32", "uint8", "float"))
-    ids = case.outputs[index]["input_ids"]
-    case.outputs[index]["input_ids"] = {"list": ids.tolist(), "1-D": ids[0], "int32": ids.int(),
-                                        "uint8": ids.clamp(max=255).to(torch.uint8), "float": ids.float()}[form]
-    return f"sample {index}: input_ids {form}"
-
-
-def _batch_rows_flat(case: _Base, choices: Any) -> str:
-    """One sample's per-token tensors as ``(L,)`` rows, as a dataset's rows often hold them."""
-    index = choices.integer(0, len(case.outputs) - 1)
-    output = case.outputs[index]
-    length = output["input_ids"].shape[-1]
-    for key, value in list(output.items()):
-        if isinstance(value, torch.Tensor) and value.dim() == 2 and value.shape == (1, length):
-            output[key] = value[0]
-    return f"sample {index}: (L,) rows"
-
-
-def _batch_drop_media(case: _Base, choices: Any) -> str:
-    index = choices.integer(0, len(case.outputs) - 1)
-    keys = sorted(key for key in case.outputs[index] if key not in ("input_ids", "attention_mask"))
-    if not keys:
-        return "nothing to drop"
-    key = choices.choice(keys)
-    case.outputs[index][key] = None
-    return f"sample {index}: {key} None"
-
-
-def _batch_meta(case: _Base, choices: Any) -> str:
-    index = choices.integer(0, len(case.outputs) - 1)
-    case.outputs[index]["input_ids"] = case.outputs[index]["input_ids"].to("meta")
-    return f"{_REFUSED}sample {index}: input_ids on meta"
-
-
 # -- comparing ---------------------------------------------------------------------------------------
 
-def _snapshot(case: _Base) -> Any:
+def _snapshot(case: Case) -> Any:
     return _copy((case.ids, case.mask, case.inputs, case.outputs))
 
 

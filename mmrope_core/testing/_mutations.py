@@ -1,0 +1,289 @@
+"""The mutations the fuzzer makes: each changes one case the way a trainer's data goes wrong
+(never a tensor in place) and returns its name."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+_HUGE = (2**26, 2**31, 2**62 + 1, 2**63 - 1, (2**63 - 1) // 2, -(2**31))
+_GRID_VALUES = (0, -1, 1, 2, 3, 7, 16, *_HUGE)
+# whole rows that once crashed, stalled or wrapped around: each is tried on every grid key of every case
+CORRUPT_ROWS = ((2**63 - 1, 2, 2), ((2**63 - 1) // 2, 4, 2), (1 + 2**62, 4, 4), (2**26, 2, 2), (2**31, 2, 2),
+                (1, 2**31, 2**31), (2**21, 2**21, 2**21))
+_GRID_DTYPES = (torch.float32, torch.float64, torch.complex64, torch.int8, torch.int16, torch.int32, torch.uint8,
+                torch.bool)
+_SECONDS = (float("nan"), float("inf"), -1.0, 0.0, 0.5, 1e30, 2.0**40, 1e18)
+_ID_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32)
+REFUSED = "refused: "  # names of mutations that leave an input no engine can read
+
+
+@dataclasses.dataclass
+class Case:
+    """A batch to mutate: the example it comes from, the call it goes to and its arguments."""
+
+    case: str  # the example case's name
+    call: str  # "position_ids", "rope_index" or "batch"
+    ids: Any
+    mask: Any
+    inputs: dict[str, Any]
+    options: dict[str, Any]  # mm_processor_kwargs, for position_ids
+    outputs: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # for batch
+
+
+def applicable(case: Case) -> list[Callable[[Case, Any], str]]:
+    """The mutations that apply to what the case holds now (earlier mutations may have changed it)."""
+    if case.call == "batch":
+        return [_batch_mask_shape, _batch_mask_length, _batch_ids_dtype, _batch_drop_media, _batch_meta,
+                _batch_rows_flat]
+    found: list[Callable[[Case, Any], str]] = [_ids_dtype, _ids_token, _ids_truncated, _ids_meta, _mask_values,
+                                                _mask_shape, _inputs_not_a_dict, _unknown_key, _keys_reversed]
+    keys = case.inputs if isinstance(case.inputs, dict) else {}
+    if any(is_grid(key, value) for key, value in keys.items()):
+        found += [_grid_value, _grid_value, _grid_dtype, _grid_shape, _grid_container, _grid_meta, _grid_dropped]
+    if any(key in keys for key in ("second_per_grid_ts", "second_per_grids", "video_second_per_grid")):
+        found += [_seconds_value, _seconds_form]
+    if "feature_attention_mask" in keys:
+        found += [_audio_mask]
+    if "audio_seqlens" in keys:
+        found += [_audio_lengths]
+    return found
+
+
+def _pick(case: Case, choices: Any, test: Callable[[str, Any], bool]) -> str:
+    return choices.choice(sorted(key for key, value in case.inputs.items() if test(key, value)))
+
+
+def is_grid(key: str, value: Any) -> bool:
+    """A grid the grid mutations can change: an ``(N, 3)`` tensor with values."""
+    return (key.endswith("_grid_thw") and isinstance(value, torch.Tensor) and value.dim() == 2
+            and value.shape[0] > 0 and value.shape[1] == 3 and value.device.type != "meta")
+
+
+def _grid_key(case: Case, choices: Any) -> str:
+    return _pick(case, choices, is_grid)
+
+
+def _grid_value(case: Case, choices: Any) -> str:
+    key = _grid_key(case, choices)
+    grid = case.inputs[key].clone()
+    row, column, value = choices.integer(0, grid.shape[0] - 1), choices.integer(0, 2), choices.choice(_GRID_VALUES)
+    grid[row, column] = value
+    case.inputs[key] = grid
+    return f"{key}[{row}, {column}] = {value}"
+
+
+def _grid_dtype(case: Case, choices: Any) -> str:
+    key, dtype = _grid_key(case, choices), choices.choice(_GRID_DTYPES)
+    grid = case.inputs[key]
+    case.inputs[key] = grid.to(dtype) + (0.5 if dtype.is_floating_point and choices.integer(0, 1) else 0)
+    return f"{key} as {dtype}"
+
+
+def _grid_shape(case: Case, choices: Any) -> str:
+    key = _grid_key(case, choices)
+    grid = case.inputs[key]
+    shaped = choices.choice((grid[:, :2], grid.reshape(-1), grid.unsqueeze(0), grid[:0], torch.cat((grid, grid))))
+    case.inputs[key] = shaped
+    return f"{key} of shape {tuple(shaped.shape)}"
+
+
+def _grid_container(case: Case, choices: Any) -> str:
+    key = _grid_key(case, choices)
+    form = choices.choice(("list", "numpy"))
+    case.inputs[key] = case.inputs[key].tolist() if form == "list" else case.inputs[key].numpy().copy()
+    return f"{key} as a {form}"
+
+
+def _grid_meta(case: Case, choices: Any) -> str:
+    key = _grid_key(case, choices)
+    case.inputs[key] = case.inputs[key].to("meta")
+    return f"{REFUSED}{key} on meta"
+
+
+def _grid_dropped(case: Case, choices: Any) -> str:
+    key = _grid_key(case, choices)
+    del case.inputs[key]
+    return f"no {key}"
+
+
+def _seconds_key(case: Case, choices: Any) -> str:
+    return _pick(case, choices, lambda key, value: key in ("second_per_grid_ts", "second_per_grids",
+                                                             "video_second_per_grid"))
+
+
+def _seconds_value(case: Case, choices: Any) -> str:
+    key, value = _seconds_key(case, choices), choices.choice(_SECONDS)
+    seconds = torch.as_tensor(case.inputs[key], dtype=torch.float64 if value > 2.0**100 else None).clone()
+    if seconds.numel() == 0 or not seconds.dtype.is_floating_point:
+        seconds = seconds.to(torch.float32)
+    if seconds.numel():
+        seconds.view(-1)[choices.integer(0, seconds.numel() - 1)] = value
+    case.inputs[key] = seconds
+    return f"{key} holds {value}"
+
+
+def _seconds_form(case: Case, choices: Any) -> str:
+    key = _seconds_key(case, choices)
+    seconds = torch.as_tensor(case.inputs[key])
+    form = choices.choice(("str", "list", "one more", "complex", "int", "meta"))
+    case.inputs[key] = {"str": "2", "list": seconds.tolist(), "one more": torch.cat((seconds.reshape(-1),
+                        seconds.reshape(-1)[:1] + 1)), "complex": seconds.to(torch.complex64),
+                        "int": seconds.long(), "meta": seconds.to("meta")}[form]
+    return f"{key} as {form}"
+
+
+def _audio_mask(case: Case, choices: Any) -> str:
+    mask = case.inputs["feature_attention_mask"]
+    form = choices.choice(("list", "numpy", "1-D", "float", "empty row", "meta", "negative"))
+    changed: Any
+    if form == "list":
+        changed = mask.tolist()
+    elif form == "numpy":
+        changed = mask.numpy().copy()
+    elif form == "1-D":
+        changed = mask[0]
+    elif form == "float":
+        changed = mask.float()
+    elif form == "meta":
+        changed = mask.to("meta")
+    else:
+        changed = mask.clone()
+        changed[choices.integer(0, mask.shape[0] - 1)] = 0 if form == "empty row" else -(2**40)
+    case.inputs["feature_attention_mask"] = changed
+    return f"feature_attention_mask {form}"
+
+
+def _audio_lengths(case: Case, choices: Any) -> str:
+    lengths = torch.as_tensor(case.inputs["audio_seqlens"]).clone()
+    form = choices.choice(("negative", "huge", "float", "list", "list of floats", "uint64"))
+    if form in ("negative", "huge") and lengths.numel():
+        lengths.view(-1)[0] = -1 if form == "negative" else choices.choice(_HUGE)
+    changed = {"float": lengths.float(), "list": lengths.tolist(), "list of floats": (lengths.double() + 0.5).tolist(),
+               "uint64": lengths.clamp(min=0).to(torch.uint64)}
+    case.inputs["audio_seqlens"] = changed.get(form, lengths)
+    return f"audio_seqlens {form}"
+
+
+def _ids_dtype(case: Case, choices: Any) -> str:
+    dtype = choices.choice(_ID_DTYPES)
+    case.ids = case.ids.to(dtype)
+    return f"input_ids as {dtype}"
+
+
+def _ids_token(case: Case, choices: Any) -> str:
+    """A token of the batch's own put anywhere: a sampled placeholder or marker, or one removed."""
+    ids = case.ids.clone()
+    row, column = choices.integer(0, ids.shape[0] - 1), choices.integer(0, ids.shape[1] - 1)
+    source = (choices.integer(0, ids.shape[0] - 1), choices.integer(0, ids.shape[1] - 1))
+    ids[row, column] = ids[source]
+    case.ids = ids
+    return f"input_ids[{row}, {column}] = input_ids{source}"
+
+
+def _ids_truncated(case: Case, choices: Any) -> str:
+    length = choices.integer(1, case.ids.shape[1])
+    case.ids = case.ids[:, :length]
+    if isinstance(case.mask, torch.Tensor) and case.mask.dim() == 2:
+        case.mask = case.mask[:, :length]
+    return f"truncated to {length} tokens"
+
+
+def _ids_meta(case: Case, choices: Any) -> str:
+    case.ids = case.ids.to("meta")
+    return f"{REFUSED}input_ids on meta"
+
+
+def _mask_values(case: Case, choices: Any) -> str:
+    mask = torch.ones_like(case.ids, dtype=torch.long) if case.mask is None else case.mask.clone()
+    value = choices.choice((0, 2, -1))
+    mask[choices.integer(0, mask.shape[0] - 1), choices.integer(0, mask.shape[1] - 1)] = value
+    case.mask = mask
+    return f"a mask value {value}"
+
+
+def _mask_shape(case: Case, choices: Any) -> str:
+    mask = torch.ones_like(case.ids) if case.mask is None else case.mask
+    form = choices.choice(("1-D", "shorter", "float", "none", "meta"))
+    case.mask = {"1-D": mask.reshape(-1), "shorter": mask[..., :-1], "float": mask.float(), "none": None,
+                 "meta": mask.to("meta")}[form]
+    return f"mask {form}"
+
+
+def _inputs_not_a_dict(case: Case, choices: Any) -> str:
+    if case.call == "rope_index":
+        return _unknown_key(case, choices)
+    case.inputs = choices.choice(("abc", [1, 2], 3, torch.ones(2)))
+    return f"{REFUSED}multi_modal_inputs a {type(case.inputs).__name__}"
+
+
+def _keys_reversed(case: Case, choices: Any) -> str:
+    if isinstance(case.inputs, dict):  # a reading must not depend on which key comes first
+        case.inputs = dict(reversed(case.inputs.items()))
+    return "keys in reverse order"
+
+
+def _unknown_key(case: Case, choices: Any) -> str:
+    if isinstance(case.inputs, dict):
+        case.inputs["image_grid_thw_typo"] = torch.ones(1, 3, dtype=torch.long)
+    return "an unknown key"
+
+
+def _batch_mask_shape(case: Case, choices: Any) -> str:
+    index = choices.integer(0, len(case.outputs) - 1)
+    mask = case.outputs[index]["attention_mask"]
+    form = choices.choice(("1-D", "two rows", "1-D with padding"))
+    if form == "1-D":
+        changed = mask[0]
+    elif form == "two rows":
+        changed = torch.cat((mask, mask))
+    else:
+        changed = mask[0].clone()
+        changed[-1] = 0
+    case.outputs[index]["attention_mask"] = changed
+    return f"sample {index}: attention_mask {form}"
+
+
+def _batch_mask_length(case: Case, choices: Any) -> str:
+    index = choices.integer(0, len(case.outputs) - 1)
+    case.outputs[index]["attention_mask"] = case.outputs[index]["attention_mask"][..., :-1]
+    return f"{REFUSED}sample {index}: a shorter attention_mask"
+
+
+def _batch_ids_dtype(case: Case, choices: Any) -> str:
+    index = choices.integer(0, len(case.outputs) - 1)
+    form = choices.choice(("list", "1-D", "int32", "uint8", "float"))
+    ids = case.outputs[index]["input_ids"]
+    case.outputs[index]["input_ids"] = {"list": ids.tolist(), "1-D": ids[0], "int32": ids.int(),
+                                        "uint8": ids.clamp(max=255).to(torch.uint8), "float": ids.float()}[form]
+    return f"sample {index}: input_ids {form}"
+
+
+def _batch_rows_flat(case: Case, choices: Any) -> str:
+    """One sample's per-token tensors as ``(L,)`` rows, as a dataset's rows often hold them."""
+    index = choices.integer(0, len(case.outputs) - 1)
+    output = case.outputs[index]
+    length = output["input_ids"].shape[-1]
+    for key, value in list(output.items()):
+        if isinstance(value, torch.Tensor) and value.dim() == 2 and value.shape == (1, length):
+            output[key] = value[0]
+    return f"sample {index}: (L,) rows"
+
+
+def _batch_drop_media(case: Case, choices: Any) -> str:
+    index = choices.integer(0, len(case.outputs) - 1)
+    keys = sorted(key for key in case.outputs[index] if key not in ("input_ids", "attention_mask"))
+    if not keys:
+        return "nothing to drop"
+    key = choices.choice(keys)
+    case.outputs[index][key] = None
+    return f"sample {index}: {key} None"
+
+
+def _batch_meta(case: Case, choices: Any) -> str:
+    index = choices.integer(0, len(case.outputs) - 1)
+    case.outputs[index]["input_ids"] = case.outputs[index]["input_ids"].to("meta")
+    return f"{REFUSED}sample {index}: input_ids on meta"
