@@ -12,16 +12,15 @@ from typing import Any
 import torch
 
 from . import _guard
+from ._binding import bind, expect, read_mask_options
 from .collate import batch_processor_outputs
 from .collate import collate as _collate
-from .conventions import KNOWN, TRANSFORMERS, convention
 from .errors import (
     InvalidInputError,
     PluginConflictError,
     PluginContractError,
     RopeIndexUnavailableError,
     SegmentCutError,
-    UnsupportedProcessorError,
 )
 from .inputs import ReadOnlyInputs, as_batch
 from .manager import PluginInfo, PluginManager, get_plugin_manager
@@ -72,17 +71,17 @@ class RopeEngine:
         plugins = plugin_manager or get_plugin_manager()
         if processor is None:
             read = EngineOptions(options)
-            _read_mask_options(read, "a text-only model")
+            read_mask_options(read, "a text-only model")
             read.refuse_unread("a text-only engine (processor=None)")
             return cls(None, config, _TEXT_ONLY, plugins=plugins, options=options)
-        plugin, binding = _bind(plugins, processor, config, EngineOptions(options))
+        plugin, binding = bind(plugins, processor, config, EngineOptions(options))
         policy = STRICT
         for info, result in plugins.results("validate_inputs_policy", processor=processor):
-            _expect(isinstance(result, ValidationPolicy), info, "validate_inputs_policy", "a ValidationPolicy", result)
+            expect(isinstance(result, ValidationPolicy), info, "validate_inputs_policy", "a ValidationPolicy", result)
             policy = result
         keys: set[str] = set()
         for info, result in plugins.results("varlen_keys", processor=processor):
-            _expect(isinstance(result, Iterable) and not isinstance(result, (str, bytes)),
+            expect(isinstance(result, Iterable) and not isinstance(result, (str, bytes)),
                     info, "varlen_keys", "an iterable of key names", result)
             keys.update(result)
         return cls(processor, config, binding, plugin=plugin, policy=policy, varlen_keys=frozenset(keys),
@@ -206,7 +205,7 @@ class RopeEngine:
             multi_modal_inputs=ReadOnlyInputs(multi_modal_inputs),
             mm_processor_kwargs=_NO_INPUTS if mm_processor_kwargs is None else ReadOnlyInputs(mm_processor_kwargs),
         ):
-            _expect(isinstance(result, Mapping), info, "get_rope_index_kwargs", "a dict", result)
+            expect(isinstance(result, Mapping), info, "get_rope_index_kwargs", "a dict", result)
             for key, value in result.items():
                 if key in merged and not _same(merged[key], value):
                     raise PluginConflictError(
@@ -372,63 +371,6 @@ def _skip_validation(*args: Any, **kwargs: Any) -> None:
 
 def _rebuild(processor: Any, config: Any, options: dict[str, Any]) -> RopeEngine:
     return RopeEngine.from_processor(processor, config, **options)
-
-
-def _bind(plugins: PluginManager, processor: Any, config: Any, options: EngineOptions) -> tuple[PluginInfo, RopeBinding]:
-    for info, result, binders in plugins.answers("bind_rope_index", processor=processor, config=config,
-                                                 options=options):
-        _expect(isinstance(result, RopeBinding), info, "bind_rope_index", "a RopeBinding", result)
-        if result.kind == "1d":
-            _read_mask_options(options, type(processor).__name__)
-        if options.given("convention") and not options.was_read("convention", binders):
-            # a plugin that never asks for one computes transformers' positions: refuse the others
-            convention(options, f"plugin {info.label}", (TRANSFORMERS,))
-        options.refuse_unread(f"plugin {info.label}, which binds {type(processor).__name__}", binders)
-        return info, result
-    raise UnsupportedProcessorError(_unsupported_message(plugins, processor, config))
-
-
-def _read_mask_options(options: EngineOptions, what: str) -> None:
-    """1-D positions come from the attention mask, in every convention and by one implementation
-    that ``implementation="fast"`` and ``"reference"`` both name, so that one trainer
-    configuration serves every family."""
-    convention(options, what, KNOWN)
-    implementation = options.get("implementation")
-    if implementation not in (None, "fast", "reference"):
-        raise InvalidInputError(f"implementation={implementation!r} is not an implementation of {what}: its 1-D "
-                                f"positions come from the attention mask, which 'fast' and 'reference' both name")
-
-
-def _unsupported_message(plugins: PluginManager, processor: Any, config: Any) -> str:
-    infos = plugins.plugins()
-    by_status = {status: [info for info in infos if info.status == status] for status in ("active", "failed", "disabled")}
-    lines = [f"no installed mmrope plugin handles {type(processor).__name__}."]
-    lines.append("  Installed: " + (", ".join(info.label for info in by_status["active"]) or "none") + ".")
-    if by_status["failed"]:
-        lines.append("  Failed to load: " + "; ".join(f"{info.label}: {info.reason}" for info in by_status["failed"]) + ".")
-    if by_status["disabled"]:
-        lines.append("  Disabled: " + ", ".join(f"{info.label} ({info.reason})" for info in by_status["disabled"]) + ".")
-    claimed = [info for info in by_status["active"] if type(processor).__name__ in info.processors]
-    if config is None:
-        lines.append("  No config was given, and some plugins decide from the model's config: pass it, "
-                     "RopeEngine.from_processor(processor, AutoConfig.from_pretrained(path)), or use "
-                     "RopeEngine.from_pretrained(path).")
-    if claimed:
-        lines.append(
-            "  " + ", ".join(info.label for info in claimed) + " lists this class but did not bind it; "
-            "check the options passed to RopeEngine.from_processor."
-        )
-    else:
-        lines.append(
-            "  Install or repair the plugin for this family (`mmrope plugins` lists what is installed), "
-            "or write one: see docs/plugin-authoring.md."
-        )
-    return "\n".join(lines)
-
-
-def _expect(ok: bool, info: PluginInfo, hook: str, what: str, result: Any) -> None:
-    if not ok:
-        raise PluginContractError(f"plugin {info.label} returned {type(result).__name__} from {hook}; expected {what}")
 
 
 def _exact(value: Any, device: torch.device) -> bool:
