@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from .engine import RopeEngine
 from .errors import CollateError, InvalidInputError, a
+from .segments import packed_row_support
 
 IGNORE_INDEX = -100  # what transformers' and TRL's losses skip
 _TOKEN_KEYS = ("input_ids", "attention_mask", "labels")
@@ -63,6 +64,12 @@ class PackedCollator:
     media of every sample in order, and ``use_cache=False``. There is no ``attention_mask``:
     transformers separates the segments where the text row restarts, when no cache is used.
 
+    Built only for models whose layers then train each segment as its sample alone: a model whose
+    layers would mix them (state carried along the row without the kernels that take the
+    boundaries, bidirectional attention, image masks read by position) raises
+    :class:`~mmrope_core.PackingUnsupportedError` here, naming why and what to do. Models whose
+    layers read the boundaries (linear attention with its kernels) get them in every batch.
+
     Labels are the given ones (or the ids) with -100 at every segment's first token, so that no
     sample learns to predict the next sample's first token. ``max_length`` refuses rows longer
     than it; ``flash_attn_kwargs=True`` adds ``cu_seq_lens_q/k`` and ``max_length_q/k``, which
@@ -77,6 +84,8 @@ class PackedCollator:
             raise InvalidInputError(f"max_length must be a positive int or None, got {max_length!r}")
         if not isinstance(flash_attn_kwargs, bool):
             raise InvalidInputError(f"flash_attn_kwargs must be True or False, got {flash_attn_kwargs!r}")
+        self.support = packed_row_support(engine)
+        self.support.require()
         self.engine = engine
         self.max_length = max_length
         self.flash_attn_kwargs = flash_attn_kwargs
@@ -105,11 +114,14 @@ class PackedCollator:
         # a cache turns the model's segment detection off: the segments would attend to one another
         batch = {"input_ids": input_ids, "position_ids": positions, "labels": labels, **per_token, **inputs,
                  "use_cache": False}
-        if self.flash_attn_kwargs:
+        if self.flash_attn_kwargs or self.support.boundaries:
             boundaries = cu_seqlens.to(torch.int32)
             longest = max(lengths)
             batch.update(cu_seq_lens_q=boundaries, cu_seq_lens_k=boundaries.clone(),
                          max_length_q=longest, max_length_k=longest)
+        if self.support.boundaries:  # what causal-conv1d reads: each token's segment
+            batch["seq_idx"] = torch.arange(len(lengths), dtype=torch.int32).repeat_interleave(
+                torch.tensor(lengths))[None]
         return batch
 
     def _check_length(self, lengths: list[int]) -> None:

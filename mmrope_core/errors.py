@@ -62,6 +62,11 @@ class RopeIndexUnavailableError(MmropeError):
     """``get_rope_index`` was called on an engine whose model uses 1-D RoPE."""
 
 
+class PackingUnsupportedError(MmropeError):
+    """The model's layers would mix the segments of a packed row: packing is refused before any
+    forward, naming the layers and what to do instead."""
+
+
 class CollateError(InvalidInputError):
     """Per-sample multimodal inputs cannot be batched."""
 

@@ -24,12 +24,18 @@ class RopeBinding:
         implementation: a short name of what computes the positions (``"fast"``, ``"reference"``).
         description: one line shown by ``mmrope plugins`` and the engine's repr, e.g. which
             kernel was chosen and why.
+        mixes_segments: why the model's own layers mix the segments of a packed row, as the
+            packing collators tell users when they refuse it (e.g. "image tokens attend to one
+            another through a mask overlay that transformers reads by position"); empty when
+            nothing the plugin knows does. The core adds what it reads off every config (layers
+            carrying state, bidirectional attention): see :mod:`mmrope_core.segments`.
     """
 
     kind: RopeKind
     kernel: RopeKernel | None = None
     implementation: str = "fast"
     description: str = ""
+    mixes_segments: str = ""
 
     def __post_init__(self) -> None:
         from .kernel import RopeKernel  # torch, which listing plugins does not need
@@ -44,6 +50,8 @@ class RopeBinding:
             raise TypeError("RopeBinding.implementation must be a non-empty string")
         if not isinstance(self.description, str):
             raise TypeError("RopeBinding.description must be a string")
+        if not isinstance(self.mixes_segments, str):
+            raise TypeError("RopeBinding.mixes_segments must be a string (empty when the layers keep segments apart)")
 
 
 @dataclasses.dataclass(frozen=True)

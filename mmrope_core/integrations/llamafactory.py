@@ -122,6 +122,8 @@ def _call_with_mmrope_positions(original: Callable[..., Any], collator: Any, fea
                  for feature in features)
     with _framework_positions_off(collator):
         batch = original(collator, features)
+    if packed:  # LLaMA-Factory gives the model a block-diagonal mask, or flash-attention's positions, nothing more
+        _packing_support(collator, engine).require("LLaMA-Factory's neat_packing rows", gives_boundaries=False)
     if packed and "image" in injected:  # the SFT collator then keeps the fake image's tokens (its own flag)
         batch["has_dummy_image"] = True
     inputs = _inputs_without(batch, injected)
@@ -138,6 +140,17 @@ def _call_with_mmrope_positions(original: Callable[..., Any], collator: Any, fea
     if batch["position_ids"].is_floating_point():  # what the SFT collator's dtype cast must not reach
         _exact.last = (collator, batch["position_ids"], batch["attention_mask"])
     return batch
+
+
+def _packing_support(collator: Any, engine: Any) -> Any:
+    """Whether the model keeps packed segments apart, worked out once per collator and engine."""
+    from mmrope_core.segments import packed_row_support
+
+    cached = collator.__dict__.get("_mmrope_packing")
+    if cached is None or cached[0] is not engine:
+        cached = (engine, packed_row_support(engine))
+        collator.__dict__["_mmrope_packing"] = cached
+    return cached[1]
 
 
 def _call_keeping_exact_positions(original: Callable[..., Any], collator: Any, features: list[dict[str, Any]]) -> Any:

@@ -27,6 +27,8 @@ TEMPLATES = {
 }
 FAMILIES = list(TEMPLATES)
 OMNI = ("Qwen2.5-Omni", "Qwen3-Omni")
+#: families whose layers carry state along a packed row (Qwen3.5's linear attention)
+STATEFUL = ("Qwen3.5",)
 #: families whose LLaMA-Factory plugin writes the first video's frame count for every video of a sample
 ONE_FRAME_COUNT = ("Qwen3-VL", "Qwen3-VL-MoE", "Qwen3.5", "GLM-4V", "GLM-4.5V")
 MODEL_CLASSES = {

@@ -16,7 +16,7 @@ import torch
 
 collator_module = cases.import_llamafactory()
 
-from mmrope_core.errors import PlaceholderMismatchError  # noqa: E402
+from mmrope_core.errors import PackingUnsupportedError, PlaceholderMismatchError  # noqa: E402
 from mmrope_core.integrations import llamafactory as drop_in  # noqa: E402
 
 GLM = ("GLM-4V", "GLM-4.5V")
@@ -182,7 +182,7 @@ def test_placeholders_that_disagree_with_the_grids_are_refused(installed):
 # -- neat packing ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", cases.FAMILIES)
+@pytest.mark.parametrize("name", [name for name in cases.FAMILIES if name not in cases.STATEFUL])
 @pytest.mark.parametrize("attention", ["eager", "flash_attention_2"])
 def test_neat_packing_equals_the_reference_per_sample(name, attention, installed):
     """Packed rows as ``neat_packing`` makes them: each sample placed as if alone, Omni too; with
@@ -197,6 +197,21 @@ def test_neat_packing_equals_the_reference_per_sample(name, attention, installed
             if any(sample["images"] or sample["videos"] for sample in groups[0]):  # else the fake image stays
                 assert batch["position_ids"].shape[-1] == sum(len(sample["input_ids"]) for sample in groups[0])
         assert_packed_positions(name, batch, groups)
+
+
+@pytest.mark.parametrize("name", cases.STATEFUL)
+@pytest.mark.parametrize("attention", ["eager", "flash_attention_2"])
+def test_neat_packing_of_layers_carrying_state_is_refused(name, attention, installed):
+    """Qwen3.5's linear-attention layers run from one packed sample into the next unless given
+    the boundaries, which neither LLaMA-Factory's block-diagonal mask nor its flash-attention
+    rows carry: the drop-in refuses the batch before any forward."""
+    _, packed = packed_groups(name, seed=0, rows=1)
+    with pytest.raises(PackingUnsupportedError, match="linear_attention layers"):
+        cases.collate(cases.collator(name, neat_packing=True, block_diag_attn=True, attn_implementation=attention),
+                      packed)
+    padded = cases.features(name, random.Random(0), 2)  # padded batches stay as they were
+    batch = cases.collate(cases.collator(name), padded)
+    assert torch.equal(batch["position_ids"], expected(name, batch, padded))
 
 
 @pytest.mark.parametrize("name", ["Qwen2-VL", "Qwen3-VL"])

@@ -16,7 +16,7 @@ from mmrope_core import InvalidInputError, RopeBinding
 from mmrope_core.reference import ReferenceKernel
 
 from .fast import Candidate, candidates, probed_kernel
-from .models import Decision, decide, sees_images
+from .models import Decision, decide, model_classes, sees_images
 from .reference import _SUPPLIED, TransformersReference, media_token_ids, processor_token_types
 
 IMPLEMENTATIONS = ("fast", "reference")
@@ -83,14 +83,23 @@ def bind(processor: Any, config: Any, options: Mapping[str, Any]) -> RopeBinding
             )
         _remember(processor, Bound(varlen_keys=varlen))
         return RopeBinding("1d", implementation="mask",
-                           description=f"{decision.model_type}: 1-D positions from the attention mask ({decision.reason})")
+                           description=f"{decision.model_type}: 1-D positions from the attention mask ({decision.reason})",
+                           mixes_segments=_mixes_segments(config))
     implementation = options.get("implementation", "fast")
     if implementation not in IMPLEMENTATIONS:
         raise InvalidInputError(f"implementation={implementation!r} is not an implementation of {decision.model_type}; "
                                 f"use one of {IMPLEMENTATIONS}")
     binding, reference = _mrope(processor, decision, implementation)
     _remember(processor, Bound(frozenset(reference.takes - _SUPPLIED), varlen))
-    return binding
+    return dataclasses.replace(binding, mixes_segments=_mixes_segments(config))
+
+
+def _mixes_segments(config: Any) -> str:
+    """What of the model's own code mixes packed segments (see :mod:`mmrope_core.segments`)."""
+    from mmrope_core.segments import mask_overlay_mixes_segments
+
+    model_class = next(model_classes(config), None)
+    return "" if model_class is None else mask_overlay_mixes_segments(model_class)
 
 
 def _mrope(processor: Any, decision: Decision, implementation: str) -> tuple[RopeBinding, TransformersReference]:

@@ -1,0 +1,162 @@
+"""Whether a model trains a packed row as its samples alone, read off its config, the installed
+transformers and the installed kernels.
+
+Positions restarting per segment are what transformers' attention layers need to keep the
+segments of a packed row apart. Other layers need more, or cannot be given it:
+
+- layers that carry state along the row (linear attention, convolutions, state-space mixers)
+  run from one segment into the next unless their kernels take the boundaries
+  (flash-linear-attention's varlen kernels read ``cu_seqlens``, causal-conv1d reads ``seq_idx``);
+- bidirectional attention is never cut at the boundaries (transformers finds them only for
+  causal masks);
+- a model may say more about itself through its binding (:attr:`RopeBinding.mixes_segments`),
+  such as image tokens that attend to one another through a mask overlay.
+
+The collators ask once, when they are built; a model that would mix segments is refused before
+any forward, with what to do instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Iterator
+from typing import Any
+
+from .errors import PackingUnsupportedError
+
+#: Layer kinds (``layer_types`` entries) that work token by token.
+_PER_TOKEN_KINDS = frozenset({"mlp", "moe", "dense"})
+#: Layer kinds that carry state along the row, whose kernels keep packed segments apart when
+#: given the boundaries: transformers passes ``cu_seq_lens_q`` to flash-linear-attention's
+#: gated delta rule and ``seq_idx`` to causal-conv1d. Without either kernel, the PyTorch
+#: fallbacks run over the whole row.
+_BOUNDED_KINDS = {"linear_attention": ("flash-linear-attention", "causal-conv1d")}
+#: Config attributes that describe layers carrying state, on configs that list no layer kinds.
+_STATE_ATTRIBUTES = ("mamba", "ssm_", "conv_kernel", "conv_L_cache", "linear_conv", "state_size")
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedRowSupport:
+    """What a model needs to train a packed row as its samples alone.
+
+    Attributes:
+        model: how messages name the model: its ``model_type`` and processor class.
+        mixes: why its layers mix the segments of a packed row; empty when they keep them apart.
+        advice: what to do instead, with ``mixes``.
+        boundaries: the kind of the layers that read the segments' boundaries (``"linear_attention"``),
+            or empty: where set, a packed batch must carry ``cu_seq_lens_q``/``cu_seq_lens_k``,
+            ``max_length_q``/``max_length_k`` and ``seq_idx``.
+    """
+
+    model: str
+    mixes: str = ""
+    advice: str = ""
+    boundaries: str = ""
+
+    @property
+    def exact(self) -> bool:
+        return not self.mixes
+
+    def require(self, what: str = "a packed row", *, gives_boundaries: bool = True) -> None:
+        """Raise :class:`~mmrope_core.PackingUnsupportedError` when the model mixes segments, or
+        when its layers read boundaries that ``what`` (a framework's packed rows) does not give."""
+        if self.mixes:
+            raise PackingUnsupportedError(f"{self.model} cannot train {what} as its samples alone: {self.mixes}. "
+                                          f"{self.advice}")
+        if self.boundaries and not gives_boundaries:
+            raise PackingUnsupportedError(
+                f"{self.model} cannot train {what} as its samples alone: its {self.boundaries} layers keep the "
+                f"segments apart only when given their boundaries (cu_seq_lens_q and seq_idx), which {what} do not "
+                f"carry. Train it on mmrope_core.collators.PackedCollator's rows, or without packing")
+
+
+def packed_row_support(engine: Any) -> PackedRowSupport:
+    """How ``engine``'s model keeps the segments of a packed row apart (see the module docstring)."""
+    processor = type(engine.processor).__name__ if engine.processor is not None else "a text-only model"
+    config = engine.config
+    model_type = getattr(config, "model_type", None)
+    model = f"{model_type} ({processor})" if model_type else processor
+    pad = "pad the batch instead (mmrope_core.collators.PaddedCollator, or the trainer's padded batches)"
+    if engine.binding.mixes_segments:
+        return PackedRowSupport(model, engine.binding.mixes_segments, f"To train it, {pad}")
+    texts = list(text_configs(config))
+    for text in texts:
+        bidirectional = _bidirectional_text(text)
+        if bidirectional:
+            return PackedRowSupport(
+                model, f"its text attention is bidirectional ({bidirectional}), and transformers cuts attention at "
+                       f"the segments' boundaries only where it is causal", f"To train it, {pad}")
+    kinds = {kind for text in texts for kind in getattr(text, "layer_types", None) or ()}
+    carrying = sorted(kind for kind in kinds if kind not in _PER_TOKEN_KINDS
+                      and (not kind.endswith("attention") or kind in _BOUNDED_KINDS))
+    if not kinds:
+        carrying = [f"layers described by {name}" for text in texts for name in vars(text)
+                    if any(part in name for part in _STATE_ATTRIBUTES)][:1]
+    unbounded = [kind for kind in carrying if kind not in _BOUNDED_KINDS]
+    if unbounded:
+        return PackedRowSupport(
+            model, f"its {unbounded[0]} layers carry state along the row from one segment into the next, and mmrope "
+                   f"knows no kernel of them that takes the segments' boundaries", f"To train it, {pad}")
+    if carrying:
+        needed = sorted({kernel for kind in carrying for kernel in _BOUNDED_KINDS[kind]})
+        missing = [kernel for kernel in needed if not _kernel_available(kernel)]
+        if missing:
+            return PackedRowSupport(
+                model, f"its {carrying[0]} layers carry state along the row from one segment into the next; only "
+                       f"the kernels of {' and '.join(needed)} take the segments' boundaries, and "
+                       f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not available here "
+                       f"(they need a CUDA GPU)", f"Install {' and '.join(missing)} on a GPU machine, or {pad}")
+        return PackedRowSupport(model, boundaries=carrying[0])
+    return PackedRowSupport(model)
+
+
+def text_configs(config: Any) -> Iterator[Any]:
+    """The configs of ``config`` that describe language-model layers: itself, its ``thinker_config``
+    (Omni) and their ``text_config``."""
+    seen: list[Any] = []
+    pending = [config]
+    while pending:
+        current = pending.pop(0)
+        if current is None or any(current is known for known in seen):
+            continue
+        seen.append(current)
+        yield current
+        pending += [getattr(current, key, None) for key in ("thinker_config", "text_config")]
+
+
+def mask_overlay_mixes_segments(model_class: type) -> str:
+    """Why ``model_class`` mixes packed segments when its modeling module builds attention masks
+    with an overlay (``or_mask_function``, how Gemma-style models let image tokens attend to one
+    another), or "" when it builds none. transformers reads such an overlay at each token's
+    position within its segment, so in a packed row a later segment reads the overlay of the
+    first segment's tokens. A module whose source cannot be read is taken to build one."""
+    module = inspect.getmodule(model_class)
+    try:
+        source = inspect.getsource(module) if module is not None else ""
+    except (OSError, TypeError):
+        source = "or_mask_function="
+    if "or_mask_function=" not in source:
+        return ""
+    return (f"{model_class.__name__} builds its attention masks with an overlay (or_mask_function: image tokens "
+            f"attending to one another), which transformers reads at each token's position within its segment, so "
+            f"a later segment of a packed row reads the overlay of the first segment's tokens")
+
+
+def _bidirectional_text(text: Any) -> str:
+    """The setting that makes ``text``'s attention bidirectional over every token, or ""."""
+    setting = getattr(text, "use_bidirectional_attention", None)
+    if setting is True or setting == "all":
+        return f"use_bidirectional_attention={setting!r}"
+    if getattr(text, "is_causal", True) is False:
+        return "is_causal=False"
+    return ""
+
+
+def _kernel_available(distribution: str) -> bool:
+    """Whether transformers finds ``distribution``'s kernels usable here."""
+    from transformers.utils import import_utils
+
+    check = {"flash-linear-attention": "is_flash_linear_attention_available",
+             "causal-conv1d": "is_causal_conv1d_available"}[distribution]
+    return bool(getattr(import_utils, check, lambda: False)())
