@@ -178,3 +178,33 @@ def test_install_is_idempotent(installed):
     before = [cls.__dict__["_get_position_ids"] for cls in _position_classes()]
     drop_in.install()
     assert [cls.__dict__["_get_position_ids"] for cls in _position_classes()] == before
+
+
+# -- what ms-swift does with packed rows itself -----------------------------------------------------
+
+
+def test_ms_swift_packs_only_with_flash_attention():
+    """ms-swift refuses ``padding_free`` and ``packing`` unless flash-attention runs: the model
+    then takes the boundaries from ms-swift's own ``cu_seq_lens_q/k``, where attention keeps the
+    samples apart; the drop-in changes the positions only."""
+    from swift.arguments.sft_args import SftArguments
+
+    for feature in ("padding_free", "packing"):
+        settings = {"padding_free": feature == "padding_free", "packing": feature == "packing", "attn_impl": "sdpa"}
+        with pytest.raises(ValueError, match=f'The "{feature}" feature requires a flash attention implementation'):
+            SftArguments._check_padding_free(type("Arguments", (), settings)())
+
+
+def test_ms_swift_refuses_qwen3_5_packing_without_flash_linear_attention():
+    """ms-swift runs Qwen3.5's linear attention on packed rows with its own kernels, which read
+    its ``cu_seq_lens_q``; without flash-linear-attention it refuses several samples in one row."""
+    from swift.model.models.qwen import _get_linear_attention_kernels
+    from transformers import Qwen3_5TextConfig
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
+
+    config = Qwen3_5TextConfig(hidden_size=32, linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8,
+                               linear_value_head_dim=8)
+    layer = Qwen3_5GatedDeltaNet(config, layer_idx=0)
+    _get_linear_attention_kernels(layer, torch.tensor([0, 9], dtype=torch.int32))  # one sample: the PyTorch fallback
+    with pytest.raises(ImportError, match="requires flash-linear-attention"):
+        _get_linear_attention_kernels(layer, torch.tensor([0, 5, 9], dtype=torch.int32))
