@@ -33,7 +33,9 @@ def engine_and_samples(name):
 
 
 def alone(engine, sample):
-    """A sample's own positions, ``(4, L)`` or ``(L,)``."""
+    """A sample's own positions, ``(4, L)`` or ``(L,)``, from the same engine: these tests check
+    the collators against the engine (the engine is checked against each model's own method in
+    the plugins' tests)."""
     inputs = {key: value for key, value in sample.items()
               if key not in ("input_ids", "attention_mask", "labels") and not key.endswith("token_type_ids")}
     return engine.compute_position_ids(sample["input_ids"], sample.get("attention_mask"), inputs)[0]

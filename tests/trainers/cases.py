@@ -8,7 +8,6 @@ import dataclasses
 import functools
 import importlib
 import inspect
-import itertools
 import random
 import sys
 import types
@@ -102,29 +101,39 @@ def loading_without_torchvision() -> Iterator[None]:
 
 def import_gemma4_processor() -> None:
     """transformers 5.10's Gemma4 processor module imports its torchvision image processor at the
-    top, for two functions that do not use torchvision: import it once against an empty stand-in
-    (only the Pillow image processor is used here), then take the stand-in away."""
+    top, for two functions that do not use torchvision (only the Pillow image processor is used
+    here)."""
+    import_without_torchvision("transformers.models.gemma4.processing_gemma4", (
+        "torchvision", "torchvision.transforms", "torchvision.transforms.v2", "torchvision.transforms.v2.functional"))
+
+
+def import_without_torchvision(module: str, stand_ins: tuple[str, ...]) -> None:
+    """Import ``module``, which imports torchvision at the top for code these tests never run,
+    once against empty stand-ins for the modules ``stand_ins`` names, then take them away. Every
+    name read from a stand-in is an empty class: code that does use torchvision fails on it."""
     from transformers.utils import is_torchvision_available
 
-    if is_torchvision_available() or "transformers.models.gemma4.processing_gemma4" in sys.modules:
+    if is_torchvision_available() or module in sys.modules:
+        importlib.import_module(module)
         return
 
     def missing(name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
-        return type(name, (), {})  # annotations in the unused torchvision image processor's class body
+        return type(name, (), {})  # also serves annotations in class bodies
 
-    names = ("torchvision", "torchvision.transforms", "torchvision.transforms.v2", "torchvision.transforms.v2.functional")
-    stand_ins = {module: types.ModuleType(module) for module in names}
-    for parent, child in itertools.pairwise(names):
-        setattr(stand_ins[parent], child.rsplit(".", 1)[1], stand_ins[child])
-    stand_ins[names[-1]].__getattr__ = missing  # type: ignore[method-assign]
-    sys.modules.update(stand_ins)
+    modules = {name: types.ModuleType(name) for name in stand_ins}
+    for name, stand_in in modules.items():
+        stand_in.__getattr__ = missing  # type: ignore[method-assign]
+        parent, _, child = name.rpartition(".")
+        if parent:
+            setattr(modules[parent], child, stand_in)
+    sys.modules.update(modules)
     try:
-        importlib.import_module("transformers.models.gemma4.processing_gemma4")
+        importlib.import_module(module)
     finally:
-        for module in names:
-            del sys.modules[module]
+        for name in stand_ins:
+            del sys.modules[name]
 
 
 # -- trajectories ------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ def pytest_configure(config):
     # ray warns on import (verl imports ray.experimental's state API)
     config.addinivalue_line("filterwarnings", "ignore:Ray state API is no longer experimental:DeprecationWarning")
     config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning:ray.data.context")  # Ray Data's own settings
+    config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning:audioread.rawread")  # librosa's audio reader
 
 
 @pytest.fixture(scope="session")

@@ -42,8 +42,8 @@ def installed():
 def padded(name, seed, count=4, **kwargs):
     template = cases.template(name)
     template.use_audio_in_video = kwargs.get("use_audio_in_video", False)  # ms-swift's USE_AUDIO_IN_VIDEO
-    samples = cases.rows(name, random.Random(seed), count, **kwargs)
-    batch = template.data_collator([cases.with_token_types(template, row) for row, _ in samples])
+    samples = cases.rows(name, template, random.Random(seed), count, **kwargs)
+    batch = template.data_collator([row for row, _ in samples])
     reference = cases.reference_positions(name, batch["input_ids"], batch["attention_mask"],
                                           cases.stacked_kwargs([kwargs for _, kwargs in samples]))
     return batch, reference
@@ -53,8 +53,8 @@ def packed(name, seed, count=4, *, model=True, **kwargs):
     """One ``padding_free`` row and, per sample, its reference positions alone."""
     template = cases.template(name, padding_free=True, model=model)
     template.use_audio_in_video = kwargs.get("use_audio_in_video", False)
-    samples = cases.rows(name, random.Random(seed), count, **kwargs)
-    batch = template.data_collator([cases.with_token_types(template, row) for row, _ in samples])
+    samples = cases.rows(name, template, random.Random(seed), count, **kwargs)
+    batch = template.data_collator([row for row, _ in samples])
     references = []
     for row, reference_kwargs in samples:
         ids = torch.tensor([row["input_ids"]])
@@ -99,8 +99,8 @@ def test_packing_groups_equal_the_reference_per_sample(name, installed):
     into one ``padding_free`` row."""
     template = cases.template(name, padding_free=True)
     template.packing = True
-    samples = cases.rows(name, random.Random(4), 5)
-    rows = [cases.with_token_types(template, row) for row, _ in samples]
+    samples = cases.rows(name, template, random.Random(4), 5)
+    rows = [row for row, _ in samples]
     batch = template.data_collator([rows[:2], rows[2:]])
     references = [cases.reference_positions(name, torch.tensor([row["input_ids"]]),
                                             torch.ones(1, len(row["input_ids"]), dtype=torch.long), kwargs)
@@ -119,11 +119,22 @@ def test_swift_alone_is_right_on_these(name):
 @pytest.mark.parametrize("name", cases.GLM)
 def test_glm_videos_crash_swift_alone(name):
     """GLM-4.1V and GLM-4.5V: ms-swift types video frames (image tokens between video markers)
-    as images; every batch with a video raises in the model's ``get_rope_index``."""
-    with pytest.raises((StopIteration, TypeError, RuntimeError)):
+    as images; a batch with a video raises in the model's ``get_rope_index``."""
+    with pytest.raises(RuntimeError, match="shape mismatch: value tensor of shape") as caught:
         padded(name, seed=0)
-    with pytest.raises((StopIteration, TypeError, RuntimeError)):
+    assert caught.traceback[-1].name == "get_rope_index"
+    with pytest.raises(StopIteration) as caught:
         packed(name, seed=0)
+    assert caught.traceback[-1].name == "get_rope_index"
+
+
+def test_glm_4_1v_encode_refuses_videos():
+    """Why GLM-4.1V's video rows here are built, not encoded: its template refuses videos."""
+    template = cases.template("GLM-4V")
+    with pytest.raises(AssertionError) as caught:
+        template.encode({"messages": [{"role": "user", "content": "<video> the"}, {"role": "assistant", "content": "cat"}],
+                         "videos": ["clip.mp4"]})
+    assert caught.traceback[-1].name == "replace_tag" and "swift/template/templates/glm.py" in str(caught.traceback[-1].path)
 
 
 def test_qwen3_omni_positions_truncated_by_swift_alone():
@@ -154,7 +165,7 @@ def test_no_model_needed(installed):
     ``get_rope_index``; the drop-in needs only the processor and the config."""
     assert_packed(*packed("Qwen2.5-VL", seed=2, model=False))
     _uninstall()
-    with pytest.raises(Exception):  # noqa: B017 (ms-swift's own loading fails: there is no checkpoint)
+    with pytest.raises(ValueError, match="path: '/tiny/qwen2_5_vl' not found"):  # ms-swift's own: no checkpoint
         packed("Qwen2.5-VL", seed=2, model=False)
 
 

@@ -9,6 +9,7 @@ import pickle
 import random
 import subprocess
 import sys
+import traceback
 import types
 import warnings
 from pathlib import Path
@@ -59,8 +60,8 @@ def verl_positions(processor, input_ids, attention_mask, multi_modal_inputs):
 def outcome(processor, trajectory, input_ids, attention_mask, expected):
     try:
         got = verl_positions(processor, input_ids, attention_mask, trajectory.inputs())
-    except Exception as error:
-        return f"raises {type(error).__name__}"
+    except Exception as error:  # the exception, where it was raised, its message
+        return f"raises {type(error).__name__} in {traceback.extract_tb(error.__traceback__)[-1].name}: {error}"
     if got.shape != expected.shape:
         return "1-D" if got.dim() == 2 else f"shape {tuple(got.shape)}"
     return "equal" if got.dtype == expected.dtype and torch.equal(got, expected) else "differs"
@@ -124,7 +125,9 @@ def test_where_verls_own_factory_is_wrong_the_drop_in_is_right(checkpoint, name)
     elif verdict == "wrong after videos":
         assert seen[True, "differs"] > 0 and (False, "differs") not in seen, seen
     elif verdict == "crashes on videos":
-        assert {outcome for video, outcome in seen if video} <= {"raises StopIteration", "raises TypeError"}, seen
+        assert {outcome for video, outcome in seen if video} <= {
+            "raises StopIteration in get_rope_index: ",
+            "raises TypeError in get_rope_index: 'NoneType' object is not an iterator"}, seen
         assert {outcome for video, outcome in seen if not video} == {"equal"}, seen
     else:
         assert verls is None and "Unsupported processor type" in failures[0]

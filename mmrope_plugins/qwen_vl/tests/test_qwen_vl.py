@@ -1,6 +1,7 @@
 """mmrope-qwen-vl against the installed transformers reference, with real processors."""
 
 import functools
+import inspect
 import random
 import types
 
@@ -24,6 +25,12 @@ MODELS = [
     ("GLM-4V", "glm4v_moe"),
     ("GLM-4.6V", "glm46v"),
 ]
+# config model_type -> the model class whose get_rope_index is the reference
+MODEL_CLASSES = {
+    "qwen2_vl": "Qwen2VLModel", "qwen2_5_vl": "Qwen2_5_VLModel", "qwen3_vl": "Qwen3VLModel",
+    "qwen3_vl_moe": "Qwen3VLMoeModel", "qwen3_5": "Qwen3_5Model", "qwen3_5_moe": "Qwen3_5MoeModel",
+    "glm4v": "Glm4vModel", "glm4v_moe": "Glm4vMoeModel", "glm46v": "Glm46VModel",
+}
 BATCHES_PER_MODEL = 150
 
 
@@ -54,14 +61,27 @@ def engines(manager, name, model_type):
 
 def transformers_reference(config):
     """The model's own get_rope_index, bound to the config, without mmrope."""
-    from mmrope_qwen_vl.families import FAMILIES
-
-    module, name = next(f.models[config.model_type] for f in FAMILIES.values() if config.model_type in f.models)
-    model_cls = getattr(getattr(transformers.models, module), name)
+    model_cls = getattr(transformers, MODEL_CLASSES[config.model_type])
     namespace = types.SimpleNamespace(config=config)
     for method in ("get_vision_position_ids", "get_rope_index"):
         setattr(namespace, method, types.MethodType(getattr(model_cls, method), namespace))
     return namespace.get_rope_index
+
+
+def models_own(name, model_type):
+    """``get_rope_index(ids, mask, **inputs)`` of the model class itself, without mmrope: the
+    inputs its signature names, token types from the processor's ``create_mm_token_type_ids``."""
+    processor, config = built(name, model_type)
+    get_rope_index = transformers_reference(config)
+    takes = inspect.signature(get_rope_index).parameters
+
+    def call(ids, mask, **inputs):
+        kwargs = {key: value for key, value in inputs.items() if key in takes and key != "mm_token_type_ids"}
+        if "mm_token_type_ids" in takes:
+            kwargs["mm_token_type_ids"] = torch.tensor(processor.create_mm_token_type_ids(ids.tolist()))
+        return get_rope_index(input_ids=ids, attention_mask=mask, **kwargs)
+
+    return call
 
 
 def split(batch):
@@ -100,13 +120,16 @@ def test_real_processor_output_gives_the_models_own_positions(manager, name, mod
 @pytest.mark.parametrize("name, model_type", MODELS)
 def test_fast_equals_reference_on_generated_batches(manager, name, model_type):
     processor, _ = built(name, model_type)
-    fast, reference = engines(manager, name, model_type)
+    fast, _ = engines(manager, name, model_type)
+    reference = models_own(name, model_type)
     rng = random.Random(f"{name}/{model_type}")
     for index in range(BATCHES_PER_MODEL):
         batch = random_batch(processor, rng)
         ids, mask, inputs = split(batch)
         assert_same_positions(fast, reference, ids, mask, inputs, f"batch {index}")
-        assert torch.equal(fast.compute_position_ids(ids, mask, inputs), reference.compute_position_ids(ids, mask, inputs))
+        placed, (want, _) = fast.compute_position_ids(ids, mask, inputs), reference(ids, mask, **inputs)
+        assert torch.equal(placed[:, 1:], want.transpose(0, 1)), f"batch {index}"
+        assert torch.equal(placed[:, 0], (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)), f"batch {index}"
 
 
 @pytest.mark.differential
@@ -114,7 +137,8 @@ def test_fast_equals_reference_on_generated_batches(manager, name, model_type):
 def test_fast_equals_reference_when_media_touch_the_row_edges(manager, name, model_type):
     """Samples that begin or end with a placeholder run, rows of odd lengths above 1000 tokens."""
     processor, _ = built(name, model_type)
-    fast, reference = engines(manager, name, model_type)
+    fast, _ = engines(manager, name, model_type)
+    reference = models_own(name, model_type)
     rng = random.Random(f"edges/{name}/{model_type}")
     for index in range(30):
         batch = random_batch(processor, rng, bare_edges=True, min_length=2 * rng.randint(500, 1500) + 1)
@@ -132,7 +156,8 @@ def test_fast_equals_reference_with_padding_inside_samples(manager, name, model_
     """Masked tokens inserted anywhere in a sample, inside placeholder runs too: the reference
     drops them, so a run they interrupt is still one run."""
     processor, _ = built(name, model_type)
-    fast, reference = engines(manager, name, model_type)
+    fast, _ = engines(manager, name, model_type)
+    reference = models_own(name, model_type)
     rng = random.Random(f"holes/{name}/{model_type}")
     for index in range(40):
         batch = random_batch(processor, rng, max_batch=6)
@@ -149,7 +174,8 @@ def test_fast_equals_reference_whatever_the_dtype_of_second_per_grid_ts(manager,
     """Temporal ids are ``trunc(frame * tokens_per_second * seconds)`` in the dtype torch promotes
     to; the kernel computes some dtypes in numpy and must round as torch does."""
     processor, _ = built("Qwen2.5-VL", "qwen2_5_vl")
-    fast, reference = engines(manager, "Qwen2.5-VL", "qwen2_5_vl")
+    fast, _ = engines(manager, "Qwen2.5-VL", "qwen2_5_vl")
+    reference = models_own("Qwen2.5-VL", "qwen2_5_vl")
     rng = random.Random(f"seconds/{dtype}")
     checked = 0
     while checked < 25:
@@ -164,7 +190,8 @@ def test_fast_equals_reference_whatever_the_dtype_of_second_per_grid_ts(manager,
 
 
 def assert_same_positions(fast, reference, ids, mask, inputs, what):
-    want = reference.get_rope_index(ids, mask, **inputs)
+    """``reference``: the model's own method (:func:`models_own`)."""
+    want = reference(ids, mask, **inputs)
     got = fast.get_rope_index(ids, mask, **inputs)
     context = f"{what}: {tuple(ids.shape)}, grids {inputs}"
     assert got[0].dtype == want[0].dtype and got[1].dtype == want[1].dtype, context
@@ -386,7 +413,8 @@ def test_grids_as_lists_are_refused_with_a_fix(qwen2_engine):
 def test_empty_video_grids_and_seconds_are_no_videos(manager):
     """A collator may hand over (0, 3) video grids and no seconds for a batch without videos."""
     processor, _ = built("Qwen2.5-VL", "qwen2_5_vl")
-    fast, reference = engines(manager, "Qwen2.5-VL", "qwen2_5_vl")
+    fast, _ = engines(manager, "Qwen2.5-VL", "qwen2_5_vl")
+    reference = models_own("Qwen2.5-VL", "qwen2_5_vl")
     ids, mask, grids = image_batch(processor, counts=(1, 2))
     inputs = {"image_grid_thw": grids, "video_grid_thw": torch.zeros(0, 3, dtype=torch.long),
               "second_per_grid_ts": torch.zeros(0)}
