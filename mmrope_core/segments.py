@@ -25,8 +25,11 @@ from typing import Any
 
 from .errors import PackingUnsupportedError
 
-#: Layer kinds (``layer_types`` entries) that work token by token.
+#: Layer kinds (``layer_types`` entries) that work token by token, and the attention kinds whose
+#: masks transformers cuts at the segments' boundaries. Any other kind is refused: an indexer that
+#: picks keys from the whole row, state carried along it, or a kind mmrope has not seen.
 _PER_TOKEN_KINDS = frozenset({"mlp", "moe", "dense"})
+_CUT_ATTENTION_KINDS = frozenset({"full_attention", "sliding_attention"})
 #: Layer kinds that carry state along the row, whose kernels keep packed segments apart when
 #: given the boundaries: transformers passes ``cu_seq_lens_q`` to flash-linear-attention's
 #: gated delta rule and ``seq_idx`` to causal-conv1d. Without either kernel, the PyTorch
@@ -80,7 +83,16 @@ def packed_row_support(engine: Any) -> PackedRowSupport:
     pad = "pad the batch instead (mmrope_core.collators.PaddedCollator, or the trainer's padded batches)"
     if engine.binding.mixes_segments:
         return PackedRowSupport(model, engine.binding.mixes_segments, f"To train it, {pad}")
+    rows = getattr(engine.binding.kernel, "rope_rows", 3)
+    if rows != 3:
+        return PackedRowSupport(
+            model, f"its positions have {rows} rows, and transformers finds packed segments from a text row only above "
+                   f"three (t, h, w) rows", f"To train it, {pad}")
     texts = list(text_configs(config))
+    if any(getattr(text, "cross_attention_layers", None) for text in texts):
+        return PackedRowSupport(
+            model, "its cross-attention layers attend from each token to its sample's images through a per-token "
+                   "mask (cross_attention_mask) that a packed row does not join", f"To train it, {pad}")
     for text in texts:
         bidirectional = _bidirectional_text(text)
         if bidirectional:
@@ -88,16 +100,18 @@ def packed_row_support(engine: Any) -> PackedRowSupport:
                 model, f"its text attention is bidirectional ({bidirectional}), and transformers cuts attention at "
                        f"the segments' boundaries only where it is causal", f"To train it, {pad}")
     kinds = {kind for text in texts for kind in getattr(text, "layer_types", None) or ()}
-    carrying = sorted(kind for kind in kinds if kind not in _PER_TOKEN_KINDS
-                      and (not kind.endswith("attention") or kind in _BOUNDED_KINDS))
+    carrying = sorted(kinds - _PER_TOKEN_KINDS - _CUT_ATTENTION_KINDS)
     if not kinds:
         carrying = [f"layers described by {name}" for text in texts for name in vars(text)
                     if any(part in name for part in _STATE_ATTRIBUTES)][:1]
     unbounded = [kind for kind in carrying if kind not in _BOUNDED_KINDS]
     if unbounded:
+        what = ("carry state along the row from one segment into the next" if not unbounded[0].endswith("attention")
+                else "are neither full nor sliding-window attention (the masks transformers cuts at the segments' "
+                     "boundaries)")
         return PackedRowSupport(
-            model, f"its {unbounded[0]} layers carry state along the row from one segment into the next, and mmrope "
-                   f"knows no kernel of them that takes the segments' boundaries", f"To train it, {pad}")
+            model, f"its {unbounded[0]} layers {what}, and mmrope knows no kernel of them that takes the boundaries",
+            f"To train it, {pad}")
     if carrying:
         needed = sorted({kernel for kind in carrying for kernel in _BOUNDED_KINDS[kind]})
         missing = [kernel for kernel in needed if not _kernel_available(kernel)]

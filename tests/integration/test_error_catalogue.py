@@ -176,6 +176,7 @@ TRIGGERS = {
     "packed-padded-sample": lambda: PackedCollator(engine("Qwen2-VL"))([{"input_ids": torch.tensor([[1, 2, 3]]),
                                                                         "attention_mask": torch.tensor([[1, 1, 0]])}]),
     "packed-max-length": lambda: PackedCollator(engine("Qwen2-VL"), max_length=5)([{"input_ids": torch.tensor([[1, 2, 3]])}] * 2),
+    "packed-mixing-layers": lambda: PackedCollator(engine("Qwen3.5")),
 }
 
 
