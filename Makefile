@@ -32,7 +32,7 @@ test-trainers: .venv-trainers/.installed
 	.venv-trainers/bin/python -m pytest -q -p no:cacheprovider tests/trainers
 
 lint: .venv/.installed
-	.venv/bin/ruff check mmrope_core mmrope_plugins examples tests/trainers tests/padding_free tests/test_collators.py
+	.venv/bin/ruff check mmrope_core mmrope_plugins examples tests/trainers tests/padding_free tests/models tests/test_collators.py
 	.venv/bin/mypy
 
 bench: .venv/.installed
