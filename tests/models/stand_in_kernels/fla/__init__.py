@@ -1,0 +1,3 @@
+"""Stand-in of flash-linear-attention (see ../README.md)."""
+
+__version__ = "0.6.0"

@@ -1,0 +1,47 @@
+"""Linear attention trains packed rows exactly once its kernels take the boundaries. The kernels
+need a CUDA GPU; in a child process, stand-ins that honour their documented varlen arguments
+(``stand_in_kernels/``: each segment through transformers' own PyTorch functions) take their
+place, so that what is tested is what mmrope hands the model."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+CASES = ("Qwen3.5", "Qwen3.5-MoE")
+
+CHILD = f"""
+import sys
+sys.path[:0] = [{str(HERE / "stand_in_kernels")!r}, {str(HERE)!r}]
+import transformers.utils.import_utils as import_utils
+import_utils.is_flash_linear_attention_available = lambda: True  # what transformers answers on a GPU with them
+import_utils.is_causal_conv1d_available = lambda: True
+
+import torch
+from test_packed_rows import LOGITS, by_hand, case, rows_of, segments_of, trains_as_its_samples_alone_or_is_refused
+from mmrope_core.collators import PackedCollator
+from mmrope_core.segments import packed_row_support
+
+for name in {CASES!r}:
+    tiny, engine = case(name, None)
+    assert packed_row_support(engine).boundaries == "linear_attention", name
+    for samples in rows_of(tiny):
+        trains_as_its_samples_alone_or_is_refused(tiny, engine, samples)
+        # without seq_idx the convolution still runs from one segment into the next
+        batch = PackedCollator(engine)(samples)
+        del batch["seq_idx"]
+        with torch.no_grad():
+            logits = tiny.model(**batch).logits[0]
+            own = [tiny.model(**sample, use_cache=False).logits[0] for sample in samples]
+        assert not all(torch.allclose(mine, theirs, **LOGITS) for mine, theirs in zip(segments_of(logits, samples), own))
+    print(name, "exact with the boundaries")
+"""
+
+
+def test_linear_attention_with_kernels_taking_the_boundaries_trains_packed_rows_exactly():
+    result = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=900, check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    for name in CASES:
+        assert f"{name} exact with the boundaries" in result.stdout

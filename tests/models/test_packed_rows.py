@@ -1,0 +1,149 @@
+"""A packed row trains as its samples alone, or is refused: for every example case, tiny random
+models of the real model classes compare the packed row's logits, loss and gradients with each
+sample run alone, the model computing its own positions; where mmrope refuses the model, the
+same row built by hand shows that the model's layers mix the segments."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import random
+
+import pytest
+import torch
+from media_samples import audio_in_video_sample, video_sample
+from tiny_models import names, tiny_model
+
+from mmrope_core import PackingUnsupportedError, RopeEngine
+from mmrope_core.collators import IGNORE_INDEX, PackedCollator
+from mmrope_core.segments import packed_row_support
+
+torch.set_num_threads(1)  # two cores, shared
+#: What the tests also train, beside each case's own config: settings that change the answer.
+VARIANTS = {
+    "Gemma4": {"bidirectional images": (("text_config.use_bidirectional_attention", "vision"),)},
+}
+CASES = [(name, variant) for name in names() for variant in (None, *VARIANTS.get(name, ()))]
+#: Cases given generated videos too (their processors take none without torchvision), and the
+#: Omni cases given videos with their audio, which the models' own forward then takes as a keyword.
+VIDEOS = ("Qwen2-VL", "Qwen2.5-VL", "Qwen3-VL", "Qwen3-VL-MoE", "Qwen3.5", "Qwen3.5-MoE", "GLM-4V", "GLM-4V-MoE",
+          "GLM-4.6V")
+#: GLM's frames are image tokens: its model takes a batch's images or its videos, not both at once
+VIDEOS_APART = ("GLM-4V", "GLM-4V-MoE", "GLM-4.6V")
+AUDIO_IN_VIDEO = ("Qwen2.5-Omni", "Qwen3-Omni")
+FORWARD_KWARGS = {name: {"use_audio_in_video": True} for name in AUDIO_IN_VIDEO}
+# a packed segment's logits against its sample alone: float32 sums in another order
+LOGITS = {"rtol": 1e-4, "atol": 1e-5}
+GRADIENTS = {"rtol": 1e-3, "atol": 1e-6}
+
+
+@functools.cache
+def case(name, variant):
+    overrides = VARIANTS.get(name, {}).get(variant, ()) if variant else ()
+    tiny = tiny_model(name, overrides=overrides)
+    engine = RopeEngine.from_processor(tiny.processor, tiny.config)
+    return tiny, engine
+
+
+def rows_of(tiny):
+    """The packed rows a case is tested on, as lists of samples: the case's samples with generated
+    ones holding videos, and one of text alone; each unpadded, labels their ids."""
+    rng, generator = random.Random(tiny.name), torch.Generator().manual_seed(0)
+    if tiny.name in VIDEOS_APART:
+        videos = [video_sample(tiny.processor, rng, generator, images=0) for _ in range(2)]
+        return [with_text(tiny, tiny.samples), with_text(tiny, videos)]
+    samples = list(tiny.samples)
+    if tiny.name in VIDEOS:
+        samples.insert(1, video_sample(tiny.processor, rng, generator))
+    if tiny.name in AUDIO_IN_VIDEO:
+        samples.insert(1, audio_in_video_sample(tiny.processor, tiny.model.config, rng, generator))
+    return [with_text(tiny, samples)]
+
+
+def with_text(tiny, samples):
+    rows = [{**sample, "labels": sample["input_ids"].clone()} for sample in samples]
+    tokenizer = tiny.processor.tokenizer
+    ids = torch.tensor([tokenizer.convert_tokens_to_ids(tokenizer.tokenize("the cat sat on a mat"))])
+    text = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+    text.update({key: torch.zeros_like(ids) for key in tiny.samples[0] if key.endswith("token_type_ids")})
+    if tiny.config.model_type != "glm_image":  # an image generator: its own positions fail on text alone
+        rows.append(text)
+    return rows
+
+
+def alone(model, sample, kwargs):
+    """The sample's logits and its summed token loss, the model computing its own positions."""
+    out = model(**sample, **kwargs, use_cache=False)
+    labels = sample["labels"][0, 1:]
+    loss = torch.nn.functional.cross_entropy(out.logits[0, :-1].float(), labels, ignore_index=IGNORE_INDEX,
+                                             reduction="sum")
+    return out.logits[0], loss, int((labels != IGNORE_INDEX).sum())
+
+
+def by_hand(engine, samples):
+    """The packed row of ``samples`` built without the collator: ids, labels and token types joined,
+    the media batched, the positions of each segment as its sample's alone."""
+    lengths = [sample["input_ids"].shape[1] for sample in samples]
+    bounds = torch.tensor([0, *itertools.accumulate(lengths)])
+    token_aligned = ("input_ids", "labels", *(key for key in samples[0] if key.endswith("token_type_ids")))
+    batch = {key: torch.cat([sample[key] for sample in samples], dim=1) for key in token_aligned}
+    batch["labels"][0, bounds[:-1]] = IGNORE_INDEX
+    media = engine.collate([{key: value for key, value in sample.items()
+                             if key not in (*token_aligned, "attention_mask")} for sample in samples])
+    positions = engine.compute_position_ids(batch["input_ids"], None, media, cu_seqlens=bounds)
+    positions = positions.transpose(0, 1) if engine.rope_kind == "mrope" else positions
+    return {**batch, **media, "position_ids": positions, "use_cache": False}
+
+
+def segments_of(logits, samples):
+    start = 0
+    for sample in samples:
+        yield logits[start:start + sample["input_ids"].shape[1]]
+        start += sample["input_ids"].shape[1]
+
+
+@pytest.mark.parametrize("name, variant", CASES, ids=[f"{n}-{v}" if v else n for n, v in CASES])
+def test_a_packed_row_trains_as_its_samples_alone_or_is_refused(name, variant):
+    tiny, engine = case(name, variant)
+    for samples in rows_of(tiny):
+        trains_as_its_samples_alone_or_is_refused(tiny, engine, samples)
+
+
+def trains_as_its_samples_alone_or_is_refused(tiny, engine, samples):
+    model = tiny.model
+    kwargs = FORWARD_KWARGS.get(tiny.name, {})
+    support = packed_row_support(engine)
+    with torch.no_grad():
+        own = [alone(model, sample, kwargs)[0] for sample in samples]
+    if not support.exact:
+        with pytest.raises(PackingUnsupportedError, match=engine.config.model_type):
+            PackedCollator(engine)
+        try:  # the refusal is right: the same row built by hand is not the samples alone
+            with torch.no_grad():
+                logits = model(**by_hand(engine, samples), **kwargs).logits[0]
+        except Exception:  # the model cannot even take it
+            return
+        assert not all(torch.allclose(mine, theirs, **LOGITS) for mine, theirs in zip(segments_of(logits, samples), own)), \
+            f"refused, yet every segment equals its sample alone ({support.mixes})"
+        return
+    for flash in (False, True):
+        batch = PackedCollator(engine, flash_attn_kwargs=flash, mm_processor_kwargs=kwargs or None)(samples)
+        with torch.no_grad():
+            logits = model(**batch, **kwargs).logits[0]
+        for index, (mine, theirs) in enumerate(zip(segments_of(logits, samples), own)):
+            torch.testing.assert_close(mine, theirs, **LOGITS, msg=lambda m, index=index: f"sample {index}: {m}")
+    # the loss and its gradients: the samples' summed token losses over their token count
+    model.zero_grad(set_to_none=True)
+    losses = [alone(model, sample, kwargs)[1:] for sample in samples]
+    expected = sum(loss for loss, _ in losses) / sum(count for _, count in losses)
+    expected.backward()
+    theirs = {key: parameter.grad.clone() for key, parameter in model.named_parameters() if parameter.grad is not None}
+    model.zero_grad(set_to_none=True)
+    loss = model(**PackedCollator(engine, mm_processor_kwargs=kwargs or None)(samples), **kwargs).loss
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
+    loss.backward()
+    mine = {key: parameter.grad for key, parameter in model.named_parameters() if parameter.grad is not None}
+    model.zero_grad(set_to_none=True)
+    assert mine.keys() == theirs.keys()
+    for key, gradient in theirs.items():
+        torch.testing.assert_close(mine[key], gradient, **GRADIENTS, msg=lambda m, key=key: f"{key}: {m}")
