@@ -19,6 +19,7 @@ any forward, with what to do instead.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 from collections.abc import Iterator
 from typing import Any
@@ -31,10 +32,11 @@ from .errors import PackingUnsupportedError
 _PER_TOKEN_KINDS = frozenset({"mlp", "moe", "dense"})
 _CUT_ATTENTION_KINDS = frozenset({"full_attention", "sliding_attention"})
 #: Layer kinds that carry state along the row, whose kernels keep packed segments apart when
-#: given the boundaries: transformers passes ``cu_seq_lens_q`` to flash-linear-attention's
-#: gated delta rule and ``seq_idx`` to causal-conv1d. Without either kernel, the PyTorch
-#: fallbacks run over the whole row.
-_BOUNDED_KINDS = {"linear_attention": ("flash-linear-attention", "causal-conv1d")}
+#: given the boundaries, with what the model's code must run for that: transformers passes
+#: ``cu_seq_lens_q`` to flash-linear-attention's gated delta rule and ``seq_idx`` to
+#: causal-conv1d. Without either kernel, the PyTorch fallbacks run over the whole row.
+_BOUNDED_KINDS = {"linear_attention": (("chunk_gated_delta_rule", "causal_conv1d"),
+                                       ("flash-linear-attention", "causal-conv1d"))}
 #: Config attributes that describe layers carrying state, on configs that list no layer kinds.
 _STATE_ATTRIBUTES = ("mamba", "ssm_", "conv_kernel", "conv_L_cache", "linear_conv", "state_size")
 
@@ -89,10 +91,15 @@ def packed_row_support(engine: Any) -> PackedRowSupport:
             model, f"its positions have {rows} rows, and transformers finds packed segments from a text row only above "
                    f"three (t, h, w) rows", f"To train it, {pad}")
     texts = list(text_configs(config))
-    if any(getattr(text, "cross_attention_layers", None) for text in texts):
+    if any(getattr(text, "is_encoder_decoder", False) for text in texts):
+        return PackedRowSupport(
+            model, "it is an encoder-decoder model: its encoder attends both ways over the row, and its decoder "
+                   "attends to one encoder output per row", f"To train it, {pad}")
+    if any(value and ("cross_attention" in name or "cross_layer" in name)
+           for text in texts for name, value in vars(text).items()):
         return PackedRowSupport(
             model, "its cross-attention layers attend from each token to its sample's images through a per-token "
-                   "mask (cross_attention_mask) that a packed row does not join", f"To train it, {pad}")
+                   "mask that a packed row does not join", f"To train it, {pad}")
     for text in texts:
         bidirectional = _bidirectional_text(text)
         if bidirectional:
@@ -104,16 +111,17 @@ def packed_row_support(engine: Any) -> PackedRowSupport:
     if not kinds:
         carrying = [f"layers described by {name}" for text in texts for name in vars(text)
                     if any(part in name for part in _STATE_ATTRIBUTES)][:1]
-    unbounded = [kind for kind in carrying if kind not in _BOUNDED_KINDS]
+    unbounded = [kind for kind in carrying if not any(_runs(text, _BOUNDED_KINDS.get(kind, ((),))[0]) for text in texts)]
     if unbounded:
-        what = ("carry state along the row from one segment into the next" if not unbounded[0].endswith("attention")
+        state = unbounded[0] in _BOUNDED_KINDS or not unbounded[0].endswith("attention")
+        what = ("carry state along the row from one segment into the next" if state
                 else "are neither full nor sliding-window attention (the masks transformers cuts at the segments' "
                      "boundaries)")
         return PackedRowSupport(
             model, f"its {unbounded[0]} layers {what}, and mmrope knows no kernel of them that takes the boundaries",
             f"To train it, {pad}")
     if carrying:
-        needed = sorted({kernel for kind in carrying for kernel in _BOUNDED_KINDS[kind]})
+        needed = sorted({kernel for kind in carrying for kernel in _BOUNDED_KINDS[kind][1]})
         missing = [kernel for kernel in needed if not _kernel_available(kernel)]
         if missing:
             return PackedRowSupport(
@@ -155,6 +163,18 @@ def mask_overlay_mixes_segments(model_class: type) -> str:
     return (f"{model_class.__name__} builds its attention masks with an overlay (or_mask_function: image tokens "
             f"attending to one another), which transformers reads at each token's position within its segment, so "
             f"a later segment of a packed row reads the overlay of the first segment's tokens")
+
+
+def _runs(text: Any, names: tuple[str, ...]) -> bool:
+    """Whether the modeling code of ``text``'s model calls every function in ``names``."""
+    if not names:
+        return False
+    module = type(text).__module__.replace(".configuration_", ".modeling_")
+    try:
+        source = inspect.getsource(importlib.import_module(module))
+    except (ImportError, OSError, TypeError):
+        return False
+    return all(name in source for name in names)
 
 
 def _bidirectional_text(text: Any) -> str:

@@ -1,0 +1,118 @@
+"""What mmrope reads off a config, a model's code and the installed kernels to decide whether a
+packed row trains as its samples alone. ``tests/models`` checks the answers at the model for every
+example case; these check each rule on real configs, including model types whose processors do
+not build offline."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import transformers
+from transformers import CONFIG_MAPPING
+
+from mmrope_core import PackingUnsupportedError, RopeBinding
+from mmrope_core.segments import mask_overlay_mixes_segments, packed_row_support
+
+
+def support(config, mixes_segments=""):
+    engine = types.SimpleNamespace(processor=None, config=config,
+                                   binding=RopeBinding("1d", mixes_segments=mixes_segments))
+    return packed_row_support(engine)
+
+
+def qwen2_vl(**text):
+    return transformers.Qwen2VLConfig(text_config={"num_hidden_layers": 2, **text})
+
+
+def test_full_and_sliding_window_attention_keep_segments_apart():
+    assert support(qwen2_vl(layer_types=["full_attention", "sliding_attention"])).exact
+    assert support(qwen2_vl()).exact
+
+
+@pytest.mark.parametrize("kind, says", [
+    ("conv", "its conv layers carry state along the row"),
+    ("linear_attention", "its linear_attention layers carry state along the row"),  # Qwen2-VL's code runs none
+    ("chunked_attention", "its chunked_attention layers are neither full nor sliding-window attention"),
+    ("indexed_attention", "its indexed_attention layers are neither full nor sliding-window attention"),
+])
+def test_other_layer_kinds_are_refused_by_name(kind, says):
+    try:
+        config = qwen2_vl(layer_types=["full_attention", kind])
+    except Exception as exc:  # older releases validate the kinds they know
+        pytest.skip(f"this transformers' configs hold no {kind} layers ({type(exc).__name__})")
+    found = support(config)
+    assert "mmrope knows no kernel of them that takes the boundaries" in found.mixes
+    assert not found.exact and says in found.mixes
+    with pytest.raises(PackingUnsupportedError, match=f"qwen2_vl .*cannot train a packed row as its samples alone: {says}"):
+        found.require()
+
+
+def test_linear_attention_needs_the_kernels_that_read_the_boundaries(monkeypatch):
+    config = transformers.Qwen3_5Config(text_config={"layer_types": ["full_attention", "linear_attention"],
+                                                     "num_hidden_layers": 2})
+    found = support(config)
+    assert "only the kernels of causal-conv1d and flash-linear-attention take the segments' boundaries" in found.mixes
+    assert "Install causal-conv1d and flash-linear-attention on a GPU machine" in found.advice
+    import transformers.utils.import_utils as import_utils
+
+    monkeypatch.setattr(import_utils, "is_causal_conv1d_available", lambda: True)
+    assert "flash-linear-attention is not available" in support(config).mixes
+    monkeypatch.setattr(import_utils, "is_flash_linear_attention_available", lambda: True)
+    found = support(config)
+    assert found.exact and found.boundaries == "linear_attention"
+    found.require()  # the packing collator gives the boundaries
+    with pytest.raises(PackingUnsupportedError, match="keep the segments apart only when given their boundaries"):
+        found.require("LLaMA-Factory's neat_packing rows", gives_boundaries=False)
+
+
+@pytest.mark.parametrize("model_type, setting", [("gemma3", {"use_bidirectional_attention": True}),
+                                                 ("gemma4", {"use_bidirectional_attention": "all"}),
+                                                 ("gemma3", {"is_causal": False})])
+def test_bidirectional_text_attention_is_refused(model_type, setting):
+    if model_type not in CONFIG_MAPPING:
+        pytest.skip(f"this transformers has no {model_type}")
+    config = transformers.AutoConfig.for_model(model_type)
+    for key, value in setting.items():
+        setattr(config.text_config, key, value)
+    assert "its text attention is bidirectional" in support(config).mixes
+
+
+def test_what_the_binding_says_comes_first():
+    found = support(qwen2_vl(), mixes_segments="its image tokens attend both ways")
+    assert found.mixes == "its image tokens attend both ways" and "PaddedCollator" in found.advice
+
+
+def test_a_mask_overlay_in_the_models_code_is_found():
+    """Gemma3's code overlays its image masks where the installed transformers builds them with
+    ``or_mask_function``; Qwen2-VL's builds none."""
+    from transformers import Gemma3Model, Qwen2VLModel
+    from transformers.models.gemma3 import modeling_gemma3
+
+    assert mask_overlay_mixes_segments(Qwen2VLModel) == ""
+    import inspect
+
+    overlay = "or_mask_function=" in inspect.getsource(modeling_gemma3)
+    assert bool(mask_overlay_mixes_segments(Gemma3Model)) == overlay
+
+
+#: Model types whose processors do not build offline, and what their default configs say.
+DEFAULT_CONFIGS = {
+    "llama4": "its chunked_attention layers",
+    "lfm3_vl": "its conv layers carry state",
+    "florence2": "it is an encoder-decoder model",
+    "idefics": "its cross-attention layers",
+    "paligemma": "its text attention is bidirectional",
+    "minicpm_ocr": "its linear_attention layers",
+    "smolvlm": "",
+    "mistral3": "",
+    "phi4_multimodal": "",
+    "lfm2_vl": "",  # its default layers are all attention; a checkpoint listing conv layers is refused
+}
+
+
+@pytest.mark.parametrize("model_type", [model_type for model_type in DEFAULT_CONFIGS if model_type in CONFIG_MAPPING])
+def test_default_configs_of_model_types_without_an_offline_processor(model_type):
+    found = support(transformers.AutoConfig.for_model(model_type))
+    assert (found.mixes[: len(DEFAULT_CONFIGS[model_type])] == DEFAULT_CONFIGS[model_type]
+            if DEFAULT_CONFIGS[model_type] else found.exact), found.mixes
