@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from .engine import RopeEngine
 from .errors import CollateError, InvalidInputError, a
+from .media import require_string_keys
 
 IGNORE_INDEX = -100  # what transformers' and TRL's losses skip
 _TOKEN_KEYS = ("input_ids", "attention_mask", "labels")
@@ -148,6 +149,7 @@ def _read_samples(samples: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for index, sample in enumerate(samples):
         if not isinstance(sample, Mapping):
             raise CollateError(f"sample {index} is {a(type(sample).__name__)}, not a dict of processor outputs")
+        require_string_keys(f"sample {index}", sample)
         copy = {key: value for key, value in sample.items() if value is not None}
         ids = _token_row(index, "input_ids", copy.get("input_ids"))
         if ids is None:
