@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from .errors import CollateError, a
-from .media import require_values
+from .media import require_string_keys, require_values
 
 
 def collate(samples: Iterable[Mapping[str, Any]], varlen_keys: Iterable[str] = (), *,
@@ -33,6 +33,7 @@ def collate(samples: Iterable[Mapping[str, Any]], varlen_keys: Iterable[str] = (
     for index, sample in enumerate(samples):
         if not isinstance(sample, Mapping):
             raise CollateError(f"sample {index} is {a(type(sample).__name__)}, not a dict of multimodal inputs")
+        require_string_keys(f"sample {index}", sample)
         keys.update(dict.fromkeys(key for key, value in sample.items() if value is not None))
     return {key: _merge(key, samples, key in varlen, padding_side == "left" and key in aligned) for key in keys}
 

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from .engine import RopeEngine
 from .errors import CollateError, InvalidInputError, a
+from .media import require_string_keys, require_values
 from .segments import packed_row_support
 
 IGNORE_INDEX = -100  # what transformers' and TRL's losses skip
@@ -160,6 +161,7 @@ def _read_samples(samples: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for index, sample in enumerate(samples):
         if not isinstance(sample, Mapping):
             raise CollateError(f"sample {index} is {a(type(sample).__name__)}, not a dict of processor outputs")
+        require_string_keys(f"sample {index}", sample)
         copy = {key: value for key, value in sample.items() if value is not None}
         ids = _token_row(index, "input_ids", copy.get("input_ids"))
         if ids is None:
@@ -174,7 +176,9 @@ def _read_samples(samples: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
                                    f"{tuple(ids.shape)}; give one {key} value per token")
             if row is not None:
                 copy[key] = row
-        copy.setdefault("labels", ids)
+        labels = copy.setdefault("labels", ids)
+        if not (labels.dtype.is_floating_point or labels.dtype.is_complex):  # the loss takes int64 targets
+            copy["labels"] = labels.long()
         for key, value in copy.items():  # per-token keys follow the ids' layout
             if key.endswith(_TOKEN_TYPES) and isinstance(value, torch.Tensor) and value.shape == ids.shape[1:]:
                 copy[key] = value[None]
@@ -191,6 +195,7 @@ def _token_row(index: int, key: str, value: Any) -> torch.Tensor | None:
     if not isinstance(value, torch.Tensor):
         raise CollateError(f"sample {index}: {key} is {a(type(value).__name__)}, not a tensor; call the processor "
                            f"with return_tensors='pt', or read a datasets.Dataset with .with_format('torch')")
+    require_values(f"sample {index}: {key}", value)
     if value.dim() == 1:
         return value[None]
     if value.dim() != 2 or value.shape[0] != 1:

@@ -24,7 +24,7 @@ from .errors import (
 )
 from .inputs import ReadOnlyInputs, as_batch
 from .manager import PluginInfo, PluginManager, get_plugin_manager
-from .media import read_media, require_values
+from .media import read_media, require_string_keys, require_values
 from .options import EngineOptions
 from .packing import PackedLayout
 from .positions import one_d_positions
@@ -347,6 +347,8 @@ def _require_mappings(multi_modal_inputs: Any, mm_processor_kwargs: Any) -> None
         if value is not None and not isinstance(value, Mapping):
             raise InvalidInputError(f"{key} must be a dict of the processor's outputs (or None), got "
                                     f"{type(value).__name__}")
+        if value is not None:
+            require_string_keys(key, value)
 
 
 @contextlib.contextmanager

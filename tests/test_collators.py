@@ -180,6 +180,16 @@ def test_bad_samples_are_refused_by_name(collator, bad, message):
         collator(engine)(bad(samples))
 
 
+@pytest.mark.parametrize("collator", [PaddedCollator, PackedCollator])
+def test_ids_of_a_narrow_dtype_give_int64_labels_and_ids_without_values_are_refused(collator):
+    engine, samples = engine_and_samples(QWEN)
+    text = [{"input_ids": torch.tensor([[5, 6, 7]], dtype=torch.uint8)}, {"input_ids": torch.tensor([[8, 9]], dtype=torch.uint8)}]
+    labels = collator(engine)(text)["labels"]
+    assert labels.dtype == torch.int64 and labels.tolist()[0][1:3] == [6, 7]
+    with pytest.raises(InvalidInputError, match="sample 1: input_ids is on the meta device"):
+        collator(engine)([samples[0], {**samples[1], "input_ids": samples[1]["input_ids"].to("meta")}])
+
+
 def test_a_padded_sample_cannot_be_packed():
     engine, samples = engine_and_samples(QWEN)
     mask = samples[0]["attention_mask"].clone()

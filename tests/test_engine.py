@@ -2,6 +2,7 @@
 
 import dataclasses
 import pickle
+import re
 
 import pytest
 import torch
@@ -354,6 +355,31 @@ def test_bad_inputs_raise_typed_errors(toy_manager, toy, input_ids, attention_ma
     engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager)
     with pytest.raises(InvalidInputError, match=message):
         engine.compute_position_ids(input_ids, attention_mask, {})
+
+
+@pytest.mark.parametrize("key", [0, 1.5, ("image_grid_thw",), b"image_grid_thw"])
+def test_a_key_that_is_not_a_string_is_refused_naming_it_and_the_sample(toy_manager, toy, key):
+    from mmrope_core.collate import collate
+    from mmrope_core.collators import PackedCollator, PaddedCollator
+    from mmrope_core.media import read_media
+
+    engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager)
+    ids = torch.ones(1, 3, dtype=torch.long)
+    named = rf"has the key {re.escape(repr(key))} \({type(key).__name__}\); keys must be strings"
+    calls = {
+        "multi_modal_inputs": lambda: engine.compute_position_ids(ids, None, {key: ids}),
+        "mm_processor_kwargs": lambda: engine.rope_index_kwargs({}, {key: True}),
+        "the multimodal inputs": lambda: read_media({key: ids}),
+        "sample 1": lambda: collate([{"pixel_values": ids}, {key: ids}]),
+    }
+    for sample in (lambda: engine.batch([{"input_ids": ids}, {"input_ids": ids, key: ids}]),
+                   lambda: PaddedCollator(engine)([{"input_ids": ids}, {"input_ids": ids, key: ids}]),
+                   lambda: PackedCollator(engine)([{"input_ids": ids}, {"input_ids": ids, key: ids}])):
+        with pytest.raises(InvalidInputError, match="sample 1 " + named):
+            sample()
+    for where, call in calls.items():
+        with pytest.raises(InvalidInputError, match=re.escape(where) + " " + named):
+            call()
 
 
 @pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16])

@@ -117,9 +117,11 @@ def _call_with_mmrope_positions(original: Callable[..., Any], collator: Any, fea
     engine = collator_engine(collator)
     if engine is None:
         return original(collator, features)
-    injected = _injected_media(collator, features)  # read before LLaMA-Factory pops the media lists
+    # read before LLaMA-Factory pops the media lists; what is no dict, LLaMA-Factory's own code refuses
+    features_read = [feature for feature in features if isinstance(feature, Mapping)]
+    injected = _injected_media(collator, features_read)
     packed = any(len((feature.get("packing_params") or {}).get("sequence_boundaries") or ()) > 2
-                 for feature in features)
+                 for feature in features_read)
     with _framework_positions_off(collator):
         batch = original(collator, features)
     if packed:  # LLaMA-Factory gives the model a block-diagonal mask, or flash-attention's positions, nothing more

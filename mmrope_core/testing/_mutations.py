@@ -21,24 +21,41 @@ _ID_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32)
 REFUSED = "refused: "  # names of mutations that leave an input no engine can read
 
 
+#: the collators' calls, and every call that takes per-sample processor outputs (``Case.outputs``)
+COLLATOR_CALLS = ("PaddedCollator", "PackedCollator")
+SAMPLE_CALLS = ("batch", *COLLATOR_CALLS)
+
+
 @dataclasses.dataclass
 class Case:
     """A batch to mutate: the example it comes from, the call it goes to and its arguments."""
 
     case: str  # the example case's name
-    call: str  # "position_ids", "rope_index" or "batch"
+    call: str  # "position_ids", "rope_index" or one of SAMPLE_CALLS
     ids: Any
     mask: Any
     inputs: dict[str, Any]
     options: dict[str, Any]  # mm_processor_kwargs, for position_ids
-    outputs: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # for batch
+    outputs: list[Any] = dataclasses.field(default_factory=list)  # per-sample processor outputs, for SAMPLE_CALLS
+    packing: dict[str, Any] = dataclasses.field(default_factory=dict)  # cu_seqlens or segment_ids
+    packed: Any = None  # the layout (a _packed.Packed) while the case is as it was laid out
+    convention: str = "transformers"  # the engine's position convention
+
+
+def one_of(choices: Any, options: list[Any]) -> Any:
+    """A choice among ``options``; none to choose from is a ``ValueError`` (the mutation does not apply)."""
+    if not options:
+        raise ValueError("nothing to choose from")
+    return choices.choice(options)
 
 
 def applicable(case: Case) -> list[Callable[[Case, Any], str]]:
     """The mutations that apply to what the case holds now (earlier mutations may have changed it)."""
-    if case.call == "batch":
+    if case.call in SAMPLE_CALLS:
         return [_batch_mask_shape, _batch_mask_length, _batch_ids_dtype, _batch_drop_media, _batch_meta,
-                _batch_rows_flat]
+                _batch_rows_flat, _sample_key_not_a_string, _sample_extra_column, _sample_labels, _sample_not_a_dict,
+                _samples_reversed, _sample_twice, _sample_media_numpy, _sample_empty, _sample_own_padding,
+                _sample_token_types]
     found: list[Callable[[Case, Any], str]] = [_ids_dtype, _ids_token, _ids_truncated, _ids_meta, _mask_values,
                                                 _mask_shape, _inputs_not_a_dict, _unknown_key, _keys_reversed]
     keys = case.inputs if isinstance(case.inputs, dict) else {}
@@ -54,7 +71,7 @@ def applicable(case: Case) -> list[Callable[[Case, Any], str]]:
 
 
 def _pick(case: Case, choices: Any, test: Callable[[str, Any], bool]) -> str:
-    return choices.choice(sorted(key for key, value in case.inputs.items() if test(key, value)))
+    return one_of(choices, sorted(key for key, value in case.inputs.items() if test(key, value)))
 
 
 def is_grid(key: str, value: Any) -> bool:
@@ -249,6 +266,8 @@ def _batch_mask_shape(case: Case, choices: Any) -> str:
 
 def _batch_mask_length(case: Case, choices: Any) -> str:
     index = choices.integer(0, len(case.outputs) - 1)
+    if case.outputs[index]["attention_mask"].shape[-1] == 0:
+        raise ValueError("no mask value to drop")
     case.outputs[index]["attention_mask"] = case.outputs[index]["attention_mask"][..., :-1]
     return f"{REFUSED}sample {index}: a shorter attention_mask"
 
@@ -287,3 +306,92 @@ def _batch_meta(case: Case, choices: Any) -> str:
     index = choices.integer(0, len(case.outputs) - 1)
     case.outputs[index]["input_ids"] = case.outputs[index]["input_ids"].to("meta")
     return f"{REFUSED}sample {index}: input_ids on meta"
+
+
+# -- samples as a dataset may hand them to a collator ----------------------------------------------
+
+
+def _sample(case: Case, choices: Any) -> tuple[int, dict[str, Any]]:
+    """A sample that is still a dict, as a copy the mutation may change."""
+    index = one_of(choices, [index for index, output in enumerate(case.outputs) if isinstance(output, dict)])
+    case.outputs[index] = dict(case.outputs[index])
+    return index, case.outputs[index]
+
+
+def _sample_key_not_a_string(case: Case, choices: Any) -> str:
+    index, output = _sample(case, choices)
+    key = choices.choice((0, 1.5, ("image_grid_thw",), b"pixel_values"))
+    output[key] = torch.ones(1, 3, dtype=torch.long)
+    return f"{REFUSED}sample {index}: the key {key!r}"
+
+
+def _sample_extra_column(case: Case, choices: Any) -> str:
+    """A column of the dataset that is no processor output."""
+    index, output = _sample(case, choices)
+    name, value = choices.choice((("id", "row-17"), ("length", 17), ("messages", [{"role": "user"}]),
+                                  ("score", torch.tensor(0.5))))
+    output[name] = value
+    return f"sample {index}: a column {name!r} of {type(value).__name__}"
+
+
+def _sample_labels(case: Case, choices: Any) -> str:
+    index, output = _sample(case, choices)
+    ids = output["input_ids"]
+    if choices.integer(0, 1):
+        labels = ids.clone()
+        labels[..., : ids.shape[-1] // 2] = -100
+        output["labels"] = labels
+        return f"sample {index}: labels with the prompt masked"
+    output["labels"] = ids[..., :-1]
+    refused = REFUSED if case.call in COLLATOR_CALLS else ""  # to engine.batch, labels are one more input
+    return f"{refused}sample {index}: labels one shorter than input_ids"
+
+
+def _sample_not_a_dict(case: Case, choices: Any) -> str:
+    index = choices.integer(0, len(case.outputs) - 1)
+    case.outputs[index] = choices.choice(("a text", [1, 2, 3], torch.ones(3, dtype=torch.long)))
+    return f"{REFUSED}sample {index} a {type(case.outputs[index]).__name__}"
+
+
+def _samples_reversed(case: Case, choices: Any) -> str:
+    case.outputs = case.outputs[::-1]
+    return "samples in reverse order"
+
+
+def _sample_twice(case: Case, choices: Any) -> str:
+    index = choices.integer(0, len(case.outputs) - 1)
+    case.outputs.insert(index, case.outputs[index])
+    return f"sample {index} twice"
+
+
+def _sample_media_numpy(case: Case, choices: Any) -> str:
+    index, output = _sample(case, choices)
+    key = one_of(choices, sorted(key for key, value in output.items() if isinstance(key, str)
+                                 and key not in ("input_ids", "attention_mask") and isinstance(value, torch.Tensor)))
+    output[key] = output[key].numpy().copy()
+    return f"{REFUSED}sample {index}: {key} as a numpy array"
+
+
+def _sample_empty(case: Case, choices: Any) -> str:
+    index, output = _sample(case, choices)
+    for key in ("input_ids", "attention_mask"):
+        if isinstance(output.get(key), torch.Tensor):
+            output[key] = output[key][..., :0]
+    refused = REFUSED if case.call in COLLATOR_CALLS else ""  # engine.batch pads it as a row of padding
+    return f"{refused}sample {index}: no tokens"
+
+
+def _sample_own_padding(case: Case, choices: Any) -> str:
+    """A sample padded on its own (a processor call with ``padding="max_length"``)."""
+    index, output = _sample(case, choices)
+    mask = output["attention_mask"].clone()
+    mask[..., -1] = 0
+    output["attention_mask"] = mask
+    return f"sample {index}: its last token padding"
+
+
+def _sample_token_types(case: Case, choices: Any) -> str:
+    index, output = _sample(case, choices)
+    key = one_of(choices, sorted(key for key in output if isinstance(key, str) and key.endswith("token_type_ids")))
+    output[key] = output[key][..., :-1]
+    return f"sample {index}: {key} one shorter"

@@ -2,21 +2,23 @@
 
 Real batches of the plugin's example processors are mutated the way a trainer's data goes
 wrong (grids of huge, negative, float or narrow values, seconds that overflow, audio masks of
-the wrong type, token ids of other dtypes, masks of other shapes, devices without values) and
-fed to the engine. Every case must give the reference implementation's result, or a typed
-:class:`~mmrope_core.MmropeError` that is not a plugin fault; the caller's inputs stay as they
-were; and no case may take long or allocate far beyond its rows. The cases run in a child
-process, so that a crash in compiled code is reported (with the case that caused it) instead of
-ending the caller.
+the wrong type, token ids of other dtypes, masks of other shapes, devices without values,
+samples as a dataset hands them over, packed rows with moved or corrupt boundaries) and fed to
+the engine of each implementation and convention, to packed rows and to the collators. Every
+case must give what the model computes itself (:mod:`._direct`; each packed segment its sample's
+alone), or a typed :class:`~mmrope_core.MmropeError` that is not a plugin fault; the caller's
+inputs stay as they were; and no case may take long or allocate far beyond its rows. The cases
+run in a child process, so that a crash in compiled code is reported (with the case that caused
+it) instead of ending the caller.
 
 ``fuzz_plugin`` draws mutations from ``random.Random(seed)``; the project's own suite draws
 them with hypothesis (``chooser="hypothesis"``).
 """
-
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import pickle
 import random
@@ -32,7 +34,20 @@ import numpy as np
 import torch
 
 from ..errors import MmropeError, PluginError
+from ._collated import COLLATOR_CALLS, collated_problem, media_of
+from ._direct import ModelPositions
 from ._mutations import CORRUPT_ROWS, REFUSED, Case, applicable, is_grid
+from ._packed import (
+    CORRUPT,
+    KEEPS_LAYOUT,
+    STYLES,
+    Segment,
+    corrupted,
+    layout_mutations,
+    merged_media,
+    packed_case,
+    packed_problem,
+)
 
 #: A call may take this long (seconds) and raise the process's peak memory this much (bytes):
 #: the batches are a few hundred tokens, so anything sized from a corrupt number shows.
@@ -56,14 +71,19 @@ class FuzzFinding:
 
 
 def fuzz_plugin(name: str, *, cases: Sequence[Any] | None = None, seed: int = 0, examples: int = 100,
-                chooser: str = "random", timeout: float = 600.0) -> list[FuzzFinding]:
+                chooser: str = "random", timeout: float = 600.0,
+                vllm_as_transformers: Sequence[str] = ()) -> list[FuzzFinding]:
     """Fuzz plugin ``name`` (an installed entry point) with ``examples`` corrupt batches made from
     its example cases (or ``cases``, which must pickle) in a child process; return what broke a
-    rule. A child that dies is a finding naming the case it was computing."""
+    rule. A child that dies is a finding naming the case it was computing.
+
+    ``vllm_as_transformers`` names example cases whose ``convention="vllm"`` positions are
+    transformers' on every input; the others are held to transformers' on batches without
+    video or audio, where every family's conventions agree."""
     with tempfile.TemporaryDirectory(prefix="mmrope-fuzz-") as folder:
         trace, report = os.path.join(folder, "trace"), os.path.join(folder, "report")
         try:
-            payload = pickle.dumps((name, cases, seed, examples, chooser, trace, report))
+            payload = pickle.dumps((name, cases, seed, examples, chooser, trace, report, tuple(vllm_as_transformers)))
         except (pickle.PicklingError, AttributeError, TypeError) as exc:
             return [FuzzFinding(name, (), UNPICKLED,
                                 f"they do not pickle ({exc}); define their functions at module level")]
@@ -93,9 +113,9 @@ def _last_line(path: str) -> str:
 
 
 def _child() -> None:
-    name, cases, seed, examples, chooser, trace, report = pickle.loads(sys.stdin.buffer.read())
+    name, cases, seed, examples, chooser, trace, report, vllm_as_transformers = pickle.loads(sys.stdin.buffer.read())
     torch.set_num_threads(2)
-    fuzzer = _Fuzzer(name, trace)
+    fuzzer = _Fuzzer(name, trace, vllm_as_transformers)
     _cap_address_space()
     findings = fuzzer.run(cases, seed, examples, chooser)
     with open(report, "wb") as file:
@@ -144,11 +164,28 @@ class _HypothesisChoices:
         return self.data.draw(self.strategies.integers(low, high))
 
 
+@dataclasses.dataclass
+class _Subjects:
+    """What one example case's batches are fed to, and what their results are held to."""
+
+    fast: Any
+    reference: Any  # the reference implementation, or None where the plugin has one implementation
+    model: ModelPositions | None  # the model's own positions, or None where transformers has no model class for it
+    vllm: Any = None  # the engine of convention="vllm", where the family offers it
+    collators: dict[tuple[str, str], Any] = dataclasses.field(default_factory=dict)
+
+    def engine(self, case: Case) -> Any:
+        if case.call in COLLATOR_CALLS:
+            return self.collators[case.call, case.options.get("padding_side", "")]
+        return self.vllm if case.convention == "vllm" else self.fast
+
+
 class _Fuzzer:
-    def __init__(self, name: str, trace: str) -> None:
+    def __init__(self, name: str, trace: str, vllm_as_transformers: Sequence[str] = ()) -> None:
         self.name, self.trace = name, open(trace, "w")  # noqa: SIM115 (closed with the process)
         self.findings: list[FuzzFinding] = []
-        self.engines: dict[str, tuple[Any, Any]] = {}
+        self.subjects: dict[str, _Subjects] = {}
+        self.vllm_as_transformers = frozenset(vllm_as_transformers)
 
     def run(self, cases: Sequence[Any] | None, seed: int, examples: int, chooser: str) -> list[FuzzFinding]:
         from ..manager import PluginManager
@@ -166,17 +203,20 @@ class _Fuzzer:
                                                  f"{type(exc).__name__}: {exc}"))
         if not bases:
             return self.findings
-        self.baseline = _peak_memory()
         self.sweep(bases)
+        kinds: dict[str, list[Case]] = {}
+        for base in bases:
+            kinds.setdefault(_kind(base), []).append(base)
+        groups = [group for kind, group in sorted(kinds.items()) for _ in range(2 if kind == "engine" else 1)]
         if chooser == "hypothesis":
-            self.run_hypothesis(bases, seed, examples)
+            self.run_hypothesis(groups, seed, examples)
         else:
             choices = _RandomChoices(rng)
             for _ in range(examples):
-                self.one(bases, choices)
+                self.one(groups, choices)
         return self.findings
 
-    def run_hypothesis(self, bases: list[Case], seed: int, examples: int) -> None:
+    def run_hypothesis(self, groups: list[list[Case]], seed: int, examples: int) -> None:
         from hypothesis import HealthCheck, Phase, given, settings, strategies
         from hypothesis import seed as seeded
 
@@ -185,7 +225,7 @@ class _Fuzzer:
                   suppress_health_check=list(HealthCheck))
         @given(strategies.data())
         def draw(data: Any) -> None:
-            self.one(bases, _HypothesisChoices(data))
+            self.one(groups, _HypothesisChoices(data))
 
         draw()
 
@@ -199,7 +239,8 @@ class _Fuzzer:
                                                   implementation="reference")
         except MmropeError:  # a plugin with one implementation: no second opinion
             reference = None
-        self.engines[case.name] = (fast, reference)
+        subjects = self.subjects[case.name] = _Subjects(fast, reference,
+                                                        ModelPositions.of(processor, config, fast.rope_kind))
         outputs = [dict(fast.process(**sample)) for sample in case.samples(processor, rng)]
         bases = [Case(case.name, "batch", None, None, {}, {}, outputs)]
         for side in ("right", "left"):
@@ -207,19 +248,72 @@ class _Fuzzer:
             bases.append(Case(case.name, "position_ids", ids, mask, inputs, {}))
             if fast.rope_kind == "mrope":
                 bases.append(Case(case.name, "rope_index", ids, mask, fast.rope_index_kwargs(inputs), {}))
+        generated = []
         if case.batches is not None and fast.rope_kind == "mrope":
-            for _ in range(3):
+            for _ in range(4):
                 sample = dict(case.batches(processor, config, rng))
                 ids, mask = sample.pop("input_ids"), sample.pop("attention_mask", None)
-                bases.append(Case(case.name, "rope_index", ids, mask, sample, {}))
+                generated.append((ids, mask, sample))
+            bases += [Case(case.name, "rope_index", ids, mask, sample, {}) for ids, mask, sample in generated[:3]]
+        bases += self.packed_bases(case.name, fast, outputs, generated, rng)
+        bases += self.collator_bases(case.name, subjects, outputs)
+        if fast.rope_kind == "mrope":
+            try:
+                subjects.vllm = RopeEngine.from_processor(processor, config, plugin_manager=manager, convention="vllm")
+            except MmropeError:  # a family without vLLM's rules refuses the convention
+                pass
+            else:
+                bases += [dataclasses.replace(base, convention="vllm") for base in bases
+                          if base.call in ("position_ids", "rope_index")]
         return bases
 
+    @staticmethod
+    def packed_bases(name: str, fast: Any, outputs: list[dict[str, Any]], generated: list[tuple[Any, Any, dict]],
+                     rng: random.Random) -> list[Case]:
+        """The samples packed in rows: the processor's outputs for compute_position_ids, the
+        generated samples (videos, audio) for get_rope_index, each segment's media its sample's."""
+        pad = getattr(getattr(fast.processor, "tokenizer", None), "pad_token_id", None) or 0
+        alone = [(_unpadded(output["input_ids"], output.get("attention_mask")), media_of(output)) for output in outputs]
+        samples = {"position_ids": (alone * 2, fast.collate([media for _, media in alone * 2]))}
+        if generated:
+            flags = {key: value for key, value in generated[0][2].items() if not isinstance(value, torch.Tensor)}
+            same = [(_unpadded(ids, mask), {k: v for k, v in sample.items() if v is not None})
+                    for ids, mask, sample in generated
+                    if all(sample.get(key) == value for key, value in flags.items())]
+            samples["rope_index"] = (same, merged_media([media for _, media in same]))
+        return [packed_case(name, call, segments, inputs, style, 2, pad, rng.randint(0, 3))
+                for call, (segments, inputs) in samples.items() for style in STYLES]
+
+    def collator_bases(self, name: str, subjects: _Subjects, outputs: list[dict[str, Any]]) -> list[Case]:
+        from ..collators import PackedCollator, PaddedCollator
+
+        bases = []
+        for side in ("right", "left"):
+            subjects.collators["PaddedCollator", side] = PaddedCollator(subjects.fast, padding_side=side)
+            bases.append(Case(name, "PaddedCollator", None, None, {}, {"padding_side": side}, outputs))
+        try:
+            subjects.collators["PackedCollator", ""] = PackedCollator(subjects.fast, flash_attn_kwargs=True)
+        except MmropeError:  # a model whose layers cannot keep packed segments apart is refused here
+            return bases
+        return [*bases, Case(name, "PackedCollator", None, None, {}, {}, outputs)]
+
     def sweep(self, bases: list[Case]) -> None:
-        """Each of :data:`CORRUPT_ROWS` in place of the first row of each grid key, once per case."""
-        done = set()
+        """Every base as it is; each of :data:`CORRUPT_ROWS` in place of the first row of each grid
+        key once per example case; each corrupt layout of :data:`CORRUPT` once per call."""
+        done: set[tuple[Any, ...]] = set()
         for base in bases:
+            self.check(_copied(base), ())
+            # layouts are read before any plugin code runs: once per call, style and kind of RoPE
+            layout = (self.subjects[base.case].fast.rope_kind, base.call, base.packed and base.packed.style)
+            if base.packed is not None and base.convention == "transformers" and layout not in done:
+                done.add(layout)
+                for name, corruption in CORRUPT[base.packed.style]:
+                    case = _copied(base)
+                    self.check(case, (corrupted(case, name, corruption),))
+            if base.call != "position_ids" or base.convention != "transformers" or base.packing:
+                continue
             for key, value in base.inputs.items():
-                if base.call == "batch" or (base.case, key) in done or not is_grid(key, value):
+                if (base.case, key) in done or not is_grid(key, value):
                     continue
                 done.add((base.case, key))
                 for row in CORRUPT_ROWS:
@@ -227,53 +321,138 @@ class _Fuzzer:
                     grid[0] = torch.tensor(row)
                     self.check(dataclasses.replace(base, inputs={**base.inputs, key: grid}), (f"{key}[0] = {row}",))
 
-    def one(self, bases: list[Case], choices: Any) -> None:
-        base = choices.choice(bases)
-        case = dataclasses.replace(base, inputs=dict(base.inputs), outputs=[dict(o) for o in base.outputs])
+    def one(self, groups: list[list[Case]], choices: Any) -> None:
+        case = _copied(choices.choice(choices.choice(groups)))
         names = []
-        for _ in range(choices.integer(0, 2)):  # none: the valid batch itself, compared with the reference
-            mutation = choices.choice(applicable(case))
+        for _ in range(choices.integer(0, 2)):  # none: the valid batch itself, compared with the model's
+            mutation = choices.choice(layout_mutations(case) + applicable(case))
             # a mutation that does not apply to what an earlier one left is passed over
             with contextlib.suppress(AttributeError, IndexError, KeyError, RuntimeError, TypeError, ValueError,
                                      NotImplementedError):
                 names.append(mutation(case, choices))
+                if mutation not in KEEPS_LAYOUT:  # the segments' media or tokens are no longer known
+                    case.packed = None
         self.check(case, tuple(names))
 
     def check(self, case: Case, names: tuple[str, ...]) -> None:
-        fast, reference = self.engines[case.case]
-        self.trace.write(f"{case.case} {case.call} [{', '.join(names)}]\n")
+        subjects = self.subjects[case.case]
+        engine = subjects.engine(case)
+        self.trace.write(f"{case.case} {case.call} {case.convention} [{', '.join(names)}]\n")
         self.trace.flush()
-        got = self.judged(fast, case, names)
+        got = self.judged(engine, case, names)
         if not isinstance(got, BaseException):
-            self.check_result(fast, case, names, got)
-        if reference is None:
+            self.check_result(engine, case, names, got)
+        if case.call in COLLATOR_CALLS:
+            if not isinstance(got, BaseException):
+                self.check_collated(case, names, got, subjects)
             return
-        want = self.judged(reference, case, names)  # the reference engine is fuzzed too
+        if case.convention == "vllm":
+            self.check_vllm(case, names, got, subjects)
+            return
+        reference = subjects.reference
+        want = None if reference is None else self.judged(reference, case, names)  # the reference engine is fuzzed too
         if case.call == "batch":
             return
+        if want is not None:
+            self.check_implementations_agree(case, names, got, want)
+        if case.packing:
+            for result, engine_of in ((got, subjects.fast), (want, reference)):
+                if engine_of is not None:
+                    self.check_packed(case, names, result, engine_of, subjects.model)
+            return
+        results = [result for result in (got, want) if result is not None and not isinstance(result, BaseException)]
+        if not results:
+            return
+        if subjects.model is not None:
+            own = self.model_result(subjects.model, case)
+        else:  # no model class to ask: the reference implementation is the judge
+            own = None if want is None or isinstance(want, BaseException) else want
+        for result in results:
+            if own is not None and not _agrees(result, own, exact_dtype=_int64_ids(case)):
+                self.found(case, names, "results are the model's own", "the positions differ from what the model "
+                           "computes itself")
+
+    def check_implementations_agree(self, case: Case, names: tuple[str, ...], got: Any, want: Any) -> None:
+        """The fast and reference implementations accept the same inputs."""
         if isinstance(got, BaseException):
             if not isinstance(want, BaseException) and _in_range(want) and isinstance(got, MmropeError):
-                self.found(case, names, "results are the reference's", f"the engine refuses what the reference "
-                           f"computes ({type(got).__name__}: {str(got)[:200]})")
-            return
-        if isinstance(want, BaseException):
-            if _reference_failed(want):
-                return
-            self.found(case, names, "results are the reference's", f"the reference refuses the input "
+                self.found(case, names, "implementations accept the same inputs", f"the engine refuses what the "
+                           f"reference computes ({type(got).__name__}: {str(got)[:200]})")
+        elif isinstance(want, BaseException) and not _reference_failed(want):
+            self.found(case, names, "implementations accept the same inputs", f"the reference refuses the input "
                        f"({type(want).__name__}: {str(want)[:200]}) but the engine returns positions")
-        elif not _equal(got, want):
-            self.found(case, names, "results are the reference's", "the positions differ from the reference's")
+
+    def check_packed(self, case: Case, names: tuple[str, ...], got: Any, engine: Any, model: Any) -> None:
+        """A valid packed layout: each segment as its sample alone (the model's own positions, or
+        what ``model`` gives), and refused exactly where a segment alone is."""
+        if not _laid_out(case):
+            return
+        exact = [segment for segment in case.packed.segments if segment.exact]
+        alone = {id(segment): _outcome(functools.partial(_alone, engine, case, segment)) for segment in exact}
+        refused = [k for k, segment in enumerate(case.packed.segments) if segment.exact
+                   and isinstance(alone[id(segment)], BaseException)]
+        which = f" ({getattr(engine, 'implementation', '')}{', ' + case.convention if case.convention != 'transformers' else ''})"
+        if isinstance(got, BaseException):
+            if isinstance(got, MmropeError) and not refused and len(exact) == len(case.packed.segments):
+                self.found(case, names, "a packed row is refused exactly where a sample alone is",
+                           f"refused ({type(got).__name__}: {str(got)[:200]}) though each segment alone computes" + which)
+            return
+        if refused:
+            self.found(case, names, "a packed row is refused exactly where a sample alone is",
+                       f"segment {refused[0]} alone is refused, packed it is not" + which)
+            return
+        exact_dtype = _int64_ids(case) and (model is engine or case.convention == "transformers")
+        if model is None or model is engine:
+            problem = packed_problem(case, got, lambda segment: alone[id(segment)], exact_dtype)
+        else:
+            problem = packed_problem(case, got, lambda segment: _judge(lambda: _alone(model, case, segment)), exact_dtype)
+        if problem:
+            self.found(case, names, "packed segments are their samples alone", problem + which)
+
+    def check_vllm(self, case: Case, names: tuple[str, ...], got: Any, subjects: _Subjects) -> None:
+        """No vLLM here: the convention is held to what is known without it. Packed rows are each
+        sample alone; where docs/parity.md says vLLM and transformers agree (batches without
+        video or audio, and the families given), positions are the model's own."""
+        agree = case.case in self.vllm_as_transformers or not _timed_media(case)
+        if case.packing:
+            self.check_packed(case, names, got, subjects.vllm, subjects.vllm)
+            if agree and subjects.model is not None and not isinstance(got, BaseException) and case.packed is not None:
+                self.check_packed(case, names, got, subjects.vllm, subjects.model)
+            return
+        if isinstance(got, BaseException) or not agree or subjects.model is None:
+            return
+        own = self.model_result(subjects.model, case)
+        if own is not None and not _agrees(got, own, exact_dtype=False):
+            self.found(case, names, "the vLLM convention is transformers' where they agree",
+                       "the positions differ from what the model computes itself")
+
+    def check_collated(self, case: Case, names: tuple[str, ...], batch: Any, subjects: _Subjects) -> None:
+        collator = subjects.engine(case)
+        own = subjects.model if subjects.model is not None else subjects.reference
+        problem = collated_problem(case.outputs, batch, collator, own)
+        if problem:
+            self.found(case, names, "a collator's batch holds each sample as it is alone", problem)
+
+    @staticmethod
+    def model_result(model: ModelPositions, case: Case) -> Any:
+        """What the model computes itself on the case's inputs, or None where it fails."""
+        if case.call == "position_ids":
+            return _judge(lambda: model.position_ids(case.ids, case.mask, case.inputs, case.options))
+        return _judge(lambda: model.rope_index(case.ids, case.mask, case.inputs))
 
     def check_result(self, engine: Any, case: Case, names: tuple[str, ...], got: Any) -> None:
         """What a result must be whatever the reference says."""
+        one_d = getattr(engine, "rope_kind", "mrope") == "1d"
         refused = [name for name in names if name.startswith(REFUSED)
-                   and (engine.rope_kind == "mrope" or "_grid_thw" not in name)]  # 1-D positions read no grid
+                   and (not one_d or "_grid_thw" not in name)]  # 1-D positions read no grid
         if refused:
             self.found(case, names, "an input that cannot be read is refused", f"{refused[0]} gave a result")
         if case.call == "batch":
             problem = _batch_problem(case.outputs, got)
             if problem:
                 self.found(case, names, "a batch holds its samples as given", problem)
+            return
+        if case.call in COLLATOR_CALLS:
             return
         positions = (got[0] if isinstance(got, tuple) else got).double()
         if not _in_range(got):
@@ -288,18 +467,18 @@ class _Fuzzer:
     def judged(self, engine: Any, case: Case, names: tuple[str, ...]) -> Any:
         """The engine's result or error, after checking the rules every call keeps."""
         before = _snapshot(case)
+        floor = _peak_memory()  # what the process (this snapshot included) reached before the call
         start = time.perf_counter()
         outcome = _outcome(lambda: _call(engine, case))
         spent = time.perf_counter() - start
-        which = f" ({engine.implementation})"
-        if not _same(before, _snapshot(case)):
+        which = f" ({getattr(engine, 'implementation', type(engine).__name__)})"
+        if not _same(before, _snapshot(case, copied=False)):
             self.found(case, names, "inputs are not changed", "the call changed its inputs" + which)
         if spent > CALL_SECONDS:
             self.found(case, names, "a case costs what its rows cost", f"the call took {spent:.1f} s" + which)
-        grown = _peak_memory() - self.baseline
+        grown = _peak_memory() - floor
         if grown > MEMORY_GROWTH:
             self.found(case, names, "a case costs what its rows cost", f"peak memory grew by {grown >> 20} MiB" + which)
-            self.baseline = _peak_memory()
         if isinstance(outcome, BaseException):
             if not isinstance(outcome, MmropeError) or isinstance(outcome, PluginError):
                 self.found(case, names, "bad input raises a typed input error",
@@ -315,9 +494,87 @@ class _Fuzzer:
 def _call(engine: Any, case: Case) -> Any:
     if case.call == "batch":
         return engine.batch(iter(case.outputs))
+    if case.call in COLLATOR_CALLS:
+        return engine(case.outputs)
     if case.call == "position_ids":
-        return engine.compute_position_ids(case.ids, case.mask, case.inputs, case.options or None)
-    return engine.get_rope_index(case.ids, case.mask, **case.inputs)
+        return engine.compute_position_ids(case.ids, case.mask, case.inputs, case.options or None, **case.packing)
+    return engine.get_rope_index(case.ids, case.mask, **case.packing, **case.inputs)
+
+
+def _kind(case: Case) -> str:
+    """Which group of bases a case is drawn from (engine batches are drawn twice as often)."""
+    if case.convention != "transformers":
+        return case.convention
+    if case.packing:
+        return "packed"
+    return "collator" if case.call in COLLATOR_CALLS else case.call if case.call == "batch" else "engine"
+
+
+def _copied(base: Case) -> Case:
+    """A case to mutate: its own dicts, lists and segments (tensors are never changed in place)."""
+    packed = base.packed
+    if packed is not None:
+        packed = dataclasses.replace(packed, segments=[dataclasses.replace(s) for s in packed.segments])
+    return dataclasses.replace(base, inputs=dict(base.inputs), options=dict(base.options), packing=dict(base.packing),
+                               outputs=[dict(output) for output in base.outputs], packed=packed)
+
+
+def _unpadded(ids: torch.Tensor, mask: Any) -> torch.Tensor:
+    """A sample's valid tokens as ``(1, n)``."""
+    flat = ids.reshape(-1)
+    return (flat if mask is None else flat[mask.reshape(-1).bool()]).reshape(1, -1)
+
+
+def _alone(subject: Any, case: Case, segment: Segment) -> Any:
+    """What ``subject`` (an engine, or the model's own positions) gives a packed case's segment alone."""
+    if isinstance(subject, ModelPositions):
+        if case.call == "position_ids":
+            return subject.position_ids(segment.ids, None, segment.media, case.options)
+        return subject.rope_index(segment.ids, None, segment.media)
+    if case.call == "position_ids":
+        return subject.compute_position_ids(segment.ids, None, segment.media, case.options or None)
+    return subject.get_rope_index(segment.ids, None, **segment.media)
+
+
+def _judge(call: Callable[[], Any]) -> Any:
+    """The model's own result, or None where its code fails: no result to hold an engine to."""
+    try:
+        return call()
+    except Exception:
+        return None
+
+
+def _laid_out(case: Case) -> bool:
+    """The case's ids are still the ones its layout wrote (a narrow dtype may have wrapped them)."""
+    ids = case.ids
+    return (case.packed is not None and isinstance(ids, torch.Tensor) and ids.device.type != "meta"
+            and ids.shape == case.packed.ids.shape and bool(torch.equal(ids.long(), case.packed.ids)))
+
+
+def _int64_ids(case: Case) -> bool:
+    return isinstance(case.ids, torch.Tensor) and case.ids.dtype == torch.int64
+
+
+def _timed_media(case: Case) -> bool:
+    """Whether the case holds a video or audio, where conventions may differ."""
+    inputs = case.inputs if isinstance(case.inputs, Mapping) else {}
+
+    def present(key: str) -> bool:
+        value = inputs.get(key)
+        return value is not None and (len(value) > 0 if isinstance(value, (list, tuple, np.ndarray)) else
+                                      not isinstance(value, torch.Tensor) or value.numel() > 0)
+
+    return (any(present(key) for key in ("video_grid_thw", "feature_attention_mask", "audio_seqlens", "input_features"))
+            or bool(inputs.get("use_audio_in_video")) or bool(case.options.get("use_audio_in_video")))
+
+
+def _agrees(got: Any, want: Any, *, exact_dtype: bool) -> bool:
+    """The same positions (and deltas): values and shapes, and dtypes where ``exact_dtype``."""
+    if isinstance(got, tuple) or isinstance(want, tuple):
+        return (isinstance(got, tuple) and isinstance(want, tuple) and len(got) == len(want)
+                and all(_agrees(a, b, exact_dtype=exact_dtype) for a, b in zip(got, want)))
+    return (isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and got.shape == want.shape
+            and (got.dtype == want.dtype or not exact_dtype) and bool(torch.equal(got.double(), want.double())))
 
 
 def _batch_problem(outputs: list[dict[str, Any]], got: Any) -> str:
@@ -369,28 +626,30 @@ def _peak_memory() -> int:
 
 # -- comparing ---------------------------------------------------------------------------------------
 
-def _snapshot(case: Case) -> Any:
-    return _copy((case.ids, case.mask, case.inputs, case.outputs))
+def _snapshot(case: Case, *, copied: bool = True) -> Any:
+    """The case's arguments, copied (or, to compare a copy with, as they are now)."""
+    return _copy((case.ids, case.mask, case.inputs, case.outputs, case.packing), copied)
 
 
-def _copy(value: Any) -> Any:
+def _copy(value: Any, copied: bool) -> Any:
     if isinstance(value, torch.Tensor):
+        values = None if value.device.type == "meta" else value.detach()
         return ("tensor", value.device.type, value.dtype, tuple(value.shape),
-                None if value.device.type == "meta" else value.detach().clone())
+                values.clone() if copied and values is not None else values)
     if isinstance(value, np.ndarray):
-        return ("array", value.copy())
+        return ("array", value.copy() if copied else value)
     if isinstance(value, Mapping):
-        return ("dict", tuple((key, _copy(item)) for key, item in value.items()))
+        return ("dict", tuple((key, _copy(item, copied)) for key, item in value.items()))
     if isinstance(value, (list, tuple)):
-        return (type(value).__name__, tuple(_copy(item) for item in value))
+        return (type(value).__name__, tuple(_copy(item, copied) for item in value))
     return value
 
 
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
-                and a.shape == b.shape and bool(torch.equal(a, b) if a.dtype.is_complex or not a.dtype.is_floating_point
-                                                 else torch.equal(a.nan_to_num(), b.nan_to_num())))
+                and a.shape == b.shape and bool(torch.equal(a, b) or (a.dtype.is_floating_point and torch.equal(
+                    a.nan_to_num(), b.nan_to_num()))))
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
     if isinstance(a, tuple) and isinstance(b, tuple):

@@ -1,7 +1,8 @@
 """A plugin with one flaw at a time, chosen by ``MMROPE_TEST_FLAW``, for showing that fuzzing
 finds each: a crash of the process, an untyped error, a changed input, a result other than the
-reference's, a call that takes too long, and one that allocates far beyond its rows. It binds Qwen2-VL's processor to Qwen2-VL's own
-batched kernel, which the flaw then spoils."""
+model's own, a call that takes too long, one that allocates far beyond its rows, a packed row
+placed as one sample, and vLLM-convention positions other than transformers' where they agree.
+It binds Qwen2-VL's processor to Qwen2-VL's own batched kernel, which the flaw then spoils."""
 
 import ctypes
 import os
@@ -17,11 +18,20 @@ _slept = []  # the slow and greedy flaws show once
 
 
 class FragileKernel(RopeKernel):
-    def __init__(self, family):
+    def __init__(self, family, flaws=("crash", "untyped", "mutates", "greedy", "slow", "wrong", "packed")):
         self.inner = MropeKernel(family)
+        self.flaws = flaws
 
-    def rope_index(self, input_ids, attention_mask=None, **inputs):
+    @property
+    def places_packed_rows(self):
+        return "packed" in self.flaws and os.environ.get("MMROPE_TEST_FLAW") == "packed"
+
+    def rope_index(self, input_ids, attention_mask=None, *, cu_seqlens=None, **inputs):
         flaw = os.environ.get("MMROPE_TEST_FLAW", "")
+        flaw = flaw if flaw in self.flaws else ""
+        if flaw == "packed" and cu_seqlens is not None:  # the packed row placed as one sample
+            positions, deltas = self.inner.rope_index(input_ids, attention_mask, **inputs)
+            return positions, deltas.expand(cu_seqlens.numel() - 1, 1)
         if flaw == "crash":
             ctypes.string_at(0)  # reads address 0: the process dies
         if flaw == "untyped":
@@ -33,8 +43,9 @@ class FragileKernel(RopeKernel):
         if flaw == "slow" and not _slept:
             _slept.append(True)
             time.sleep(6)
-        positions, deltas = self.inner.rope_index(input_ids, attention_mask, **inputs)
-        if flaw == "wrong":
+        packed = {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}
+        positions, deltas = self.inner.rope_index(input_ids, attention_mask, **packed, **inputs)
+        if flaw in ("wrong", "vllm"):
             positions = positions + 1
         return positions, deltas
 
@@ -47,6 +58,8 @@ def bind_rope_index(processor, config, options):
                          video_token_id=processor.video_token_id)
     if options.get("implementation") == "reference":  # the flawless kernel, for the fuzzer to compare with
         return RopeBinding(kind="mrope", kernel=MropeKernel(family), implementation="reference")
+    if options.get("convention", "transformers") == "vllm":  # the same positions: there is no video here
+        return RopeBinding(kind="mrope", kernel=FragileKernel(family, flaws=("vllm",)), implementation="fast")
     return RopeBinding(kind="mrope", kernel=FragileKernel(family), implementation="fast")
 
 

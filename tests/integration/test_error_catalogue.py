@@ -161,6 +161,8 @@ TRIGGERS = {
                                                         plugin_manager=manager(), implementaton="reference"),
     "inputs-not-a-dict": lambda: engine("Qwen2-VL").compute_position_ids(torch.ones(1, 2, dtype=torch.long), None,
                                                                          [torch.ones(1)]),
+    "key-not-a-string": lambda: PaddedCollator(engine("Qwen2-VL"))([{"input_ids": torch.tensor([[1, 2, 3]])},
+                                                                    {"input_ids": torch.tensor([[1, 2]]), 0: 1}]),
     "batch-nothing": lambda: engine("Qwen2-VL").batch([]),
     "batch-ids-list": lambda: engine("Qwen2-VL").batch([{"input_ids": [[1, 2, 3]]}]),
     "batch-mask-shape": lambda: engine("Qwen2-VL").batch([{"input_ids": torch.tensor([[1, 2, 3]]),

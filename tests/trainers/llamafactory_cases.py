@@ -4,12 +4,14 @@ for the batches its collators build."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import importlib
 import random
 import sys
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -65,6 +67,23 @@ def import_llamafactory() -> Any:
     except (ImportError, OSError):
         sys.modules["torchaudio"] = types.ModuleType("torchaudio")
     return importlib.import_module("llamafactory.data.collator")
+
+
+@contextlib.contextmanager
+def drop_in_installed() -> Iterator[None]:
+    """The drop-in installed, LLaMA-Factory's own ``__call__`` given back after."""
+    from mmrope_core.integrations import llamafactory as drop_in
+
+    module = import_llamafactory()
+    classes = (module.MultiModalDataCollatorForSeq2Seq, module.SFTDataCollatorWith4DAttentionMask)
+    originals = [cls.__dict__["__call__"] for cls in classes]
+    drop_in.install()
+    try:
+        yield
+    finally:
+        for cls, original in zip(classes, originals):
+            cls.__call__ = original
+        drop_in._settings.update(config=None, mm_processor_kwargs={})
 
 
 @functools.cache

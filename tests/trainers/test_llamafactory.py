@@ -26,13 +26,8 @@ VIDEO_FAMILIES = [name for name in cases.FAMILIES if name not in GLM]
 @pytest.fixture
 def installed():
     """The drop-in installed for one test, LLaMA-Factory's own ``__call__`` given back after."""
-    classes = (collator_module.MultiModalDataCollatorForSeq2Seq, collator_module.SFTDataCollatorWith4DAttentionMask)
-    originals = [cls.__dict__["__call__"] for cls in classes]
-    drop_in.install()
-    yield
-    for cls, original in zip(classes, originals):
-        cls.__call__ = original
-    drop_in._settings.update(config=None, mm_processor_kwargs={})
+    with cases.drop_in_installed():
+        yield
 
 
 def padded_batches(name, seed, count=3, **kwargs):

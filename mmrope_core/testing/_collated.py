@@ -1,0 +1,94 @@
+"""What a collator's batch must hold for the fuzzer: each sample's tokens and labels where the
+collator put them, and there the positions the model computes for that sample alone (for a
+padded batch, the model's own positions on the whole batch too)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ._direct import ModelPositions
+from ._mutations import COLLATOR_CALLS
+
+__all__ = ["COLLATOR_CALLS", "collated_problem", "media_of"]
+
+IGNORE_INDEX = -100
+
+
+def media_of(sample: Mapping[Any, Any]) -> dict[str, Any]:
+    """A processor output's media: what is not a token row (ids, mask, labels, token types)."""
+    return {key: value for key, value in sample.items() if isinstance(key, str) and value is not None
+            and key not in ("input_ids", "attention_mask", "labels") and not key.endswith("token_type_ids")}
+
+
+def collated_problem(samples: Sequence[Mapping[str, Any]], batch: Mapping[str, Any], collator: Any, own: Any) -> str:
+    """Where ``batch``, what ``collator`` made of ``samples``, does not hold them as they are;
+    ``own`` gives the positions to hold it to (the model's, or the reference engine's; None:
+    tokens and labels only)."""
+    from ..collators import PackedCollator
+
+    ids, labels = batch["input_ids"], batch["labels"]
+    positions = batch["position_ids"]
+    four_rows = positions.dim() == 3
+    laid = positions.transpose(0, 1) if four_rows else positions  # (B, rows, L) or (B, L)
+    exact = ids.dtype == torch.int64
+    kwargs = collator.mm_processor_kwargs
+    packed = isinstance(collator, PackedCollator)
+    if packed and ("attention_mask" in batch or batch.get("use_cache") is not False):
+        return "a packed row comes with an attention_mask, or without use_cache=False"
+    if ids.shape[0] != (1 if packed else len(samples)):
+        return f"{len(samples)} samples in {ids.shape[0]} rows"
+    start = 0
+    for index, sample in enumerate(samples):
+        row = sample["input_ids"].reshape(-1)
+        mask = sample.get("attention_mask")
+        mask = torch.ones_like(row) if mask is None or packed else mask.reshape(-1)
+        given = sample.get("labels")
+        given = row if given is None else given.reshape(-1)
+        if packed:
+            where, span = 0, slice(start, start + row.numel())
+            want_labels = torch.cat((torch.tensor([IGNORE_INDEX]), given[1:]))
+        else:
+            where = index
+            span = slice(0, row.numel()) if collator.padding_side == "right" else slice(ids.shape[1] - row.numel(), None)
+            want_labels = torch.where(mask.bool(), given, IGNORE_INDEX)
+            outside = torch.ones(ids.shape[1], dtype=torch.bool)
+            outside[span] = False
+            if bool(batch["attention_mask"][where, outside].any()) or \
+                    not torch.equal(batch["attention_mask"][where, span].long(), mask.long()):
+                return f"sample {index}'s attention_mask is not in row {where}"
+        if not torch.equal(ids[where, span].long(), row.long()):
+            return f"sample {index}'s input_ids are not at row {where}, tokens {span.start}..{span.stop}"
+        if not torch.equal(labels[where, span].long(), want_labels.long()):
+            return f"sample {index}'s labels are not its own (-100 where it has no loss) at row {where}"
+        # at its valid tokens: what the model puts at padding depends on the batch (Qwen3-Omni's on its media)
+        alone = _positions(own, row[None], None if packed else mask[None], media_of(sample), kwargs)
+        valid = mask.bool()
+        if alone is not None and not _same(laid[where, ..., span][..., valid], alone[0][..., valid], exact):
+            return f"sample {index}'s positions differ from what the model computes for it alone"
+        start = span.stop
+    if packed:
+        bounds = torch.tensor([0, *(sample["input_ids"].numel() for sample in samples)]).cumsum(0)
+        if start != ids.shape[1] or not torch.equal(batch["cu_seq_lens_q"].long(), bounds):
+            return f"cu_seq_lens_q {batch['cu_seq_lens_q'].tolist()} for samples ending at {bounds.tolist()}"
+        return ""
+    whole = _positions(own, ids, batch["attention_mask"], media_of(batch), kwargs)
+    if whole is not None and not _same(laid, whole, exact):
+        return "the batch's positions differ from what the model computes on it"
+    return ""
+
+
+def _positions(own: Any, ids: torch.Tensor, mask: Any, media: dict[str, Any], kwargs: Any) -> Any:
+    try:
+        if isinstance(own, ModelPositions):
+            return own.position_ids(ids, mask, media, kwargs)
+        return None if own is None else own.compute_position_ids(ids, mask, media, kwargs)
+    except Exception:  # the model's own code fails: nothing to hold the collator to
+        return None
+
+
+def _same(got: torch.Tensor, want: torch.Tensor, exact_dtype: bool) -> bool:
+    return got.shape == want.shape and (got.dtype == want.dtype or not exact_dtype) and bool(
+        torch.equal(got.double(), want.double()))
