@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "verify", help="compare the fast kernel with the transformers reference, and transformers' positions with "
                        "the vLLM convention, on generated samples")
     where = verify.add_mutually_exclusive_group(required=True)
-    where.add_argument("path", nargs="?", help="a local model directory (processor and config)")
+    where.add_argument("path", nargs="?", help="a model directory or hub id (its processor and config, no weights)")
     where.add_argument("--family", help="an installed family's example processor, by name (e.g. Qwen2.5-VL, see "
                                         "`mmrope demo`) or model type (e.g. qwen2_5_vl)")
     verify.add_argument("--samples", type=_positive, default=100, help="generated samples (default 100)")
@@ -80,17 +80,14 @@ def _verify(args: argparse.Namespace) -> int:
     from .verify import example_cases, find_case, verify
 
     if args.path is not None:
-        from transformers import AutoConfig, AutoProcessor
-
+        from .pretrained import load_pretrained
         from .tiny import processors_without_torchvision
 
         try:
             with processors_without_torchvision():  # the processor's videos are not processed here
-                processor = AutoProcessor.from_pretrained(args.path, local_files_only=True)
-            config = AutoConfig.from_pretrained(args.path, local_files_only=True)
-        except (OSError, ValueError) as exc:
-            print(f"error: cannot load a processor and a config from {args.path!r} (a local model directory): {exc}",
-                  file=sys.stderr)
+                processor, config = load_pretrained(args.path)
+        except MmropeError as exc:
+            print(f"error: {exc}", file=sys.stderr)
             return 2
         batches = None
     else:

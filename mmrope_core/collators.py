@@ -10,8 +10,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ._names import checked_keywords
 from .engine import RopeEngine
 from .errors import CollateError, InvalidInputError, a
+from .media import require_string_keys
 
 IGNORE_INDEX = -100  # what transformers' and TRL's losses skip
 _TOKEN_KEYS = ("input_ids", "attention_mask", "labels")
@@ -28,6 +30,7 @@ class PaddedCollator:
     arguments positions depend on (``{"use_audio_in_video": True}`` for Omni).
     """
 
+    @checked_keywords
     def __init__(self, engine: RopeEngine, padding_side: str = "right",
                  mm_processor_kwargs: Mapping[str, Any] | None = None) -> None:
         _check_engine(engine)
@@ -37,6 +40,7 @@ class PaddedCollator:
         self.padding_side = padding_side
         self.mm_processor_kwargs = _processor_kwargs(mm_processor_kwargs)
 
+    @checked_keywords
     def __call__(self, samples: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         read = _read_samples(samples)
         labels = [sample.pop("labels") for sample in read]
@@ -69,6 +73,7 @@ class PackedCollator:
     flash-attention's varlen kernels take instead of scanning the positions.
     """
 
+    @checked_keywords
     def __init__(self, engine: RopeEngine, max_length: int | None = None, flash_attn_kwargs: bool = False,
                  mm_processor_kwargs: Mapping[str, Any] | None = None) -> None:
         _check_engine(engine)
@@ -82,6 +87,7 @@ class PackedCollator:
         self.flash_attn_kwargs = flash_attn_kwargs
         self.mm_processor_kwargs = _processor_kwargs(mm_processor_kwargs)
 
+    @checked_keywords
     def __call__(self, samples: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         read = _read_samples(samples)
         for index, sample in enumerate(read):
@@ -148,6 +154,7 @@ def _read_samples(samples: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for index, sample in enumerate(samples):
         if not isinstance(sample, Mapping):
             raise CollateError(f"sample {index} is {a(type(sample).__name__)}, not a dict of processor outputs")
+        require_string_keys(f"sample {index}", sample)
         copy = {key: value for key, value in sample.items() if value is not None}
         ids = _token_row(index, "input_ids", copy.get("input_ids"))
         if ids is None:

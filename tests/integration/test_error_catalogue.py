@@ -176,6 +176,10 @@ TRIGGERS = {
     "packed-padded-sample": lambda: PackedCollator(engine("Qwen2-VL"))([{"input_ids": torch.tensor([[1, 2, 3]]),
                                                                         "attention_mask": torch.tensor([[1, 1, 0]])}]),
     "packed-max-length": lambda: PackedCollator(engine("Qwen2-VL"), max_length=5)([{"input_ids": torch.tensor([[1, 2, 3]])}] * 2),
+    "misspelt-key": lambda: engine("Qwen2-VL").compute_position_ids(*qwen_ids("t[iiii]t"), {"grid_thw": GRID}),
+    "key-not-a-string": lambda: engine("Qwen2-VL").compute_position_ids(*qwen_ids("t[iiii]t"), {0: GRID}),
+    "misspelt-keyword": lambda: engine("Qwen2-VL").compute_position_ids(*qwen_ids("tt"), cu_seqlen=torch.tensor([0, 2])),
+    "pretrained-missing": lambda: RopeEngine.from_pretrained("/models/Qwen2.5-VL-7B-Instruct"),
 }
 
 
