@@ -46,7 +46,7 @@ def read_media(inputs: Mapping[str, Any], *, tokens: int | None = None) -> dict[
     module); other keys as they are. ``tokens``: the batch's token count, which bounds the
     sizes. Raises :class:`~mmrope_core.InvalidInputError` (or its subclass
     :class:`~mmrope_core.PlaceholderMismatchError` for sizes the batch cannot hold)."""
-    require_string_keys("multi_modal_inputs", inputs)
+    require_string_keys("the multimodal inputs", inputs)
     read = dict(inputs)
     for key, value in inputs.items():  # grids first: the seconds are counted against the videos
         if value is not None and key.endswith(GRID_SUFFIX):
@@ -192,12 +192,12 @@ def read_audio_mask(key: str, value: Any) -> torch.Tensor:
     return value
 
 
-def require_string_keys(name: str, inputs: Mapping[Any, Any]) -> None:
-    """Refuse a key that is not a string: the processor names every output, and keys are read by name."""
+def require_string_keys(where: str, inputs: Mapping[Any, Any]) -> None:
+    """Refuse a mapping with a key that is not a string: its keys name processor outputs or arguments."""
     for key in inputs:
         if not isinstance(key, str):
-            raise InvalidInputError(f"{name} has the key {key!r} ({type(key).__name__}), not a string; key each value "
-                                    f"by the name the processor gives it, such as 'image_grid_thw'")
+            raise InvalidInputError(f"{where} has the key {key!r} ({type(key).__name__}); keys must be strings "
+                                    f"naming a processor output or argument, such as 'image_grid_thw'")
 
 
 def require_values(key: str, value: torch.Tensor) -> None:

@@ -79,17 +79,18 @@ def test_a_misspelt_processor_argument_is_named():
     engine.compute_position_ids(ids, mask, outputs, {"use_audio_in_video": False, "fps": 2, "return_tensors": "pt"})
 
 
-@pytest.mark.parametrize("where", ["multi_modal_inputs", "mm_processor_kwargs"])
-def test_a_key_that_is_not_a_string_is_an_input_error(where):
+@pytest.mark.parametrize("where, named", [("multi_modal_inputs", "the multimodal inputs"),
+                                         ("mm_processor_kwargs", "mm_processor_kwargs")])
+def test_a_key_that_is_not_a_string_is_an_input_error(where, named):
     engine, ids, mask, outputs = family("Qwen3-Omni")
     arguments = {"multi_modal_inputs": outputs, "mm_processor_kwargs": None, where: {**outputs, 3: torch.ones(1)}}
-    with pytest.raises(InvalidInputError, match=rf"{where} has the key 3 \(int\), not a string"):
+    with pytest.raises(InvalidInputError, match=rf"{named} has the key 3 \(int\); keys must be strings"):
         engine.compute_position_ids(ids, mask, **arguments)
 
 
 def test_a_sample_key_that_is_not_a_string_is_an_input_error():
     engine, ids, _, _ = family("Qwen2-VL")
-    with pytest.raises(InvalidInputError, match=r"sample 1 has the key \('image', 0\) \(tuple\), not a string"):
+    with pytest.raises(InvalidInputError, match=r"sample 1 has the key \('image', 0\) \(tuple\); keys must be strings"):
         PaddedCollator(engine)([{"input_ids": ids[0]}, {"input_ids": ids[1], ("image", 0): 1}])
 
 
