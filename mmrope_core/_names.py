@@ -53,6 +53,7 @@ def nearest(name: str, known: Iterable[str]) -> list[str]:
     return sorted(candidate for candidate, distance in distances.items() if distance == best)
 
 
+@functools.lru_cache(maxsize=4096)  # the same keys come back with every batch
 def resembles(name: str, known: str) -> bool:
     """Whether ``name`` is probably ``known`` misspelt: the same but for case, one or two typos
     (one in a short name, none in a name of four letters or fewer), or ``known`` without a leading or trailing word (``grid_thw`` for
