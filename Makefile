@@ -1,16 +1,38 @@
-# Three environments, each built from nothing: the newest supported transformers (.venv), the
-# oldest (.venv-oldest), and the trainers' (.venv-trainers: verl 0.9.1, LLaMA-Factory 0.9.5,
-# ms-swift 4.6.0, Ray, datasets, on the transformers verl allows). Each installs mmrope-core, every
-# plugin under mmrope_plugins/ and the third-party example plugin.
+# Four environments, each built from nothing: the demo's (.venv-demo: mmrope-core and its plugins,
+# Pillow and tokenizers, nothing else), and the tests': the newest supported transformers (.venv),
+# the oldest (.venv-oldest), and the trainers' (.venv-trainers: verl 0.9.1, LLaMA-Factory 0.9.5,
+# ms-swift 4.6.0, Ray, datasets, on the transformers verl allows). The tests' environments also
+# install the third-party example plugin, whose PaddleOCR-VL binding would shadow mmrope-transformers'.
 PYTHON ?= python3
-PLUGINS := $(patsubst %/pyproject.toml,%,$(wildcard mmrope_plugins/*/pyproject.toml)) examples/third_party_plugin
+FAMILY_PLUGINS := $(patsubst %/pyproject.toml,%,$(wildcard mmrope_plugins/*/pyproject.toml))
+PLUGINS := $(FAMILY_PLUGINS) examples/third_party_plugin
 EDITABLE := -e . $(addprefix -e ./,$(PLUGINS))
+# runs the install commands docs/trainers.md gives users
+INSTALL_FROM_DOCS := tests/trainers/install_commands.py
 SOURCES := pyproject.toml mmrope_core/_native.c $(addsuffix /pyproject.toml,$(PLUGINS))
+
+# CPU torch on any machine: pip's plain torch is a CUDA build of several GB. The pinned release
+# comes from the CPU wheel index where that answers within a few seconds; elsewhere from the
+# plain pin (a machine whose pip has a CPU wheel at hand, in a local index or wheel directory).
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_SOURCE = $(shell $(PYTHON) -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + '/torch/', timeout=5)" \
+	'$(TORCH_CPU_INDEX)' >/dev/null 2>&1 && echo '--index-url $(TORCH_CPU_INDEX)')
+# $(call new_venv,DIR,REQUIREMENTS): a fresh environment with CPU torch, then the requirements
+define new_venv
+	$(PYTHON) -m venv $(1)
+	$(1)/bin/pip install -q $(TORCH_SOURCE) $$(grep '^torch==' $(2))
+	$(1)/bin/pip install -q -r $(2)
+endef
 
 .PHONY: demo test test-newest test-oldest test-without-compiled test-trainers lint bench clean
 
-demo: .venv/.installed
-	.venv/bin/mmrope demo
+demo: .venv-demo/.installed
+	.venv-demo/bin/mmrope demo
+
+.venv-demo/.installed: requirements/demo.txt pyproject.toml mmrope_core/_native.c $(addsuffix /pyproject.toml,$(FAMILY_PLUGINS))
+	$(call new_venv,.venv-demo,requirements/demo.txt)
+	.venv-demo/bin/pip install -q --no-build-isolation -e . $(addprefix -e ./,$(FAMILY_PLUGINS))
+	touch $@
 
 test: lint test-newest test-without-compiled test-oldest test-trainers
 
@@ -42,26 +64,24 @@ bench: .venv/.installed
 	.venv/bin/python benchmarks/transformers_families.py
 	.venv/bin/python benchmarks/padding_free.py
 
-.venv/.installed: requirements/newest.txt $(SOURCES)
-	$(PYTHON) -m venv .venv
-	.venv/bin/pip install -q -r requirements/newest.txt
+.venv/.installed: requirements/newest.txt docs/trainers.md $(INSTALL_FROM_DOCS) $(SOURCES)
+	$(call new_venv,.venv,requirements/newest.txt)
+	.venv/bin/python $(INSTALL_FROM_DOCS) trl
 	.venv/bin/pip install -q --no-build-isolation $(EDITABLE)
 	touch $@
 
 .venv-oldest/.installed: requirements/oldest.txt $(SOURCES)
-	$(PYTHON) -m venv .venv-oldest
-	.venv-oldest/bin/pip install -q -r requirements/oldest.txt
+	$(call new_venv,.venv-oldest,requirements/oldest.txt)
 	.venv-oldest/bin/pip install -q --no-build-isolation $(EDITABLE)
 	touch $@
 
-TRAINER_REQUIREMENTS := $(addprefix requirements/,trainers.txt verl.txt llamafactory.txt swift.txt)
-.venv-trainers/.installed: $(TRAINER_REQUIREMENTS) $(SOURCES)
-	$(PYTHON) -m venv .venv-trainers
-	.venv-trainers/bin/pip install -q -r requirements/trainers.txt
-	.venv-trainers/bin/pip install -q --no-deps -r requirements/verl.txt -r requirements/llamafactory.txt \
-		-r requirements/swift.txt
+# The trainers themselves are installed by the commands docs/trainers.md gives users (its
+# `<!-- install: NAME -->` blocks); requirements/trainers.txt holds what only the tests need.
+.venv-trainers/.installed: requirements/trainers.txt docs/trainers.md $(INSTALL_FROM_DOCS) $(SOURCES)
+	$(call new_venv,.venv-trainers,requirements/trainers.txt)
+	.venv-trainers/bin/python $(INSTALL_FROM_DOCS) verl llamafactory swift
 	.venv-trainers/bin/pip install -q --no-build-isolation $(EDITABLE)
 	touch $@
 
 clean:
-	rm -rf .venv .venv-oldest .venv-trainers
+	rm -rf .venv-demo .venv .venv-oldest .venv-trainers

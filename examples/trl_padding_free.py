@@ -39,7 +39,8 @@ def main(steps=2):
     dataset = datasets.Dataset.from_list(rows).with_format("torch")  # processed rows, read back as tensors
 
     args = SFTConfig(
-        output_dir=tempfile.mkdtemp(), per_device_train_batch_size=4, max_steps=steps, report_to=[], use_cpu=True, logging_steps=1, bf16=False,
+        output_dir=tempfile.mkdtemp(), per_device_train_batch_size=4, max_steps=steps, report_to=[], use_cpu=True,
+        logging_steps=1, bf16=False,  # float32: TRL's default bf16 agrees with padded training to bf16 rounding only
         remove_unused_columns=False,  # keep the media columns for the collator
         dataset_kwargs={"skip_prepare_dataset": True},  # the rows are processed already
         max_length=None,  # TRL's truncation would cut placeholder runs

@@ -33,11 +33,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     check = commands.add_parser("check", help="run the conformance checks on an installed plugin, then fuzz it")
     check.add_argument("name", help="the plugin's entry-point name or its distribution (see `mmrope plugins`)")
     check.add_argument("--seed", type=int, default=0, help="seed of the generated samples")
+    check.add_argument("--quiet", "-q", action="store_true", help="print only the verdict line")
     verify = commands.add_parser(
         "verify", help="compare the fast kernel with the transformers reference, and transformers' positions with "
                        "the vLLM convention, on generated samples")
     where = verify.add_mutually_exclusive_group(required=True)
-    where.add_argument("path", nargs="?", help="a local model directory (processor and config)")
+    where.add_argument("path", nargs="?", help="a model directory or hub id (its processor and config, no weights)")
     where.add_argument("--family", help="an installed family's example processor, by name (e.g. Qwen2.5-VL, see "
                                         "`mmrope demo`) or model type (e.g. qwen2_5_vl)")
     verify.add_argument("--samples", type=_positive, default=100, help="generated samples (default 100)")
@@ -57,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "plugins":
             return _models(args.json)
         if args.command == "check":
-            return _check(args.name, args.seed)
+            return _check(args.name, args.seed, args.quiet)
         if args.command == "verify":
             return _verify(args)
         return _demo(args.seed)
@@ -80,17 +81,14 @@ def _verify(args: argparse.Namespace) -> int:
     from .verify import example_cases, find_case, verify
 
     if args.path is not None:
-        from transformers import AutoConfig, AutoProcessor
-
+        from .pretrained import load_pretrained
         from .tiny import processors_without_torchvision
 
         try:
             with processors_without_torchvision():  # the processor's videos are not processed here
-                processor = AutoProcessor.from_pretrained(args.path, local_files_only=True)
-            config = AutoConfig.from_pretrained(args.path, local_files_only=True)
-        except (OSError, ValueError) as exc:
-            print(f"error: cannot load a processor and a config from {args.path!r} (a local model directory): {exc}",
-                  file=sys.stderr)
+                processor, config = load_pretrained(args.path)
+        except MmropeError as exc:
+            print(f"error: {exc}", file=sys.stderr)
             return 2
         batches = None
     else:
@@ -111,9 +109,10 @@ def _verify(args: argparse.Namespace) -> int:
     return 0 if report.fast_agrees else 1
 
 
-def _check(name: str, seed: int) -> int:
+def _check(name: str, seed: int, quiet: bool) -> int:
+    from .errors import counted
     from .manager import get_plugin_manager
-    from .testing import check_plugin
+    from .testing import run_checks
 
     infos = get_plugin_manager().plugins()
     by_distribution = {info.distribution: info.name for info in infos if info.distribution}
@@ -123,11 +122,45 @@ def _check(name: str, seed: int) -> int:
                               for info in infos) or "none"
         print(f"no installed mmrope plugin is named {name!r}. Installed: {installed}", file=sys.stderr)
         return 2
-    violations = check_plugin(name, seed=seed)
-    for violation in violations:
+    label = next(info.label for info in infos if info.name == name)
+    if not quiet:
+        print(f"Checking plugin {label}: the conformance rules on its example processors, then fuzzing in a child "
+              f"process (corrupt batches and valid ones, each result against the reference).", flush=True)
+    report = run_checks(name, seed=seed)
+    examples = [case for case in report.cases if case.kind != "-" or case.samples]
+    checks = sum(len(case.checks) for case in report.cases)
+    fuzzed = sum(report.fuzzed.values())
+    if not quiet:
+        _print_report(report)
+    for violation in report.violations:
         print(violation)
-    print(f"{name}: {'conforms' if not violations else f'{len(violations)} violation(s)'}")
-    return 1 if violations else 0
+    counts = (f"{counted(len(examples), 'example processor')}, {counted(checks, 'conformance check')}, "
+              f"{counted(fuzzed, 'fuzz case')}, {report.seconds:.1f} s")
+    verdict = "conforms" if not report.violations else f"{len(report.violations)} violation(s)"
+    print(f"{name}: {verdict} ({counts})")
+    return 1 if report.violations else 0
+
+
+def _print_report(report: Any) -> None:
+    """What ``mmrope check`` checked, case by case."""
+    checks = list(dict.fromkeys(check for case in report.cases for check in case.checks))
+    print("\nConformance checks (each example processor, right and left padded, each sample alone, packed):")
+    for check in checks:
+        print(f"  - {check}")
+    table = [("EXAMPLE", "PROCESSOR", "KIND", "SAMPLES", "CHECKS", "TIME")]
+    table += [(case.case, case.processor, case.kind, str(case.samples), str(len(case.checks)), f"{case.seconds:.2f} s")
+              for case in report.cases]
+    _print_table(table)
+    if report.fuzzed:
+        print(f"\nFuzz cases ({sum(report.fuzzed.values())}; each result and error compared with the reference's):")
+        _print_table([("EXAMPLE", "CASES"), *((case, str(count)) for case, count in report.fuzzed.items())])
+    print()
+
+
+def _print_table(rows: Sequence[tuple[str, ...]]) -> None:
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
 
 
 def _plugins(as_json: bool) -> int:

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ._names import checked_keywords
 from .engine import RopeEngine
 from .errors import CollateError, InvalidInputError, a
 from .media import require_string_keys, require_values
@@ -30,6 +31,7 @@ class PaddedCollator:
     arguments positions depend on (``{"use_audio_in_video": True}`` for Omni).
     """
 
+    @checked_keywords
     def __init__(self, engine: RopeEngine, padding_side: str = "right",
                  mm_processor_kwargs: Mapping[str, Any] | None = None) -> None:
         _check_engine(engine)
@@ -39,6 +41,7 @@ class PaddedCollator:
         self.padding_side = padding_side
         self.mm_processor_kwargs = _processor_kwargs(mm_processor_kwargs)
 
+    @checked_keywords
     def __call__(self, samples: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         read = _read_samples(samples)
         labels = [sample.pop("labels") for sample in read]
@@ -77,6 +80,7 @@ class PackedCollator:
     flash-attention's varlen kernels take instead of scanning the positions.
     """
 
+    @checked_keywords
     def __init__(self, engine: RopeEngine, max_length: int | None = None, flash_attn_kwargs: bool = False,
                  mm_processor_kwargs: Mapping[str, Any] | None = None) -> None:
         _check_engine(engine)
@@ -92,6 +96,7 @@ class PackedCollator:
         self.flash_attn_kwargs = flash_attn_kwargs
         self.mm_processor_kwargs = _processor_kwargs(mm_processor_kwargs)
 
+    @checked_keywords
     def __call__(self, samples: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         read = _read_samples(samples)
         for index, sample in enumerate(read):

@@ -27,7 +27,7 @@ def run(seed: int, out: TextIO) -> int:
     for info, case in cases:
         print(f"\n=== {case.name}  (plugin {info.label})", file=out)
         try:
-            _show(case, random.Random(seed), out)
+            _show(case, info.name, random.Random(seed), out)
         except Exception as exc:  # one family's failure must not hide the others
             failures += 1
             print(f"  failed: {type(exc).__name__}: {exc}", file=out)
@@ -61,9 +61,12 @@ def bound_models() -> list[dict[str, str]]:
     return sorted(rows, key=lambda row: (row["model_type"], row["example_of"]))
 
 
-def _show(case: Any, rng: random.Random, out: TextIO) -> None:
+def _show(case: Any, example_of: str, rng: random.Random, out: TextIO) -> None:
     processor, config = case.build()
     engine = RopeEngine.from_processor(processor, config)
+    if engine.plugin_name != example_of:  # two plugins claim the processor: say which one computes
+        print(f"  note: plugin {engine.plugin_name} binds {type(processor).__name__}, not {example_of} whose example "
+              f"this is; MMROPE_DISABLE_PLUGINS={engine.plugin_name} leaves it to {example_of}", file=out)
     outputs = [engine.process(**sample) for sample in case.samples(processor, rng)]
     input_ids, attention_mask, multi_modal_inputs = engine.batch(outputs)
     started = time.perf_counter()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import os
 import types
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -13,6 +14,7 @@ import torch
 
 from . import _guard
 from ._binding import bind, expect, read_mask_options
+from ._names import checked_keywords
 from .collate import batch_processor_outputs
 from .collate import collate as _collate
 from .errors import (
@@ -31,7 +33,6 @@ from .positions import one_d_positions
 from .types import STRICT, RopeBinding, ValidationPolicy
 
 _TEXT_ONLY = RopeBinding(kind="1d", implementation="mask", description="no processor: 1-D positions")
-_NO_INPUTS = ReadOnlyInputs(None)  # empty, so it never holds a copy of anything
 _OUTSIDE_TEXT_ROW = 1  # what tokens outside every segment hold in the text row (0 in the others)
 _KERNEL_ADVICE = "Check the inputs against the processor's output, or try implementation='reference'"
 
@@ -88,12 +89,20 @@ class RopeEngine:
                    plugins=plugins, options=options)
 
     @classmethod
-    def from_pretrained(cls, path: str, *, plugin_manager: PluginManager | None = None, **options: Any) -> RopeEngine:
-        """Load processor and config from a local directory (``AutoProcessor`` + ``AutoConfig``)."""
-        from transformers import AutoConfig, AutoProcessor
+    def from_pretrained(cls, name_or_path: str | os.PathLike[str], *, revision: str | None = None,
+                        cache_dir: str | os.PathLike[str] | None = None, token: str | bool | None = None,
+                        local_files_only: bool | None = None, plugin_manager: PluginManager | None = None,
+                        **options: Any) -> RopeEngine:
+        """Load processor and config (``AutoProcessor`` + ``AutoConfig``) from a checkpoint
+        directory or a hub id such as ``"Qwen/Qwen2.5-VL-7B-Instruct"``, as transformers does:
+        the processor's and config's files only, never the weights, from the local Hugging Face
+        cache under ``HF_HUB_OFFLINE=1``. ``revision``, ``cache_dir``, ``token`` and
+        ``local_files_only`` are transformers' own; ``options`` as in :meth:`from_processor`.
+        Raises :class:`~mmrope_core.PretrainedLoadError` naming the path or id and what to do."""
+        from .pretrained import load_pretrained
 
-        processor = AutoProcessor.from_pretrained(path, local_files_only=True)
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        processor, config = load_pretrained(name_or_path, revision=revision, cache_dir=cache_dir, token=token,
+                                            local_files_only=local_files_only)
         return cls.from_processor(processor, config, plugin_manager=plugin_manager, **options)
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -127,6 +136,7 @@ class RopeEngine:
 
     # -- positions ---------------------------------------------------------------------------
 
+    @checked_keywords
     def compute_position_ids(
         self,
         input_ids: torch.Tensor,
@@ -190,6 +200,7 @@ class RopeEngine:
         ids, mask, layout = _read_batch(input_ids, attention_mask, cu_seqlens, segment_ids, mrope=True)
         return self._positions(ids, mask, layout, inputs, four_rows=False)
 
+    @checked_keywords
     def rope_index_kwargs(
         self, multi_modal_inputs: Mapping[str, Any] | None, mm_processor_kwargs: Mapping[str, Any] | None = None
     ) -> dict[str, Any]:
@@ -197,13 +208,16 @@ class RopeEngine:
         _require_mappings(multi_modal_inputs, mm_processor_kwargs)
         if multi_modal_inputs is not None:
             multi_modal_inputs = read_media(multi_modal_inputs)
+        if mm_processor_kwargs is not None:
+            require_string_keys("mm_processor_kwargs", mm_processor_kwargs)
         merged: dict[str, Any] = {}
         givers: dict[str, PluginInfo] = {}
+        inputs, processor_kwargs = ReadOnlyInputs(multi_modal_inputs), ReadOnlyInputs(mm_processor_kwargs)
         for info, result in self._plugins.results(
             "get_rope_index_kwargs",
             processor=self.processor,
-            multi_modal_inputs=ReadOnlyInputs(multi_modal_inputs),
-            mm_processor_kwargs=_NO_INPUTS if mm_processor_kwargs is None else ReadOnlyInputs(mm_processor_kwargs),
+            multi_modal_inputs=inputs,
+            mm_processor_kwargs=processor_kwargs,
         ):
             expect(isinstance(result, Mapping), info, "get_rope_index_kwargs", "a dict", result)
             for key, value in result.items():
@@ -214,6 +228,9 @@ class RopeEngine:
                     )
                 merged[key] = value
                 givers.setdefault(key, info)
+        reader = f"plugin {self._label()}"
+        inputs.refuse_misspelt_keys("multi_modal_inputs", reader)
+        processor_kwargs.refuse_misspelt_keys("mm_processor_kwargs", reader)
         return merged
 
     def _positions(self, ids: torch.Tensor, mask: torch.Tensor | None, layout: PackedLayout | None,
@@ -284,10 +301,12 @@ class RopeEngine:
 
     # -- batching and processing -------------------------------------------------------------
 
+    @checked_keywords
     def collate(self, samples: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         """Batch per-sample multimodal inputs; :attr:`varlen_keys` are zero-padded to the largest sample."""
         return _collate(samples, self.varlen_keys)
 
+    @checked_keywords
     def batch(self, outputs: Iterable[Mapping[str, Any]], padding_side: str = "right") -> tuple[Any, Any, dict[str, Any]]:
         """Batch per-sample processor outputs (any iterable; ids and masks ``(1, L)`` or ``(L,)``):
         ``(input_ids, attention_mask, multi_modal_inputs)``."""

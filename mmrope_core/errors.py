@@ -46,12 +46,26 @@ class SegmentCutError(PlaceholderMismatchError):
         )
 
 
+class UnknownInputKeyError(InvalidInputError):
+    """A key of the multimodal inputs (or of ``mm_processor_kwargs``) that the family does not read
+    but that resembles one it reads and did not find: probably misspelt. The message names both."""
+
+
 class UnsupportedProcessorError(MmropeError):
     """No installed plugin recognises the processor."""
 
 
 class UnknownOptionError(MmropeError, TypeError):
     """An engine option that neither the engine nor the plugin binding the processor knows."""
+
+
+class UnknownKeywordError(MmropeError, TypeError):
+    """A keyword argument the function does not take (a typo); the message names the one probably meant."""
+
+
+class PretrainedLoadError(MmropeError, OSError):
+    """The processor or config of a checkpoint cannot be loaded: a missing directory, a hub id that
+    is unknown, private or unreachable. The message names the path or id and what to do."""
 
 
 class UnknownConventionError(MmropeError, ValueError):

@@ -9,7 +9,8 @@ import numpy as np
 import torch
 
 from ._compiled import native
-from .errors import InvalidInputError
+from ._names import nearest, resembles
+from .errors import InvalidInputError, UnknownInputKeyError
 from .media import require_values
 
 
@@ -146,16 +147,20 @@ class ReadOnlyInputs(Mapping[str, Any]):
     """A read-only mapping over the caller's multimodal inputs.
 
     Tensors are copied on first access, so a plugin that writes into what it read cannot change
-    the caller's data; tensors it never reads (pixel values) are never copied.
+    the caller's data; tensors it never reads (pixel values) are never copied. It remembers the
+    keys asked for, present or not, so that a misspelt key can be told from one nobody reads.
     """
 
-    __slots__ = ("_copies", "_source")
+    __slots__ = ("_asked", "_copies", "_read_all", "_source")
 
     def __init__(self, source: Mapping[str, Any] | None) -> None:
         self._source = source if source is not None else {}
         self._copies: dict[str, Any] = {}
+        self._asked: set[Any] = set()
+        self._read_all = False
 
     def __getitem__(self, key: str) -> Any:
+        self._asked.add(key)
         if key not in self._copies:
             value = self._source[key]
             self._copies[key] = value.clone() if isinstance(value, torch.Tensor) else _frozen(value)
@@ -163,12 +168,15 @@ class ReadOnlyInputs(Mapping[str, Any]):
 
     def get(self, key: str, default: Any = None) -> Any:
         # Mapping.get would raise and catch a KeyError for every missing key
+        self._asked.add(key)
         return self[key] if key in self._source else default
 
     def __contains__(self, key: object) -> bool:
+        self._asked.add(key)
         return key in self._source
 
     def __iter__(self) -> Iterator[str]:
+        self._read_all = True  # a reader that walks every key reads them all
         return iter(self._source)
 
     def __len__(self) -> int:
@@ -176,6 +184,31 @@ class ReadOnlyInputs(Mapping[str, Any]):
 
     def __repr__(self) -> str:
         return f"ReadOnlyInputs({sorted(self._source)})"
+
+    def refuse_misspelt_keys(self, name: str, reader: str) -> None:
+        """Raise :class:`~mmrope_core.UnknownInputKeyError` for a key nobody asked for that
+        resembles a key asked for and missing (``grid_thw`` where ``image_grid_thw`` was looked
+        for); ``name`` is the mapping's name, ``reader`` who read it. Keys that resemble nothing
+        read pass: processors return many that positions do not depend on."""
+        if self._read_all:
+            return
+        missing = [key for key in self._asked if isinstance(key, str) and key not in self._source]
+        if not missing:
+            return
+        for key in self._source:
+            if key in self._asked or key in _MODEL_INPUTS:
+                continue
+            meant = nearest(key, [candidate for candidate in missing if resembles(key, candidate)])
+            if meant:
+                raise UnknownInputKeyError(
+                    f"{name} holds {key!r}, which {reader} does not read: did you mean "
+                    f"{' or '.join(map(repr, meant))}, which it looks for and did not find? Name the key as the "
+                    f"processor's output does, or leave it out")
+
+
+#: What processors return and models take besides the media: never a misspelt media key.
+_MODEL_INPUTS = frozenset({"input_ids", "attention_mask", "labels", "position_ids", "token_type_ids",
+                           "mm_token_type_ids", "pixel_values", "pixel_values_videos"})
 
 
 def _frozen(value: Any) -> Any:

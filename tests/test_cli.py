@@ -83,3 +83,27 @@ def test_demo_and_check_without_pillow_name_the_extra_to_install(command):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 2
     assert "needs Pillow" in result.stderr and "pip install 'mmrope-core[demo]'" in result.stderr
+
+
+def test_check_says_what_it_checked_and_quiet_gives_the_verdict_alone():
+    result = mmrope("check", "toy", MMROPE_DISABLE_PLUGINS="broken_import,blocked,unknown_hook")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("Checking plugin toy (mmrope-test-plugins 1.0): the conformance rules")
+    assert "  - packed rows (cu_seqlens, segment_ids): each segment = its sample alone" in lines
+    toy = next(line for line in lines if line.strip().startswith("Toy ") and "ToyProcessor" in line)
+    assert toy.split()[1:5] == ["ToyProcessor", "mrope", "2", "6"]  # processor, kind, samples, checks
+    fuzzed = next(line for line in lines if line.startswith("Fuzz cases ("))
+    assert fuzzed.startswith("Fuzz cases (300;") and any(line.split() == ["Toy", "300"] for line in lines)
+    assert lines[-1].startswith("toy: conforms (1 example processor, 7 conformance checks, 300 fuzz cases, ")
+    quiet = mmrope("check", "toy", "--quiet", MMROPE_DISABLE_PLUGINS="broken_import,blocked,unknown_hook")
+    assert quiet.returncode == 0 and len(quiet.stdout.splitlines()) == 1
+    assert quiet.stdout.startswith("toy: conforms (1 example processor, 7 conformance checks, 300 fuzz cases, ")
+
+
+def test_check_of_a_nonconforming_plugin_lists_each_violation_then_the_verdict():
+    result = mmrope("check", "nonconforming", "--quiet", MMROPE_DISABLE_PLUGINS="broken_import,blocked,unknown_hook")
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert lines[-1].startswith("nonconforming: ") and " violation(s) (" in lines[-1]
+    assert all(line.startswith("plugin nonconforming: ") for line in lines[:-1]) and len(lines) > 1

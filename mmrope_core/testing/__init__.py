@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["Violation", "assert_conforms", "check_plugin"]
+__all__ = ["CheckReport", "Violation", "assert_conforms", "check_plugin", "run_checks"]
 
 
 def __getattr__(name: str) -> Any:
@@ -24,4 +24,4 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:
-    from .conformance import Violation, assert_conforms, check_plugin
+    from .conformance import CheckReport, Violation, assert_conforms, check_plugin, run_checks

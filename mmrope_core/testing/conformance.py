@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 import pickle
 import random
+import time
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -41,6 +42,30 @@ class _ForeignProcessor:
     tokenizer = None
 
 
+@dataclasses.dataclass
+class CaseChecked:
+    """What the conformance rules were checked on for one example case."""
+
+    case: str
+    processor: str = "-"
+    kind: str = "-"
+    samples: int = 0
+    checks: list[str] = dataclasses.field(default_factory=list)
+    seconds: float = 0.0
+
+
+@dataclasses.dataclass
+class CheckReport:
+    """What :func:`run_checks` checked: each example case, the fuzz cases per example, the time,
+    and every violation found."""
+
+    plugin: str
+    cases: list[CaseChecked] = dataclasses.field(default_factory=list)
+    fuzzed: dict[str, int] = dataclasses.field(default_factory=dict)
+    violations: list[Violation] = dataclasses.field(default_factory=list)
+    seconds: float = 0.0
+
+
 def check_plugin(
     name: str,
     *,
@@ -56,28 +81,48 @@ def check_plugin(
     batches are then fed to the installed entry point ``name`` in a child process
     (:func:`~mmrope_core.testing.fuzz.fuzz_plugin`); 0 skips the fuzzing.
     """
+    return run_checks(name, cases=cases, manager=manager, seed=seed, fuzz_examples=fuzz_examples).violations
+
+
+def run_checks(
+    name: str,
+    *,
+    cases: Sequence[ExampleCase] | None = None,
+    manager: PluginManager | None = None,
+    seed: int = 0,
+    fuzz_examples: int = 300,
+) -> CheckReport:
+    """:func:`check_plugin`, reporting what was checked besides what broke."""
+    started = time.perf_counter()
+    report = CheckReport(name)
     manager = manager or PluginManager(env={"MMROPE_LOAD_PLUGINS": name})
     info = {plugin.name: plugin for plugin in manager.plugins()}.get(name)
     if info is None or info.status != "active":
         state = "not installed" if info is None else f"{info.status}: {info.reason}"
-        return [Violation(name, "entry point", "the plugin loads", state)]
+        report.violations.append(Violation(name, "entry point", "the plugin loads", state))
+        return report
     checker = _Checker(name, manager, random.Random(seed))
     checked = checker.example_cases() if cases is None else cases
     if not checked:
         checker.fail("example_cases", "examples exist", "the plugin offers no example case to check it on")
     for case in checked:
+        case_started = time.perf_counter()
         checker.check_case(case)
+        checker.checked[-1].seconds = time.perf_counter() - case_started
     checker.check_foreign()
+    report.cases = checker.checked
     if fuzz_examples and info.distribution:  # a child process finds installed entry points only
         from .fuzz import UNPICKLED, fuzz_plugin
 
-        for finding in fuzz_plugin(name, cases=cases, seed=seed, examples=fuzz_examples):
+        for finding in fuzz_plugin(name, cases=cases, seed=seed, examples=fuzz_examples, tally=report.fuzzed):
             if finding.rule == UNPICKLED:  # the caller's cases, not the plugin, cannot reach the child
                 warnings.warn(f"{name}: not fuzzed: {finding.detail}", stacklevel=2)
                 continue
             checker.violations.append(Violation(name, "kernel (fuzzed)", finding.rule,
                                                 f"[{', '.join(finding.mutations)}] {finding.detail}", finding.case))
-    return checker.violations
+    report.violations = checker.violations
+    report.seconds = time.perf_counter() - started
+    return report
 
 
 def assert_conforms(name: str, **kwargs: Any) -> None:
@@ -91,7 +136,12 @@ class _Checker:
     def __init__(self, name: str, manager: PluginManager, rng: random.Random) -> None:
         self.name, self.manager, self.rng = name, manager, rng
         self.violations: list[Violation] = []
+        self.checked: list[CaseChecked] = []
         self.case = ""
+
+    def ran(self, check: str) -> None:
+        """Record that ``check`` ran on the case under way."""
+        self.checked[-1].checks.append(check)
 
     def fail(self, hook: str, rule: str, detail: str) -> None:
         self.violations.append(Violation(self.name, hook, rule, detail, self.case))
@@ -117,6 +167,7 @@ class _Checker:
 
     def check_foreign(self) -> None:
         self.case = "a processor of no family"
+        self.checked.append(CaseChecked(self.case, "_ForeignProcessor", checks=["every hook returns None"]))
         foreign = _ForeignProcessor()
         for hook, kwargs in (
             ("bind_rope_index", {"processor": foreign, "config": None, "options": {}}),
@@ -131,11 +182,13 @@ class _Checker:
 
     def check_case(self, case: ExampleCase) -> None:
         self.case = case.name
+        self.checked.append(CaseChecked(case.name))
         try:
             processor, config = case.build()
         except Exception as exc:
             self.fail("example_cases", "example processors build offline", f"{type(exc).__name__}: {exc}")
             return
+        self.checked[-1].processor = type(processor).__name__
         if not self.check_hook_types(processor, config):
             return
         try:
@@ -144,6 +197,7 @@ class _Checker:
         except MmropeError as exc:
             self.fail("bind_rope_index", "an engine builds for its own processor", f"{type(exc).__name__}: {exc}")
             return
+        self.checked[-1].kind, self.checked[-1].samples = engine.rope_kind, len(outputs)
         if engine.plugin_name != self.name:
             self.fail("bind_rope_index", "claims its own processors", f"the engine was bound by {engine.plugin_name}")
             return
@@ -155,6 +209,7 @@ class _Checker:
         self.case = ""
 
     def check_hook_types(self, processor: Any, config: Any) -> bool:
+        self.ran("hook return types")
         bindings = [r for r in self.own("bind_rope_index", processor=processor, config=config, options={}) if r is not None]
         if not bindings:
             self.fail("bind_rope_index", "claims its own processors", f"returned None for {type(processor).__name__}")
@@ -172,6 +227,7 @@ class _Checker:
         return True
 
     def check_kwargs_do_not_mutate(self, processor: Any, outputs: Sequence[Mapping[str, Any]]) -> None:
+        self.ran("hooks leave their inputs unchanged")
         for output in outputs:
             inputs = {k: v for k, v in output.items() if k not in ("input_ids", "attention_mask")}
             before = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
@@ -185,6 +241,7 @@ class _Checker:
 
     def check_positions(self, engine: RopeEngine, outputs: Sequence[Mapping[str, Any]]) -> None:
         hook = "bind_rope_index"
+        self.ran("positions: shape, dtype, determinism, batch = each sample alone, left = right padding")
         try:
             right = engine.batch(outputs, "right")
             left = engine.batch(outputs, "left")
@@ -219,6 +276,7 @@ class _Checker:
         if engine.rope_kind == "mrope":
             self.check_rope_index(engine, outputs, {"right": right, "left": left})
         self.check_packing(engine, outputs, right[2], alone)
+        self.ran("the engine pickles")
         try:
             # what an unpickled engine is rebuilt from, rebuilt here with this checker's plugins
             _rebuild, (processor, config, options) = pickle.loads(pickle.dumps(engine.__reduce__()))
@@ -233,6 +291,7 @@ class _Checker:
         ``compute_position_ids`` made of it: the text row over its positions."""
         hook = "bind_rope_index"
         rule = "position_ids equal the text row over rope_index's positions"
+        self.ran("get_rope_index: layout, = compute_position_ids' rows, batch = each sample alone")
         for side, (ids, mask, inputs) in batches.items():
             try:
                 positions, deltas = engine.get_rope_index(ids, mask, **engine.rope_index_kwargs(inputs))
@@ -263,6 +322,7 @@ class _Checker:
         """The samples packed into one row back to back (``cu_seqlens``), and with a token outside
         every segment before each (``segment_ids``): each segment gets its sample's positions, in
         ``compute_position_ids`` and in ``get_rope_index`` (deltas per segment)."""
+        self.ran("packed rows (cu_seqlens, segment_ids): each segment = its sample alone")
         rows = [output["input_ids"][0][_mask_of(output)] for output in outputs]
         lengths = [row.numel() for row in rows]
         cu_seqlens = torch.tensor([0, *itertools.accumulate(lengths)])

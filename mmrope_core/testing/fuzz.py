@@ -72,14 +72,16 @@ class FuzzFinding:
 
 def fuzz_plugin(name: str, *, cases: Sequence[Any] | None = None, seed: int = 0, examples: int = 100,
                 chooser: str = "random", timeout: float = 600.0,
-                vllm_as_transformers: Sequence[str] = ()) -> list[FuzzFinding]:
+                vllm_as_transformers: Sequence[str] = (),
+                tally: dict[str, int] | None = None) -> list[FuzzFinding]:
     """Fuzz plugin ``name`` (an installed entry point) with ``examples`` corrupt batches made from
     its example cases (or ``cases``, which must pickle) in a child process; return what broke a
     rule. A child that dies is a finding naming the case it was computing.
 
     ``vllm_as_transformers`` names example cases whose ``convention="vllm"`` positions are
     transformers' on every input; the others are held to transformers' on batches without
-    video or audio, where every family's conventions agree."""
+    video or audio, where every family's conventions agree. ``tally``, when given, gets the
+    number of cases run from each example case."""
     with tempfile.TemporaryDirectory(prefix="mmrope-fuzz-") as folder:
         trace, report = os.path.join(folder, "trace"), os.path.join(folder, "report")
         try:
@@ -99,8 +101,18 @@ def fuzz_plugin(name: str, *, cases: Sequence[Any] | None = None, seed: int = 0,
             stderr = child.stderr.decode(errors="replace").strip().splitlines()[-3:]
             return [FuzzFinding(name, (), "no input ends the process",
                                 f"the process died ({how}) on: {_last_line(trace)}. {' '.join(stderr)}")]
+        if tally is not None:
+            _count_cases(trace, tally)
         with open(report, "rb") as file:
             return pickle.load(file)
+
+
+def _count_cases(path: str, tally: dict[str, int]) -> None:
+    """Add the cases of the trace (lines ``case call [mutations]``) up by example case."""
+    with open(path) as file:
+        for line in file:
+            case = line.rsplit(" [", 1)[0].rsplit(" ", 1)[0]
+            tally[case] = tally.get(case, 0) + 1
 
 
 def _last_line(path: str) -> str:

@@ -33,3 +33,13 @@ def test_demo_reports_a_broken_example_and_goes_on():
     assert result.returncode == 1
     assert "=== Toy " in result.stdout and "failed:" in result.stdout
     assert "1 of 2 families shown." in result.stdout
+
+
+def test_demo_names_the_plugin_that_binds_another_plugins_example():
+    # the third-party example and mmrope-transformers both claim PaddleOCRVLProcessor
+    environment = {**os.environ, "MMROPE_LOAD_PLUGINS": "paddleocr_vl,transformers"}
+    result = subprocess.run([sys.executable, "-m", "mmrope_core.cli", "demo"], capture_output=True, text=True,
+                            env=environment)
+    assert "note: plugin paddleocr_vl binds PaddleOCRVLProcessor, not transformers whose example this is; " \
+           "MMROPE_DISABLE_PLUGINS=paddleocr_vl leaves it to transformers" in result.stdout
+    assert result.stdout.count("note: plugin") == 1

@@ -25,3 +25,17 @@ def test_every_example_is_on_the_page():
     text = (ROOT / "docs" / "trainers.md").read_text()
     for path in (ROOT / "examples").glob("*.py"):
         assert f"examples/{path.name}" in text or f"`{path.name}`" in text, path.name
+
+
+def test_this_environment_holds_the_releases_the_install_commands_pin():
+    """The trainers' environment is built by the page's install commands (install_commands.py)."""
+    import importlib.metadata
+
+    from install_commands import commands
+
+    pins = {}
+    for name in ("verl", "llamafactory", "swift"):
+        for arguments in commands()[name]:
+            pins.update(word.split("==") for word in arguments if "==" in word)
+    assert {"verl", "llamafactory", "ms-swift", "transformers"} <= set(pins)
+    assert {package: importlib.metadata.version(package) for package in pins} == pins

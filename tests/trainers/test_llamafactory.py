@@ -5,10 +5,6 @@ classes' own ``get_rope_index`` on generated samples of every family it trains: 
 from __future__ import annotations
 
 import random
-import runpy
-import sys
-import types
-from pathlib import Path
 
 import llamafactory_cases as cases
 import pytest
@@ -384,16 +380,3 @@ def _uninstall():
         call = cls.__dict__["__call__"]
         cls.__call__ = getattr(call, "__mmrope_original__", call)
 
-
-def test_the_launcher_installs_before_llamafactory_trains(monkeypatch):
-    """``examples/llamafactory_train.py`` runs LLaMA-Factory's ``run_exp`` with the drop-in in
-    place. ``run_exp`` itself (model loading, the trainer) stands in here: it needs weights."""
-    seen = []
-    tuner = types.ModuleType("llamafactory.train.tuner")
-    tuner.run_exp = lambda: seen.append(drop_in.installed())
-    monkeypatch.setitem(sys.modules, "llamafactory.train.tuner", tuner)
-    try:
-        runpy.run_path(str(Path(__file__).parents[2] / "examples" / "llamafactory_train.py"), run_name="__main__")
-    finally:
-        _uninstall()
-    assert seen == [True]
