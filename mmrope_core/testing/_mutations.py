@@ -374,6 +374,9 @@ def _sample_media_numpy(case: Case, choices: Any) -> str:
 
 def _sample_empty(case: Case, choices: Any) -> str:
     index, output = _sample(case, choices)
+    ids, mask = output.get("input_ids"), output.get("attention_mask")
+    if isinstance(ids, torch.Tensor) and isinstance(mask, torch.Tensor) and mask.shape[-1] != ids.shape[-1]:
+        raise ValueError("emptying both would hide the mask's other length")
     for key in ("input_ids", "attention_mask"):
         if isinstance(output.get(key), torch.Tensor):
             output[key] = output[key][..., :0]
