@@ -252,7 +252,7 @@ def swift_draw(rng: random.Random) -> str:
     padding_free = rng.random() < 0.5
     template = swift_template(name, padding_free)
     template.use_audio_in_video = False
-    rows = [sw.with_token_types(template, row) for row, _ in sw.rows(name, rng, rng.randint(1, 3))]
+    rows = [row for row, _ in sw.rows(name, template, rng, rng.randint(1, 3))]
     names = swift_mutated(rows, rng)
     where = f"{name}{' padding-free' if padding_free else ''} {names}"
     got = outcome(lambda: template.data_collator(copy.deepcopy(rows)))
