@@ -10,7 +10,8 @@ segments of a packed row apart. Other layers need more, or cannot be given it:
 - bidirectional attention is never cut at the boundaries (transformers finds them only for
   causal masks);
 - a model may say more about itself through its binding (:attr:`RopeBinding.mixes_segments`),
-  such as image tokens that attend to one another through a mask overlay.
+  such as image tokens that attend to one another through a mask overlay, or media handed to the
+  batch's rows one by one.
 
 The collators ask once, when they are built; a model that would mix segments is refused before
 any forward, with what to do instead.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -175,6 +177,36 @@ def _runs(text: Any, names: tuple[str, ...]) -> bool:
     except (ImportError, OSError, TypeError):
         return False
     return all(name in source for name in names)
+
+
+def media_by_rows_mixes_segments(model_class: type) -> str:
+    """Why ``model_class`` mixes packed segments when its ``forward`` takes counts of media per
+    sample (an argument named ``*_per_sample``) and goes through the batch row by row to hand each
+    row its media, or "". A packed row is one row of several samples: such a forward hands it the
+    first sample's media only (GLM-Image's source images in some transformers releases). A
+    forward whose source cannot be read is taken to do so."""
+    forward = getattr(model_class, "forward", None)
+    if not callable(forward):
+        return ""
+    try:
+        counts = [name for name in inspect.signature(forward).parameters if name.endswith("_per_sample")]
+    except (TypeError, ValueError):
+        return ""
+    if not counts:
+        return ""
+    try:
+        by_rows = _ROW_LOOP.search(inspect.getsource(forward)) is not None
+    except (OSError, TypeError):
+        by_rows = True
+    if not by_rows:
+        return ""
+    return (f"{model_class.__name__}.forward takes counts of media per sample ({', '.join(counts)}) and hands the "
+            f"media to the batch's rows one by one, so in a packed row (one row of several samples) the later "
+            f"samples' media are read as the first one's")
+
+
+#: A loop over the rows of a batch, as model code writes it.
+_ROW_LOOP = re.compile(r"\bfor \w+ in range\((?:batch_size|bsz|input_ids\.shape\[0\]|inputs_embeds\.shape\[0\])\)")
 
 
 def _bidirectional_text(text: Any) -> str:

@@ -1,6 +1,6 @@
 """Linear attention trains packed rows exactly once its kernels take the boundaries. The kernels
 need a CUDA GPU; in a child process, stand-ins that honour their documented varlen arguments
-(``stand_in_kernels/``: each segment through transformers' own PyTorch functions) take their
+(``stand_in_kernels/``: each segment through transformers' own PyTorch computations) take their
 place, so that what is tested is what mmrope hands the model."""
 
 from __future__ import annotations
@@ -9,17 +9,24 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.differential
+
 HERE = Path(__file__).parent
 CASES = ("Qwen3.5", "Qwen3.5-MoE")
 
 CHILD = f"""
 import sys
 sys.path[:0] = [{str(HERE / "stand_in_kernels")!r}, {str(HERE)!r}]
-import transformers.utils.import_utils as import_utils
-import_utils.is_flash_linear_attention_available = lambda: True  # what transformers answers on a GPU with them
-import_utils.is_causal_conv1d_available = lambda: True
-
 import torch
+import transformers.utils.import_utils as import_utils
+# what transformers and torch answer on a GPU with the kernels (some releases build the fused
+# norm on the current CUDA device; the stand-in stays on the CPU)
+import_utils.is_flash_linear_attention_available = lambda: True
+import_utils.is_causal_conv1d_available = lambda: True
+torch.cuda.current_device = lambda: 0
+
 from test_packed_rows import LOGITS, by_hand, case, rows_of, segments_of, trains_as_its_samples_alone_or_is_refused
 from mmrope_core.collators import PackedCollator
 from mmrope_core.segments import packed_row_support

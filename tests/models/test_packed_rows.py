@@ -19,6 +19,7 @@ from mmrope_core.collators import IGNORE_INDEX, PackedCollator
 from mmrope_core.segments import packed_row_support
 
 torch.set_num_threads(1)  # two cores, shared
+pytestmark = pytest.mark.differential
 #: What the tests also train, beside each case's own config: settings that change the answer.
 VARIANTS = {
     "Gemma4": {"bidirectional images": (("text_config.use_bidirectional_attention", "vision"),)},
@@ -34,7 +35,9 @@ AUDIO_IN_VIDEO = ("Qwen2.5-Omni", "Qwen3-Omni")
 FORWARD_KWARGS = {name: {"use_audio_in_video": True} for name in AUDIO_IN_VIDEO}
 # a packed segment's logits against its sample alone: float32 sums in another order
 LOGITS = {"rtol": 1e-4, "atol": 1e-5}
-GRADIENTS = {"rtol": 1e-3, "atol": 1e-6}
+# a gradient against the samples': each value within 1e-3 of itself, or within this fraction of the
+# parameter's largest (float32 sums in another order put up to 1.5e-5 of it on small values, Gemma4)
+GRADIENTS_RTOL, GRADIENTS_ATOL = 1e-3, 5e-5
 
 
 @functools.cache
@@ -146,4 +149,6 @@ def trains_as_its_samples_alone_or_is_refused(tiny, engine, samples):
     model.zero_grad(set_to_none=True)
     assert mine.keys() == theirs.keys()
     for key, gradient in theirs.items():
-        torch.testing.assert_close(mine[key], gradient, **GRADIENTS, msg=lambda m, key=key: f"{key}: {m}")
+        atol = max(1e-6, GRADIENTS_ATOL * float(gradient.abs().max()))
+        torch.testing.assert_close(mine[key], gradient, rtol=GRADIENTS_RTOL, atol=atol,
+                                   msg=lambda m, key=key: f"{key}: {m}")

@@ -50,6 +50,13 @@ Qwen2.5-Omni, Qwen3-Omni         ``audio_config.num_mel_bins`` 128 -> 80 (the fe
 Gemma4                           a default ``vision_config`` (None by default)
 ===============================  ==============================================================
 
+With transformers 5.10 also: Qwen3-Omni's ``audio_config.n_window`` 100 -> 50, and Qwen2-VL,
+Qwen2.5-VL, Qwen2.5-Omni and PaddleOCR-VL state the checkpoints' ``mrope_section``, which their
+attention reads from the config there (5.24's rotary code defaults to the same sections). Cases
+whose processor module imports torchvision for names the Pillow image processor's module also
+defines (Gemma4 in 5.10) build with those names taken from the Pillow module
+(:data:`TORCHVISION_FREE`).
+
 On one CPU thread (transformers 5.24, a shared 2-core machine), building all 34 cases takes about
 2 s after 3 s of imports and plugin loading, and a forward and backward pass of every sample
 about 2 s, half of it Aria's: its processor outputs 980x980 tiles (4900 patches an image), about
@@ -62,6 +69,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import importlib
 import random
 import re
 import sys
@@ -138,9 +146,25 @@ OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
     "glm_image": ({"vq_config.num_embeddings": 4},
                   "its VQ codes become token ids, which must stay below the image start and end markers "
                   "(ids 5 and 6 of the case's tokenizer, 16384 and 16385 of the checkpoint's)"),
+    **dict.fromkeys(("qwen2_vl", "qwen2_5_vl", "qwen2_5_omni_thinker", "paddleocr_vl"), (
+        {"text_config.rope_parameters.mrope_section": [16, 24, 24]},
+        "the default config states no sections; the released checkpoints' [16, 24, 24], which the model code "
+        "defaults to where it does not read them from the config (where it does, it fails without them)")),
+    "qwen3_omni_moe_thinker": ({"audio_config.n_window": 50},
+                               "the released checkpoints' window (chunks of 100 mel frames), the one the audio "
+                               "tower's output lengths are computed for; a default config with another one "
+                               "fails in the tower on audio longer than a chunk"),
     "ernie4_5_vl_moe": ({"text_config.rope_parameters.mrope_section": [22, 22, 20]},
                         "the model code's default sections, stated so that they are rescaled: its rotary "
                         "embedding splits its frequencies by them while it is built"),
+}
+
+#: Processor modules that some transformers releases import only with torchvision, for names that
+#: the Pillow image processor's module defines too: ``module -> (the module it imports them from,
+#: the Pillow module)``. Where torchvision is missing, they are imported from the Pillow module.
+TORCHVISION_FREE = {
+    "transformers.models.gemma4.processing_gemma4": ("transformers.models.gemma4.image_processing_gemma4",
+                                                     "transformers.models.gemma4.image_processing_pil_gemma4"),
 }
 
 #: Example cases that cannot run their model's own forward offline: ``name -> why``. None today.
@@ -196,6 +220,7 @@ def tiny_model(name: str, attn_implementation: str = "sdpa", overrides: tuple[tu
     ``changes``. The model is shared: zero its gradients, and do not train it in place.
     """
     case = cases()[name]
+    _import_without_torchvision()
     processor, config = case.build()
     samples = [dict(processor(**call)) for call in case.samples(processor, random.Random(0))]
     target = getattr(config, "thinker_config", None) or config
@@ -222,6 +247,28 @@ def tiny_model(name: str, attn_implementation: str = "sdpa", overrides: tuple[tu
     else:
         config = tiny
     return TinyModel(name, processor, config, model, samples, _layer_kinds(target), token_ids, changes)
+
+
+def _import_without_torchvision() -> None:
+    """Import the modules of :data:`TORCHVISION_FREE` that fail without torchvision, from the
+    Pillow modules; their processors then build for the rest of the process."""
+    from transformers.utils import is_torchvision_available
+
+    if is_torchvision_available():
+        return
+    for module, (imported, pillow) in TORCHVISION_FREE.items():
+        try:
+            importlib.import_module(module)
+            continue
+        except ImportError:
+            pass
+        try:
+            sys.modules[imported] = importlib.import_module(pillow)
+            importlib.import_module(module)
+        except ImportError:
+            pass  # the case's build says what is missing
+        finally:
+            sys.modules.pop(imported, None)
 
 
 def _model_class(config: Any) -> Any:

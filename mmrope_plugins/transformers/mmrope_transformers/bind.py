@@ -96,10 +96,12 @@ def bind(processor: Any, config: Any, options: Mapping[str, Any]) -> RopeBinding
 
 def _mixes_segments(config: Any) -> str:
     """What of the model's own code mixes packed segments (see :mod:`mmrope_core.segments`)."""
-    from mmrope_core.segments import mask_overlay_mixes_segments
+    from mmrope_core.segments import mask_overlay_mixes_segments, media_by_rows_mixes_segments
 
     model_class = next(model_classes(config), None)
-    return "" if model_class is None else mask_overlay_mixes_segments(model_class)
+    if model_class is None:
+        return ""
+    return mask_overlay_mixes_segments(model_class) or media_by_rows_mixes_segments(model_class)
 
 
 def _mrope(processor: Any, decision: Decision, implementation: str) -> tuple[RopeBinding, TransformersReference]:
