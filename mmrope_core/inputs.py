@@ -11,6 +11,7 @@ import torch
 from ._compiled import native
 from .errors import InvalidInputError
 from .media import require_values
+from .packing import PackedLayout
 
 
 def as_batch(
@@ -184,3 +185,55 @@ def _frozen(value: Any) -> Any:
     if isinstance(value, dict):
         return ReadOnlyInputs(value)
     return value
+
+
+def read_generated_mask(value: Any, ids: torch.Tensor, mask: torch.Tensor | None,
+                        layout: PackedLayout | None = None) -> torch.Tensor | None:
+    """``generated_mask`` for the checked ``(B, L)`` ``ids`` and ``mask`` (and the packed
+    ``layout``) as a bool ``(B, L)`` tensor, or None where it marks no token. Raises
+    :class:`InvalidInputError` for a wrong type, dtype, shape, device or value, a 1 at padding (or
+    outside every segment), and a 1 at a sample's (segment's) first token: a rollout generates
+    after a prompt. The caller's tensor is never modified."""
+    generated = _require_tensor("generated_mask", value)
+    require_values("generated_mask", generated)
+    if generated.dtype != torch.bool and generated.dtype not in _INTEGER_DTYPES:
+        raise InvalidInputError(f"generated_mask must be bool or integer 0/1 (1 where the rollout generated the "
+                                f"token), got dtype {generated.dtype}")
+    if generated.dim() == 1:
+        generated = generated.unsqueeze(0)
+    if generated.shape != ids.shape:
+        raise InvalidInputError(f"generated_mask has shape {tuple(value.shape)} but input_ids has {tuple(ids.shape)}; "
+                                f"give one value per token, 1 where the rollout generated it")
+    if generated.device != ids.device:
+        raise InvalidInputError(f"generated_mask is on {generated.device} but input_ids on {ids.device}; move both "
+                                f"to one device")
+    if generated.dtype != torch.bool:
+        wrong = (generated != 0) & (generated != 1)
+        if bool(wrong.any()):
+            sample, token = wrong.nonzero()[0].tolist()
+            raise InvalidInputError(f"generated_mask must hold only 0 and 1; sample {sample}, token {token} holds "
+                                    f"{int(generated[sample, token])}")
+        generated = generated != 0
+    if not bool(generated.any()):
+        return None
+    if layout is None:
+        valid = mask
+        first = generated[:, :1] if mask is None else generated & (mask.cumsum(dim=1) == 1) & mask
+        first_of = "sample {row}"
+    else:
+        valid = None if layout.gaps is None else layout.valid()
+        first = torch.zeros_like(generated).view(-1)
+        starts = torch.from_numpy(layout.starts).to(generated.device)
+        first[starts] = generated.view(-1)[starts]
+        first = first.view(generated.shape)
+        first_of = "a segment (row {row}, token {token})"
+    if valid is not None and bool((generated & ~valid).any()):
+        row, token = (generated & ~valid).nonzero()[0].tolist()
+        raise InvalidInputError(f"generated_mask marks sample {row}, token {token} as generated, but it is padding "
+                                f"({'attention_mask' if layout is None else 'segment_ids'} 0); a padded token was not "
+                                f"generated: mark it 0")
+    if bool(first.any()):
+        row, token = first.nonzero()[0].tolist()
+        raise InvalidInputError(f"generated_mask marks the first token of {first_of.format(row=row, token=token)} as "
+                                f"generated; a rollout generates after a prompt: mark the prompt's tokens 0")
+    return generated
