@@ -179,6 +179,15 @@ class Anchor:
         model = self.model(family, config, tokens)
         return model.get_mrope_input_positions(list(sample.input_ids), self.features(family, sample, config, tokens))
 
+    def decode(self, delta: int, context_len: int, count: int) -> torch.Tensor:
+        """The ``(3, count)`` positions of ``count`` tokens decoded after ``context_len`` tokens of
+        a request whose prompt has ``delta`` (vLLM's ``MRotaryEmbedding.get_next_input_positions_tensor``)."""
+        cls = self._code.model_class("vllm/model_executor/layers/rotary_embedding/mrope.py", "MRotaryEmbedding",
+                                     roots=("get_next_input_positions_tensor",))
+        out = torch.zeros(3, count, dtype=torch.int64).numpy()
+        cls.get_next_input_positions_tensor(out, 0, int(delta), context_len, count)
+        return torch.from_numpy(out)
+
     def audio_in_video_tokens(self, family: str, config: Any, tokens: Tokens, audio_tokens: int,
                               grid: Sequence[int], second_per_grid: float | None) -> list[int]:
         """vLLM's own token layout of a video with its audio: what its prompt update puts in place
