@@ -35,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     check.add_argument("--seed", type=int, default=0, help="seed of the generated samples")
     verify = commands.add_parser(
         "verify", help="compare the fast kernel with the transformers reference, and transformers' positions with "
-                       "the vLLM convention, on generated samples")
+                       "the rollout engines' (the vLLM and SGLang conventions), on generated samples")
     where = verify.add_mutually_exclusive_group(required=True)
     where.add_argument("path", nargs="?", help="a local model directory (processor and config)")
     where.add_argument("--family", help="an installed family's example processor, by name (e.g. Qwen2.5-VL, see "
