@@ -216,24 +216,25 @@ def read_generated_mask(value: Any, ids: torch.Tensor, mask: torch.Tensor | None
         generated = generated != 0
     if not bool(generated.any()):
         return None
-    if layout is None:
+    length = ids.shape[1]
+    if layout is None:  # each row's first valid token
         valid = mask
-        first = generated[:, :1] if mask is None else generated & (mask.cumsum(dim=1) == 1) & mask
+        starts = torch.arange(ids.shape[0], device=ids.device) * length
+        if mask is not None:
+            starts += mask.view(torch.uint8).argmax(dim=1)
         first_of = "sample {row}"
     else:
         valid = None if layout.gaps is None else layout.valid()
-        first = torch.zeros_like(generated).view(-1)
         starts = torch.from_numpy(layout.starts).to(generated.device)
-        first[starts] = generated.view(-1)[starts]
-        first = first.view(generated.shape)
         first_of = "a segment (row {row}, token {token})"
-    if valid is not None and bool((generated & ~valid).any()):
+    if valid is not None and bool(torch.gt(generated.view(torch.uint8), valid.view(torch.uint8)).any()):
         row, token = (generated & ~valid).nonzero()[0].tolist()
         raise InvalidInputError(f"generated_mask marks sample {row}, token {token} as generated, but it is padding "
                                 f"({'attention_mask' if layout is None else 'segment_ids'} 0); a padded token was not "
                                 f"generated: mark it 0")
-    if bool(first.any()):
-        row, token = first.nonzero()[0].tolist()
+    at_first = generated.reshape(-1)[starts]
+    if bool(at_first.any()):
+        row, token = divmod(int(starts[at_first.nonzero()[0, 0]]), length)
         raise InvalidInputError(f"generated_mask marks the first token of {first_of.format(row=row, token=token)} as "
                                 f"generated; a rollout generates after a prompt: mark the prompt's tokens 0")
     return generated

@@ -9,14 +9,19 @@ position, the two agree and a prefill of the whole sequence is the rollout's pos
 prefilled token at ``trunc(position)``, a decoded one at ``index + trunc(delta)``, which differ
 by one where the delta is negative and fractional. :func:`decoded_positions` gives each token its
 place from a prefill of the whole sequence and the tokens the rollout generated.
+
+The work is a pass over the prefill's positions (their truncation, and the largest of each stretch
+between a sample's start and a run's) and what is per run or per generated token, in numpy on
+the host: no Python runs per token, run or sample.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-#: packed rows: segment numbers sit above the largest position's bits (float32 bits, or integers)
-_SEGMENT_SHIFT = 2**40
+#: a sample's number sits above any position's bits (float32's, or an integer's) in a running maximum
+_SAMPLE_SHIFT = 2**40
 
 
 def decoded_positions(prefill: torch.Tensor, generated: torch.Tensor | None, attention_mask: torch.Tensor | None = None,
@@ -40,61 +45,84 @@ def decoded_positions(prefill: torch.Tensor, generated: torch.Tensor | None, att
         plus the truncated delta of everything before their run, on every row. With ``deltas``,
         the truncated deltas, those of samples ending in a generated run being that run's.
     """
-    positions = (torch.empty(prefill.shape, dtype=torch.int64, device=prefill.device) if out is None else out)
-    positions.copy_(prefill)  # (float to integer conversion truncates toward zero)
+    if prefill.device.type != "cpu":  # the work is on the host, where the kernels place Omni's positions too
+        def host(tensor: torch.Tensor | None) -> torch.Tensor | None:
+            return None if tensor is None else tensor.cpu()
+
+        positions, host_deltas = decoded_positions(prefill.cpu(), host(generated), host(attention_mask),
+                                                   host(cu_seqlens), host(deltas))
+        positions = positions.to(prefill.device) if out is None else out.copy_(positions)
+        return positions, None if host_deltas is None else host_deltas.to(prefill.device)
+    positions = torch.empty(prefill.shape, dtype=torch.int64) if out is None else out
+    np.copyto(positions.numpy(), prefill.numpy(), casting="unsafe")  # truncates toward zero, twice torch's speed
     deltas = None if deltas is None else deltas.to(torch.int64)
     if generated is None:
         return positions, deltas
-    length = generated.shape[1]
-    rows, columns = generated.nonzero(as_tuple=True)  # the generated tokens, in order
-    if not rows.numel():
+    tokens = np.flatnonzero(generated.numpy())  # the generated tokens, by flat index (row * L + column)
+    if not tokens.size:
         return positions, deltas
-    starts = torch.ones_like(rows, dtype=torch.bool)  # the first token of each run
-    starts[1:] = (rows[1:] != rows[:-1]) | (columns[1:] != columns[:-1] + 1)
-    run = starts.cumsum(0) - 1
-    first_row, first_column = rows[starts], columns[starts]
-    segment = None
-    last = torch.arange(generated.shape[0], device=generated.device) * length + length - 1  # each sample's last token
-    if cu_seqlens is not None:
-        bounds = cu_seqlens.to(device=generated.device, dtype=torch.int64)
-        prompt_tokens = first_column - bounds[torch.searchsorted(bounds, first_column, right=True) - 1]
-        segment = torch.repeat_interleave(torch.arange(bounds.numel() - 1, device=generated.device), bounds.diff())
-        last = bounds[1:] - 1
-    elif attention_mask is None:
-        prompt_tokens = first_column
-    else:
-        prompt_tokens = attention_mask.to(torch.int32).cumsum(dim=1, dtype=torch.int32)[first_row, first_column] - 1
-        last = last - attention_mask.flip(1).to(torch.int8).argmax(1)
-    # each run's delta, as the rollout computes its prompt's in the positions' dtype: largest + 1 - tokens
-    largest = _running_max(prefill.amax(0), attention_mask, segment)[first_row, first_column - 1]
-    run_delta = ((largest + 1) - prompt_tokens.to(largest.dtype)).to(torch.int64)
-    decoded = (columns - first_column[run]) + prompt_tokens[run] + run_delta[run]
+    runs = _Runs(tokens, (generated.shape[0], generated.shape[1]), None if attention_mask is None else attention_mask.numpy(),
+                 None if cu_seqlens is None else cu_seqlens.numpy())
+    largest = runs.largest_before(prefill.numpy())
+    # each run's delta, as the rollout computes its prompt's, in the positions' dtype: largest + 1 - tokens
+    run_delta = ((largest + 1) - runs.prompt_tokens.astype(largest.dtype)).astype(np.int64)
+    decoded = torch.from_numpy(runs.index + run_delta[runs.run])
+    flat = torch.from_numpy(tokens)
     if positions.is_contiguous():  # (several times faster than indexing rows and columns)
-        positions.view(positions.shape[0], -1).index_copy_(1, rows * length + columns,
-                                                            decoded.expand(positions.shape[0], -1))
+        positions.view(positions.shape[0], -1).index_copy_(1, flat, decoded.expand(positions.shape[0], -1))
     else:
-        positions[:, rows, columns] = decoded
+        positions[:, flat // generated.shape[1], flat % generated.shape[1]] = decoded
     if deltas is not None:
-        flat = rows * length + columns
-        found = torch.searchsorted(flat, last).clamp(max=flat.numel() - 1)
-        ended = flat[found] == last
-        deltas[ended, 0] = run_delta[run[found[ended]]]
+        at = np.searchsorted(tokens, runs.last).clip(max=tokens.size - 1)
+        ended = tokens[at] == runs.last  # samples whose last token was generated
+        deltas[torch.from_numpy(ended), 0] = torch.from_numpy(run_delta[runs.run[at[ended]]])
     return positions, deltas
 
 
-def _running_max(values: torch.Tensor, attention_mask: torch.Tensor | None, segment: torch.Tensor | None) -> torch.Tensor:
-    """Each token's largest value so far in its row (padding counting 0, which no position is
-    below), or with ``segment`` (``(L,)`` numbers of a packed row's samples) so far in its
-    sample: order-preserving integer keys with the segment's number above them restart the
-    maximum at every sample."""
-    if attention_mask is not None:
-        values = values.masked_fill(~attention_mask, 0)
-    if segment is None:
-        return values.cummax(dim=1).values
-    floats = values.is_floating_point()
-    if floats and values.dtype != torch.float32:
-        raise TypeError(f"positions of packed rows must be float32 or integers, got {values.dtype}")
-    keys = values.view(torch.int32).to(torch.int64) if floats else values.to(torch.int64)  # (non-negative floats' bits are ordered)
-    offset = segment * _SEGMENT_SHIFT
-    running = (keys + offset).cummax(dim=1).values - offset
-    return running.to(torch.int32).view(torch.float32) if floats else running.to(values.dtype)
+class _Runs:
+    """The runs of generated tokens (flat indices ``tokens``, in order) of a batch: for each
+    token its run and its index in its sample; for each run its first token and the tokens
+    before it in its sample; each sample's first and last token."""
+
+    def __init__(self, tokens: np.ndarray, shape: tuple[int, int], mask: np.ndarray | None,
+                 cu_seqlens: np.ndarray | None) -> None:
+        rows, length = shape
+        self.valid = None  # the mask, where a sample's tokens do not lie in one span
+        if cu_seqlens is not None:
+            bounds = cu_seqlens.astype(np.int64)
+            self.first, self.last = bounds[:-1], bounds[1:] - 1
+        elif mask is None:
+            self.first = np.arange(rows) * length
+            self.last = self.first + (length - 1)
+        else:
+            self.first = np.arange(rows) * length + mask.argmax(1)
+            self.last = np.arange(rows) * length + (length - 1) - mask[:, ::-1].argmax(1)
+            if (np.count_nonzero(mask, axis=1) != self.last - self.first + 1).any():
+                self.valid = mask  # padding inside a sample
+        sample = np.searchsorted(self.first, tokens, side="right") - 1
+        if self.valid is None:
+            self.index = tokens - self.first[sample]
+        else:  # counted over valid tokens only
+            self.index = (np.cumsum(self.valid, axis=1) - 1).reshape(-1)[tokens]
+        opens = np.ones(tokens.size, dtype=bool)  # a token whose sample's token before it was not generated
+        opens[1:] = (sample[1:] != sample[:-1]) | (self.index[1:] != self.index[:-1] + 1)
+        self.run = np.cumsum(opens) - 1
+        self.start, self.prompt_tokens = tokens[opens], self.index[opens]
+
+    def largest_before(self, prefill: np.ndarray) -> np.ndarray:
+        """For each run, the largest prefill position of its sample's tokens before it: the
+        largest of each stretch between consecutive sample and run starts, in one pass over the
+        positions, then the running largest of those stretches within each sample."""
+        values = prefill.reshape(prefill.shape[0], -1)
+        if self.valid is not None:  # what padding holds does not count (no position is below 0)
+            values = np.where(self.valid.reshape(1, -1), values, 0)
+        bounds = np.union1d(self.first, self.start)  # (sorted)
+        stretch = np.maximum.reduceat(values, bounds, axis=1).max(0)
+        sample = np.cumsum(np.isin(bounds, self.first)) * _SAMPLE_SHIFT  # restarts the maximum at a sample's start
+        floats = stretch.dtype.kind == "f"
+        if floats and stretch.dtype != np.float32:
+            raise TypeError(f"fractional positions must be float32, got {stretch.dtype}")
+        keys = stretch.view(np.int32).astype(np.int64) if floats else stretch.astype(np.int64)  # (ordered bits)
+        running = np.maximum.accumulate(keys + sample) - sample
+        before = running[np.searchsorted(bounds, self.start) - 1]  # the stretch that ends where the run starts
+        return before.astype(np.int32).view(np.float32) if floats else before

@@ -163,6 +163,7 @@ def random_sample(rng, length):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
 def test_decoded_positions_follow_the_rule_in_padded_batches(dtype):
+    """Padding on either side, and inside some samples."""
     rng = random.Random(f"decoded {dtype}")
     for index in range(40):
         rows, length = rng.randint(1, 4), rng.randint(2, 30)
@@ -175,6 +176,9 @@ def test_decoded_positions_follow_the_rule_in_padded_batches(dtype):
             span = slice(length - count, length) if left else slice(0, count)
             prefill[:, r, span], generated[r, span] = random_sample(rng, count)
             valid[r, span] = True
+            if rng.random() < 0.3:  # padding inside the sample, never where the rollout generated
+                holes = [c for c in range(length)[span][1:] if not generated[r, c] and rng.random() < 0.2]
+                valid[r, holes] = False
             prefill[:, r, ~valid[r]] = 1.0  # what padding holds does not matter
         if dtype == torch.int64:
             prefill = prefill.floor()
