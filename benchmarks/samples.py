@@ -59,6 +59,26 @@ def vl_video(processor, frames, per_frame, timestamp):
     return [ids["start"]] + [ids["video"]] * (frames * per_frame) + [ids["end"]]
 
 
+def built_family(name: str) -> tuple[Any, Any, Any]:
+    """``(processor, config, tokens)`` of the family's example build, ``tokens`` its placeholder
+    and marker ids as the anchors take them (``vllm_anchor.Tokens``)."""
+    from vllm_anchor import Tokens
+
+    if name in ("Qwen2.5-Omni", "Qwen3-Omni"):
+        built = Omni(name)
+        t = built.tokens
+        return built.processor, built.config, Tokens(
+            image=t.image, video=t.video, vision_start=t.vision_start, vision_end=t.vision_end, audio=t.audio,
+            audio_start=t.audio_start, audio_end=t.audio_end)
+    from mmrope_qwen_vl.examples import build
+
+    processor, config = build(name)
+    ids = vl_token_ids(processor)
+    return processor, config, Tokens(image=ids["image"], video=ids["video"], vision_start=ids["start"],
+                                     vision_end=ids["end"], video_start=ids.get("video_start"),
+                                     video_end=ids.get("video_end"))
+
+
 def vl_token_ids(processor) -> dict[str, int]:
     tokenizer = processor.tokenizer
     names = {"image": tokenizer.image_token, "video": tokenizer.video_token}

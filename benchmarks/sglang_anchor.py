@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from vllm_anchor import _without_annotations
+from vllm_anchor import Tokens, _without_annotations
 
 DEFAULT_SOURCE = "anchors/sglang-0.5.23"  # relative to the working directory
 _ROPE_INDEX = "sglang/srt/layers/rotary_embedding/mrope_rope_index.py"
@@ -49,20 +49,6 @@ _QWEN_VL_PROCESSOR = "sglang/srt/multimodal/processors/qwen_vl.py"
 #: the config ``model_type`` SGLang dispatches on, per family (Qwen3.5 takes Qwen3-VL's branches)
 MODEL_TYPES = {"Qwen2-VL": "qwen2_vl", "Qwen2.5-VL": "qwen2_5_vl", "Qwen3-VL": "qwen3_vl", "Qwen3.5": "qwen3_5",
                "GLM-4V": "glm4v", "Qwen3-Omni": "qwen3_omni_moe"}
-
-
-@dataclasses.dataclass(frozen=True)
-class Tokens:
-    """The tokenizer's ids of the placeholders and markers (None where the family has none)."""
-
-    image: int
-    video: int
-    vision_start: int
-    vision_end: int
-    video_start: int | None = None  # GLM: <|begin_of_video|>
-    video_end: int | None = None
-    audio: int | None = None
-    audio_start: int | None = None
 
 
 @dataclasses.dataclass

@@ -44,8 +44,8 @@ import random
 from typing import Any
 
 import torch
-from samples import Omni, batch_with_media, vl_random_sample, vl_token_ids
-from sglang_anchor import Sample, SglangAnchor, Tokens
+from samples import Omni, batch_with_media, built_family, vl_random_sample
+from sglang_anchor import Sample, SglangAnchor
 from timing import engine, environment, timed
 
 FAMILIES = ("Qwen2-VL", "Qwen2.5-VL", "Qwen3-VL", "Qwen3.5", "GLM-4V", "GLM-4.6V", "Qwen3-Omni")
@@ -108,22 +108,12 @@ class Side:
         self.name, self.anchor, self.vllm = name, anchor, vllm
         self.anchor_family = ANCHOR_FAMILY.get(name, name)
         self.omni = name == "Qwen3-Omni"
+        processor, config, self.tokens = built_family(name)
         if self.omni:
             self.built = Omni(name)
-            processor, config, t = self.built.processor, self.built.config, self.built.tokens
-            self.tokens = Tokens(image=t.image, video=t.video, vision_start=t.vision_start, vision_end=t.vision_end,
-                                 audio=t.audio, audio_start=t.audio_start)
-            self.words = self.built.words
-            self.pad = self.built.pad
+            self.words, self.pad = self.built.words, self.built.pad
             merge = int(config.thinker_config.vision_config.spatial_merge_size)
         else:
-            from mmrope_qwen_vl.examples import build
-
-            processor, config = build(name)
-            ids = vl_token_ids(processor)
-            self.tokens = Tokens(image=ids["image"], video=ids["video"], vision_start=ids["start"],
-                                 vision_end=ids["end"], video_start=ids.get("video_start"),
-                                 video_end=ids.get("video_end"))
             self.words = processor.tokenizer.convert_tokens_to_ids(["the", "cat", "sat", "on"])
             self.pad = processor.tokenizer.pad_token_id
             merge = int(config.vision_config.spatial_merge_size)
@@ -138,14 +128,6 @@ class Side:
         self.sglang = engine(processor, config, plugin, convention="sglang")
         self.vllm_engine = engine(processor, config, plugin, convention="vllm")
         self.vllm_family = VLLM_FAMILIES.get(name) if vllm is not None else None
-        if self.vllm_family is not None:
-            from vllm_anchor import Tokens as VllmTokens
-
-            t = self.tokens
-            self.vllm_tokens = VllmTokens(image=t.image, video=t.video, vision_start=t.vision_start,
-                                          vision_end=t.vision_end, video_start=t.video_start, video_end=t.video_end,
-                                          audio=t.audio, audio_start=t.audio_start,
-                                          audio_end=self.built.tokens.audio_end if self.omni else None)
 
     # -- samples ------------------------------------------------------------------------------------
 
@@ -220,7 +202,7 @@ class Side:
 
         sample = VllmSample(row, media["image_grid_thw"], media["video_grid_thw"], media["seconds"] or None,
                             media["audio_seqlens"])
-        positions, delta = self.vllm.positions(self.vllm_family, sample, self.config, self.vllm_tokens)
+        positions, delta = self.vllm.positions(self.vllm_family, sample, self.config, self.tokens)
         return torch.as_tensor(positions), int(delta)
 
     # -- (a) prompts --------------------------------------------------------------------------------
@@ -449,9 +431,7 @@ class Side:
         audio token), ( ) (audio start, end), { } (GLM's begin and end of video)."""
         t = self.tokens
         table = {t.vision_start: "[", t.vision_end: "]", t.image: "i", t.video: "v", t.video_start: "{",
-                 t.video_end: "}", t.audio: "a", t.audio_start: "("}
-        if self.omni:
-            table[self.built.tokens.audio_end] = ")"
+                 t.video_end: "}", t.audio: "a", t.audio_start: "(", t.audio_end: ")"}
         return "".join(table.get(token, "t") for token in row)
 
     # -- (c) time -----------------------------------------------------------------------------------
