@@ -116,9 +116,9 @@ class _Runs:
         values = prefill.reshape(prefill.shape[0], -1)
         if self.valid is not None:  # what padding holds does not count (no position is below 0)
             values = np.where(self.valid.reshape(1, -1), values, 0)
-        bounds = np.union1d(self.first, self.start)  # (sorted)
+        bounds = np.sort(np.concatenate((self.first, self.start)))  # (no run starts where its sample does)
         stretch = np.maximum.reduceat(values, bounds, axis=1).max(0)
-        sample = np.cumsum(np.isin(bounds, self.first)) * _SAMPLE_SHIFT  # restarts the maximum at a sample's start
+        sample = np.searchsorted(self.first, bounds, side="right") * _SAMPLE_SHIFT  # restarts the maximum there
         floats = stretch.dtype.kind == "f"
         if floats and stretch.dtype != np.float32:
             raise TypeError(f"fractional positions must be float32, got {stretch.dtype}")
