@@ -208,9 +208,8 @@ def read_generated_mask(value: Any, ids: torch.Tensor, mask: torch.Tensor | None
         raise InvalidInputError(f"generated_mask is on {generated.device} but input_ids on {ids.device}; move both "
                                 f"to one device")
     if generated.dtype != torch.bool:
-        wrong = (generated != 0) & (generated != 1)
-        if bool(wrong.any()):
-            sample, token = wrong.nonzero()[0].tolist()
+        if _beyond_one(generated):
+            sample, token = ((generated != 0) & (generated != 1)).nonzero()[0].tolist()
             raise InvalidInputError(f"generated_mask must hold only 0 and 1; sample {sample}, token {token} holds "
                                     f"{int(generated[sample, token])}")
         generated = generated != 0
@@ -238,3 +237,12 @@ def read_generated_mask(value: Any, ids: torch.Tensor, mask: torch.Tensor | None
         raise InvalidInputError(f"generated_mask marks the first token of {first_of.format(row=row, token=token)} as "
                                 f"generated; a rollout generates after a prompt: mark the prompt's tokens 0")
     return generated
+
+
+def _beyond_one(values: torch.Tensor) -> bool:
+    """Whether integer ``values`` hold anything but 0 and 1: on the CPU in one numpy pass, negative
+    values read as unsigned being larger than 1."""
+    if values.is_cpu:
+        host = values.numpy()
+        return bool((host.view(host.dtype.str.replace("i", "u")) > 1).any())
+    return bool(((values < 0) | (values > 1)).any())

@@ -32,6 +32,7 @@ MASK = torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]])
     (torch.zeros(2, 5), "generated_mask must be bool or integer 0/1 .* got dtype torch.float32"),
     (torch.zeros(2, 4, dtype=torch.long), r"generated_mask has shape \(2, 4\) but input_ids has \(2, 5\)"),
     (torch.tensor([[0, 0, 2, 0, 0], [0] * 5]), "generated_mask must hold only 0 and 1; sample 0, token 2 holds 2"),
+    (torch.tensor([[0] * 5, [0, 0, 1, -1, 0]], dtype=torch.int8), "sample 1, token 3 holds -1"),
     (torch.tensor([[1, 0, 0, 0, 0], [0] * 5]), r"marks sample 0, token 0 as generated, but it is padding \(attention_mask 0\)"),
     (torch.tensor([[0, 1, 1, 0, 0], [0] * 5]), "marks the first token of sample 0 as generated; a rollout generates "
                                                "after a prompt"),
