@@ -66,7 +66,7 @@ def decoded_positions(prefill: torch.Tensor, generated: torch.Tensor | None, att
     largest = runs.largest_before(prefill.numpy())
     # each run's delta, as the rollout computes its prompt's, in the positions' dtype: largest + 1 - tokens
     run_delta = ((largest + 1) - runs.prompt_tokens.astype(largest.dtype)).astype(np.int64)
-    decoded = torch.from_numpy(runs.index + run_delta[runs.run])
+    decoded = torch.from_numpy(runs.index(run_delta))
     flat = torch.from_numpy(tokens)
     if positions.is_contiguous():  # (several times faster than indexing rows and columns)
         positions.view(positions.shape[0], -1).index_copy_(1, flat, decoded.expand(positions.shape[0], -1))
@@ -81,13 +81,16 @@ def decoded_positions(prefill: torch.Tensor, generated: torch.Tensor | None, att
 
 class _Runs:
     """The runs of generated tokens (flat indices ``tokens``, in order) of a batch: for each
-    token its run and its index in its sample; for each run its first token and the tokens
-    before it in its sample; each sample's first and last token."""
+    token its run; for each run its first token and the tokens before it in its sample; each
+    sample's first and last token. Runs never cross samples: no sample begins with a generated
+    token."""
 
     def __init__(self, tokens: np.ndarray, shape: tuple[int, int], mask: np.ndarray | None,
                  cu_seqlens: np.ndarray | None) -> None:
         rows, length = shape
-        self.valid = None  # the mask, where a sample's tokens do not lie in one span
+        self.tokens = tokens
+        self.valid = mask
+        self.counted = None  # each token's index among its sample's valid tokens, where padding lies inside one
         if cu_seqlens is not None:
             bounds = cu_seqlens.astype(np.int64)
             self.first, self.last = bounds[:-1], bounds[1:] - 1
@@ -98,23 +101,35 @@ class _Runs:
             self.first = np.arange(rows) * length + mask.argmax(1)
             self.last = np.arange(rows) * length + (length - 1) - mask[:, ::-1].argmax(1)
             if (np.count_nonzero(mask, axis=1) != self.last - self.first + 1).any():
-                self.valid = mask  # padding inside a sample
-        sample = np.searchsorted(self.first, tokens, side="right") - 1
-        if self.valid is None:
-            self.index = tokens - self.first[sample]
-        else:  # counted over valid tokens only
-            self.index = (np.cumsum(self.valid, axis=1) - 1).reshape(-1)[tokens]
-        opens = np.ones(tokens.size, dtype=bool)  # a token whose sample's token before it was not generated
-        opens[1:] = (sample[1:] != sample[:-1]) | (self.index[1:] != self.index[:-1] + 1)
+                self.counted = (np.cumsum(mask, axis=1) - 1).reshape(-1)
+        # a run opens at a token whose sample's token before it was not generated
+        step = tokens if self.counted is None else self.counted[tokens]
+        opens = np.ones(tokens.size, dtype=bool)
+        opens[1:] = step[1:] != step[:-1] + 1
+        if self.counted is not None:
+            opens[1:] |= tokens[1:] // length != tokens[:-1] // length
         self.run = np.cumsum(opens) - 1
-        self.start, self.prompt_tokens = tokens[opens], self.index[opens]
+        self.start = tokens[opens]
+        if self.counted is not None:
+            self.prompt_tokens = self.counted[self.start]
+        else:
+            sample = self.start // length if cu_seqlens is None else np.searchsorted(self.first, self.start, "right") - 1
+            self.prompt_tokens = self.start - self.first[sample]
+
+    def index(self, run_delta: np.ndarray) -> np.ndarray:
+        """Each generated token's index in its sample plus its run's delta."""
+        if self.counted is not None:
+            return self.counted[self.tokens] + run_delta[self.run]
+        # (the index is the token's distance from its run's start, plus the tokens before the run)
+        return self.tokens + (run_delta + self.prompt_tokens - self.start)[self.run]
 
     def largest_before(self, prefill: np.ndarray) -> np.ndarray:
         """For each run, the largest prefill position of its sample's tokens before it: the
         largest of each stretch between consecutive sample and run starts, in one pass over the
         positions, then the running largest of those stretches within each sample."""
         values = prefill.reshape(prefill.shape[0], -1)
-        if self.valid is not None:  # what padding holds does not count (no position is below 0)
+        if self.counted is not None:  # what padding holds does not count (no position is below 0)
+            assert self.valid is not None
             values = np.where(self.valid.reshape(1, -1), values, 0)
         bounds = np.sort(np.concatenate((self.first, self.start)))  # (no run starts where its sample does)
         stretch = np.maximum.reduceat(values, bounds, axis=1).max(0)
