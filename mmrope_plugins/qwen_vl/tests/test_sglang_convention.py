@@ -104,9 +104,9 @@ def test_padded_and_packed_batches_give_each_case_its_own(name):
 
 def test_sglang_multiplies_frame_numbers_by_the_seconds_first():
     """At 25 tokens per second and 1.65 s a frame, frame 12's temporal id is 494 in SGLang (float32
-    (12 * 1.65) * 25), 495 in transformers (float32 12 * (25 * 1.65)) and 494 in vLLM (float64):
-    the case's positions come from SGLang's code; no compiled call takes that order, the step-by-step
-    path computes it."""
+    (12 * 1.65) * 25), 495 in transformers >= 5.11 (float32 12 * (25 * 1.65); 5.10 truncates the
+    seconds first: 300) and 494 in vLLM (float64): the case's positions come from SGLang's code; no
+    compiled call takes that order, the step-by-step path computes it."""
     case = next(case for case in CASES["Qwen2.5-VL"] if case.get("tokens_per_second") == 25)
     ids, _, kwargs = inputs_of("Qwen2.5-VL", case)
     frame_12 = case["tokens"].index("v") + 12
@@ -115,7 +115,8 @@ def test_sglang_multiplies_frame_numbers_by_the_seconds_first():
     vllm = engine("Qwen2.5-VL", "vllm", 25)
     start = case["tokens"].index("v")
     assert case["positions"][0][frame_12] - start == 494
-    assert int(transformers.get_rope_index(ids, **kwargs)[0][0, 0, frame_12]) - start == 495
+    theirs = int(transformers.get_rope_index(ids, **kwargs)[0][0, 0, frame_12]) - start
+    assert theirs == {"scaled": 495, "whole_seconds": 300}[transformers.binding.kernel.family.temporal_rule]
     assert int(vllm.get_rope_index(ids, **kwargs)[0][0, 0, frame_12]) - start == 494
     assert sglang.binding.kernel.family.temporal_rule == "seconds_first"
     assert FusedPositions.of(sglang.binding.kernel.family, sglang.binding.kernel.kinds,
