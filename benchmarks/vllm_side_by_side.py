@@ -34,7 +34,7 @@ import torch
 
 from mmrope_core import MmropeError
 
-from samples import Omni, batch_with_media, built_family, omni_batch, omni_processor_outputs, vl_random_sample
+from samples import Omni, built_family, omni_batch, omni_processor_outputs, vl_random_sample, vl_timing_batches
 from timing import engine, environment, timed
 from vllm_anchor import Anchor, Sample
 
@@ -176,15 +176,7 @@ class Side:
             return [(f"{self.name} 1 x 4096, images + audio in video", one),
                     (f"{self.name} 32 x 8192, images, audios, videos", plain),
                     (f"{self.name} 32 x 8192, images + audio in video", with_audio)]
-        cases = [(f"{self.name} 1 x 4096, 2 images (1,28,28)", (1, 4096, [(1, 28, 28)] * 2, 100)),
-                 (f"{self.name} 1 x 16384, 1 video (32,36,36)", (1, 16384, [(32, 36, 36)], 0)),
-                 (f"{self.name} 32 x 8192, 4 images + 1 video (8,28,28)",
-                  (32, 8192, [(1, 28, 28)] * 2 + [(8, 28, 28)] + [(1, 28, 28)] * 2, 512))]
-        built = []
-        for name, (rows, length, grids, pad) in cases:
-            ids, mask, kwargs = batch_with_media(self.processor, rows, length, grids, pad)
-            built.append((name, {"input_ids": ids, "attention_mask": mask, **kwargs}))
-        return built
+        return vl_timing_batches(self.name, self.processor)
 
     def time(self, name: str, batch: dict, repeat: int) -> None:
         ids, mask = batch["input_ids"], batch["attention_mask"]
