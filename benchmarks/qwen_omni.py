@@ -120,10 +120,11 @@ def single_sample_with_audio_in_video(processor, thinker):
     return batch([sample], 4096)
 
 
-def random_items(sample, rng, counts, *, side, frames, frame_side, audio_frames):
+def random_items(sample, rng, counts, *, side, frames, frame_side, audio_frames, with_audio=True):
     """A few words, then ``counts[0]`` to ``counts[1]`` random items with text between them: images
     of up to ``side`` merged patches a side, audio clips of up to ``audio_frames`` mel frames,
-    videos of up to ``frames`` frames with their audio, at fractional seconds per grid."""
+    videos of up to ``frames`` frames with their audio (``with_audio``, else alone), at fractional
+    seconds per grid."""
     sample.text(rng.randint(8, 40))
     for _ in range(rng.randint(*counts)):
         kind = rng.choice(["image", "image", "audio", "video"])
@@ -132,20 +133,21 @@ def random_items(sample, rng, counts, *, side, frames, frame_side, audio_frames)
         elif kind == "audio":
             sample.audio(rng.randint(100, audio_frames))
         else:
-            sample.video_with_audio((rng.randint(2, frames), 2 * rng.randint(6, frame_side),
-                                     2 * rng.randint(6, frame_side)), rng.choice([0.5, 1.0, 2 / 3, 0.48]))
+            video = sample.video_with_audio if with_audio else sample.video
+            video((rng.randint(2, frames), 2 * rng.randint(6, frame_side), 2 * rng.randint(6, frame_side)),
+                  rng.choice([0.5, 1.0, 2 / 3, 0.48]))
         sample.text(rng.randint(4, 60))
     return sample
 
 
-def many_items(processor, thinker, rows=32, length=8192, seed=0):
-    """Each row one sample of 10 to 14 items (images, audio clips, videos with their audio,
-    with fractional timing), text between them, right-padded from 6500-8192 valid tokens."""
+def many_items(processor, thinker, rows=32, length=8192, seed=0, with_audio=True):
+    """Each row one sample of 10 to 14 items (images, audio clips, videos with their audio or
+    alone, with fractional timing), text between them, right-padded from 6500-8192 valid tokens."""
     rng = random.Random(seed)
     samples = []
     for _ in range(rows):
         sample = random_items(Sample(processor, thinker), rng, (10, 14), side=16, frames=6, frame_side=12,
-                              audio_frames=1500)
+                              audio_frames=1500, with_audio=with_audio)
         target = rng.randint(6500, length)
         if len(sample.row) < target:
             sample.text(target - len(sample.row))
@@ -245,6 +247,7 @@ def main() -> None:
     own = reference.binding.kernel.model.get_rope_index  # the thinker's method, bound to the config
     kernel = fast.binding.kernel.rope_index
     print(f"{environment()}, best of {args.repeat} rounds of 5 calls\n")
+    rollouts(processor, config, args.repeat)
     header = (f"{'case':<46}{'reference':>11}{'engine':>10}{'kernel':>10}{'ref/engine':>12}{'ref/kernel':>12}")
     print(header)
     print("-" * len(header))
@@ -288,6 +291,34 @@ def main() -> None:
     if args.memory:
         print()
         in_fresh_processes(__file__, ["kernel", "engine", "position_ids"])
+
+
+def rollouts(processor, config, repeat) -> None:
+    """The rollout engines' conventions against the transformers one, on the engine, with videos
+    alone (SGLang computes no video with its audio): vLLM's integer positions, SGLang's truncated
+    ones, and SGLang's with half the tokens of every row in generated runs of 64 (where its
+    decoded tokens sit elsewhere than a prefill puts them)."""
+    thinker = config.thinker_config
+    engines = {convention: engine(processor, config, "qwen3_omni", convention=convention)
+               for convention in ("transformers", "vllm", "sglang")}
+    header = f"{'case (engine.get_rope_index)':<46}{'tf':>10}{'vllm/tf':>10}{'sglang/tf':>11}{'generated/tf':>14}"
+    print(header)
+    print("-" * len(header))
+    for name, (ids, mask, kwargs) in [("1 x 4096, 2 images, audio, video", single_sample(processor, thinker)),
+                                      ("32 x 8192, 10-14 items a row, videos alone",
+                                       many_items(processor, thinker, with_audio=False))]:
+        valid = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
+        generated = (torch.arange(ids.shape[1]) // 64 % 2 == 1) & (ids == ids[0, -1]) & valid  # text, in runs
+        generated[:, 0] = False
+        t = timed({
+            "tf": lambda: engines["transformers"].get_rope_index(ids, mask, **kwargs),
+            "vllm": lambda: engines["vllm"].get_rope_index(ids, mask, **kwargs),
+            "sglang": lambda: engines["sglang"].get_rope_index(ids, mask, **kwargs),
+            "generated": lambda: engines["sglang"].get_rope_index(ids, mask, generated_mask=generated, **kwargs),
+        }, repeat * (8 if ids.shape[0] == 1 else 1))
+        print(f"{name:<46}{t['tf'] * 1e3:>8.3f}ms{t['vllm'] / t['tf']:>9.2f}x{t['sglang'] / t['tf']:>10.2f}x"
+              f"{t['generated'] / t['tf']:>13.2f}x")
+    print()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Qwen-VL positions: transformers reference vs mmrope's fast kernel, and the floor of merely
-allocating the (3, B, L) output and filling it from one prepared row. Prints ratios measured in this run (machines are noisy;
-compare ratios, not times).
+allocating the (3, B, L) output and filling it from one prepared row; the rollout engines'
+conventions (``convention="vllm"``, ``"sglang"``) against the fast kernel's transformers one.
+Prints ratios measured in this run (machines are noisy; compare ratios, not times).
 
     python benchmarks/qwen_vl.py [--repeat 10] [--memory]
 
@@ -70,8 +71,11 @@ def main() -> None:
     processor, config = build("Qwen2-VL")
     fast = engine(processor, config, "qwen_vl")
     reference = engine(processor, config, "qwen_vl", implementation="reference")
-    print(f"{environment()}, best of {args.repeat} rounds of 5 calls\n")
-    header = f"{'case':<44}{'reference':>12}{'fast':>12}{'fill only':>12}{'ref/fast':>10}{'fast/fill':>11}"
+    rollouts = {name: engine(processor, config, "qwen_vl", convention=name) for name in ("vllm", "sglang")}
+    print(f"{environment()}, best of {args.repeat} rounds of 5 calls; the vllm and sglang conventions' times "
+          f"against fast's (transformers')\n")
+    header = (f"{'case':<44}{'reference':>12}{'fast':>12}{'fill only':>12}{'ref/fast':>10}{'fast/fill':>11}"
+              f"{'vllm/fast':>11}{'sglang/fast':>13}")
     print(header)
     print("-" * len(header))
     cases = [
@@ -87,10 +91,12 @@ def main() -> None:
             "reference": as_trainers_call(reference, ids, mask, kwargs),
             "fast": lambda: fast.get_rope_index(ids, mask, **kwargs),
             "fill": lambda: torch.empty(3, *ids.shape, dtype=ids.dtype).copy_(row.expand(3, *ids.shape)),
+            **{convention: (lambda rollout=rollout: rollout.get_rope_index(ids, mask, **kwargs))
+               for convention, rollout in rollouts.items()},
         }, args.repeat)
         t_ref, t_fast, t_fill = t["reference"], t["fast"], t["fill"]
         print(f"{name:<44}{t_ref * 1e3:>10.2f}ms{t_fast * 1e3:>10.2f}ms{t_fill * 1e3:>10.2f}ms"
-              f"{t_ref / t_fast:>9.1f}x{t_fast / t_fill:>10.1f}x")
+              f"{t_ref / t_fast:>9.1f}x{t_fast / t_fill:>10.1f}x{t['vllm'] / t_fast:>10.2f}x{t['sglang'] / t_fast:>12.2f}x")
 
     single_sample(processor, config, fast, reference, args.repeat * 8)
     if args.memory:

@@ -46,6 +46,20 @@ def batch_with_media(processor, rows, length, grids, right_pad=0, seconds=1.25):
     return input_ids, mask, kwargs
 
 
+def vl_timing_batches(name: str, processor) -> list[tuple[str, dict[str, Any]]]:
+    """The side-by-side scripts' timed Qwen-VL batches: ``(case, get_rope_index keyword arguments
+    with input_ids and attention_mask)``."""
+    cases = [(f"{name} 1 x 4096, 2 images (1,28,28)", (1, 4096, [(1, 28, 28)] * 2, 100)),
+             (f"{name} 1 x 16384, 1 video (32,36,36)", (1, 16384, [(32, 36, 36)], 0)),
+             (f"{name} 32 x 8192, 4 images + 1 video (8,28,28)",
+              (32, 8192, [(1, 28, 28)] * 2 + [(8, 28, 28)] + [(1, 28, 28)] * 2, 512))]
+    built = []
+    for case, (rows, length, grids, pad) in cases:
+        ids, mask, kwargs = batch_with_media(processor, rows, length, grids, pad)
+        built.append((case, {"input_ids": ids, "attention_mask": mask, **kwargs}))
+    return built
+
+
 def vl_video(processor, frames, per_frame, timestamp):
     """A video's tokens: one run (Qwen2/2.5-VL), per-frame runs after ``timestamp`` text
     (Qwen3-VL), or per-frame image runs between video markers, ``timestamp`` after each (GLM)."""
@@ -57,6 +71,26 @@ def vl_video(processor, frames, per_frame, timestamp):
     if family.per_frame_video:
         return (timestamp + [ids["start"]] + [ids["video"]] * per_frame + [ids["end"]]) * frames
     return [ids["start"]] + [ids["video"]] * (frames * per_frame) + [ids["end"]]
+
+
+def built_family(name: str) -> tuple[Any, Any, Any]:
+    """``(processor, config, tokens)`` of the family's example build, ``tokens`` its placeholder
+    and marker ids as the anchors take them (``vllm_anchor.Tokens``)."""
+    from vllm_anchor import Tokens
+
+    if name in ("Qwen2.5-Omni", "Qwen3-Omni"):
+        built = Omni(name)
+        t = built.tokens
+        return built.processor, built.config, Tokens(
+            image=t.image, video=t.video, vision_start=t.vision_start, vision_end=t.vision_end, audio=t.audio,
+            audio_start=t.audio_start, audio_end=t.audio_end)
+    from mmrope_qwen_vl.examples import build
+
+    processor, config = build(name)
+    ids = vl_token_ids(processor)
+    return processor, config, Tokens(image=ids["image"], video=ids["video"], vision_start=ids["start"],
+                                     vision_end=ids["end"], video_start=ids.get("video_start"),
+                                     video_end=ids.get("video_end"))
 
 
 def vl_token_ids(processor) -> dict[str, int]:

@@ -80,6 +80,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 DEFAULT_SOURCE = "anchors/vllm-0.33.0"  # relative to the working directory
@@ -178,6 +179,26 @@ class Anchor:
     def positions(self, family: str, sample: Sample, config: Any, tokens: Tokens) -> tuple[torch.Tensor, int]:
         model = self.model(family, config, tokens)
         return model.get_mrope_input_positions(list(sample.input_ids), self.features(family, sample, config, tokens))
+
+    def decode(self, delta: int, context_len: int, count: int) -> torch.Tensor:
+        """The ``(3, count)`` positions of ``count`` tokens decoded after ``context_len`` tokens of
+        a request whose prompt has ``delta``: vLLM 0.33's ``MRotaryEmbedding.get_next_input_positions_tensor``,
+        or where a release has none, the Triton kernel of its model runner that writes every step's
+        positions (0.34: ``_prepare_rope_positions_kernel``), run in Python (see :class:`_Triton`)."""
+        out = torch.zeros(3, count, dtype=torch.int64).numpy()
+        try:
+            cls = self._code.model_class(_MROPE, "MRotaryEmbedding", roots=("get_next_input_positions_tensor",))
+        except LookupError:
+            kernel = self._code.function(_ROPE_STATE, "_prepare_rope_positions_kernel", {"tl": _Triton})
+            positions = np.zeros((3, count + 1), dtype=np.int64)  # (one dummy position, as vLLM's)
+            prefill = np.zeros((3, max(context_len, 1)), dtype=np.int32)
+            _Triton.launch(kernel, 1, _Pointer(positions), positions.shape[1], _Pointer(prefill), 3 * prefill.shape[1],
+                           prefill.shape[1], _Pointer(np.array([delta], dtype=np.int32)), _Pointer(np.array([0])),
+                           _Pointer(np.array([0, count])), _Pointer(np.array([context_len])),
+                           _Pointer(np.array([context_len])), BLOCK_SIZE=1024, NUM_DIMS=3)
+            return torch.from_numpy(positions[:, :count])
+        cls.get_next_input_positions_tensor(out, 0, int(delta), context_len, count)
+        return torch.from_numpy(out)
 
     def audio_in_video_tokens(self, family: str, config: Any, tokens: Tokens, audio_tokens: int,
                               grid: Sequence[int], second_per_grid: float | None) -> list[int]:
@@ -369,9 +390,11 @@ class _Extractor:
         return self.namespaces.setdefault(path, {"__name__": path.removesuffix(".py").replace("/", "."),
                                                  "__builtins__": builtins})
 
-    def function(self, path: str, name: str) -> Any:
-        """The module-level function ``name`` of ``path``, with what it uses."""
+    def function(self, path: str, name: str, names: Mapping[str, Any] | None = None) -> Any:
+        """The module-level function ``name`` of ``path``, with what it uses (``names`` stand
+        for modules that are not loaded)."""
         namespace = self._namespace(path)
+        namespace.update(names or {})
         if name not in namespace:
             node = self._top_level(path, name)
             if not isinstance(node, ast.FunctionDef):
@@ -482,6 +505,57 @@ class _Extractor:
 
 _MISSING = object()
 _PENDING = object()
+_MROPE = "vllm/model_executor/layers/rotary_embedding/mrope.py"
+_ROPE_STATE = "vllm/v1/worker/gpu/mm/rope.py"
+
+
+class _Pointer:
+    """A Triton pointer into a numpy array: the array and an offset (a number or an array of them)."""
+
+    def __init__(self, array: Any, offset: Any = 0) -> None:
+        self.array, self.offset = array.reshape(-1), offset
+
+    def __add__(self, other: Any) -> _Pointer:
+        return _Pointer(self.array, self.offset + other)
+
+    __radd__ = __add__
+
+
+class _Triton:
+    """The parts of ``triton.language`` a kernel of plain loads, stores and ranges uses, in numpy:
+    :meth:`launch` runs the kernel once per program, each seeing its ``program_id``."""
+
+    constexpr = int
+    _program = 0
+
+    @staticmethod
+    def program_id(axis: int) -> int:
+        return _Triton._program
+
+    @staticmethod
+    def arange(start: int, end: int) -> Any:
+        return np.arange(start, end)
+
+    @staticmethod
+    def static_range(*bounds: int) -> range:
+        return range(*bounds)
+
+    @staticmethod
+    def load(pointer: _Pointer, mask: Any = None) -> Any:
+        if mask is None:
+            return pointer.array[pointer.offset]
+        return np.where(mask, pointer.array[np.where(mask, pointer.offset, 0)], 0)
+
+    @staticmethod
+    def store(pointer: _Pointer, value: Any, mask: Any = None) -> None:
+        where = np.broadcast_to(True if mask is None else mask, np.shape(pointer.offset))
+        pointer.array[np.asarray(pointer.offset)[where]] = np.broadcast_to(value, where.shape)[where]
+
+    @staticmethod
+    def launch(kernel: Any, programs: int, *args: Any, **constants: Any) -> None:
+        for program in range(programs):
+            _Triton._program = program
+            kernel(*args, **constants)
 
 
 def _without_annotations(node: ast.FunctionDef) -> ast.FunctionDef:

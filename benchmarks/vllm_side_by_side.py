@@ -34,9 +34,9 @@ import torch
 
 from mmrope_core import MmropeError
 
-from samples import Omni, batch_with_media, omni_batch, omni_processor_outputs, vl_random_sample, vl_token_ids
+from samples import Omni, built_family, omni_batch, omni_processor_outputs, vl_random_sample, vl_timing_batches
 from timing import engine, environment, timed
-from vllm_anchor import Anchor, Sample, Tokens
+from vllm_anchor import Anchor, Sample
 
 VL_FAMILIES = ("Qwen2-VL", "Qwen2.5-VL", "Qwen3-VL", "GLM-4V")
 OMNI_FAMILIES = ("Qwen2.5-Omni", "Qwen3-Omni")
@@ -83,17 +83,7 @@ class Side:
         self.omni = name in OMNI_FAMILIES
         if self.omni:
             self.built = Omni(name)
-            processor, config, t = self.built.processor, self.built.config, self.built.tokens
-            self.tokens = Tokens(image=t.image, video=t.video, vision_start=t.vision_start, vision_end=t.vision_end,
-                                 audio=t.audio, audio_start=t.audio_start, audio_end=t.audio_end)
-        else:
-            from mmrope_qwen_vl.examples import build
-
-            processor, config = build(name)
-            ids = vl_token_ids(processor)
-            self.tokens = Tokens(image=ids["image"], video=ids["video"], vision_start=ids["start"],
-                                 vision_end=ids["end"], video_start=ids.get("video_start"),
-                                 video_end=ids.get("video_end"))
+        processor, config, self.tokens = built_family(name)
         self.processor, self.config = processor, config
         plugin = "qwen3_omni" if self.omni else "qwen_vl"
         self.fast = engine(processor, config, plugin)
@@ -186,15 +176,7 @@ class Side:
             return [(f"{self.name} 1 x 4096, images + audio in video", one),
                     (f"{self.name} 32 x 8192, images, audios, videos", plain),
                     (f"{self.name} 32 x 8192, images + audio in video", with_audio)]
-        cases = [(f"{self.name} 1 x 4096, 2 images (1,28,28)", (1, 4096, [(1, 28, 28)] * 2, 100)),
-                 (f"{self.name} 1 x 16384, 1 video (32,36,36)", (1, 16384, [(32, 36, 36)], 0)),
-                 (f"{self.name} 32 x 8192, 4 images + 1 video (8,28,28)",
-                  (32, 8192, [(1, 28, 28)] * 2 + [(8, 28, 28)] + [(1, 28, 28)] * 2, 512))]
-        built = []
-        for name, (rows, length, grids, pad) in cases:
-            ids, mask, kwargs = batch_with_media(self.processor, rows, length, grids, pad)
-            built.append((name, {"input_ids": ids, "attention_mask": mask, **kwargs}))
-        return built
+        return vl_timing_batches(self.name, self.processor)
 
     def time(self, name: str, batch: dict, repeat: int) -> None:
         ids, mask = batch["input_ids"], batch["attention_mask"]

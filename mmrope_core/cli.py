@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     check.add_argument("--quiet", "-q", action="store_true", help="print only the verdict line")
     verify = commands.add_parser(
         "verify", help="compare the fast kernel with the transformers reference, and transformers' positions with "
-                       "the vLLM convention, on generated samples")
+                       "the rollout engines' (the vLLM and SGLang conventions), on generated samples")
     where = verify.add_mutually_exclusive_group(required=True)
     where.add_argument("path", nargs="?", help="a model directory or hub id (its processor and config, no weights)")
     where.add_argument("--family", help="an installed family's example processor, by name (e.g. Qwen2.5-VL, see "

@@ -17,7 +17,7 @@ from .media import require_string_keys, require_values
 from .segments import packed_row_support
 
 IGNORE_INDEX = -100  # what transformers' and TRL's losses skip
-_TOKEN_KEYS = ("input_ids", "attention_mask", "labels")
+_TOKEN_KEYS = ("input_ids", "attention_mask", "labels", "generated_mask")
 _TOKEN_TYPES = "token_type_ids"  # the suffix of the keys holding one type per token (mm_, moe_mm_ ...)
 
 
@@ -29,15 +29,20 @@ class PaddedCollator:
     ``attention_mask`` and ``labels`` of the same shape; without labels, the ids are the labels.
     Given labels are kept, padding gets -100. ``mm_processor_kwargs`` are the processor
     arguments positions depend on (``{"use_audio_in_video": True}`` for Omni).
+
+    ``convention`` trains on a rollout engine's positions (``"vllm"``, ``"sglang"``; see
+    :mod:`mmrope_core.conventions`): the engine's family must offer it. A sample's
+    ``generated_mask`` (like its ids: 1 where the rollout generated the token) reaches the
+    positions and stays out of the batch.
     """
 
     @checked_keywords
     def __init__(self, engine: RopeEngine, padding_side: str = "right",
-                 mm_processor_kwargs: Mapping[str, Any] | None = None) -> None:
+                 mm_processor_kwargs: Mapping[str, Any] | None = None, *, convention: str | None = None) -> None:
         _check_engine(engine)
         if padding_side not in ("left", "right"):
             raise InvalidInputError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
-        self.engine = engine
+        self.engine = engine if convention is None else engine.with_convention(convention)
         self.padding_side = padding_side
         self.mm_processor_kwargs = _processor_kwargs(mm_processor_kwargs)
 
@@ -45,9 +50,12 @@ class PaddedCollator:
     def __call__(self, samples: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         read = _read_samples(samples)
         labels = [sample.pop("labels") for sample in read]
+        generated = _generated(read)
         per_token = {key: [sample.pop(key) for sample in read] for key in _token_aligned(read)}
         input_ids, attention_mask, inputs = self.engine.batch(read, padding_side=self.padding_side)
-        positions = self.engine.compute_position_ids(input_ids, attention_mask, inputs, self.mm_processor_kwargs)
+        positions = self.engine.compute_position_ids(
+            input_ids, attention_mask, inputs, self.mm_processor_kwargs,
+            generated_mask=None if generated is None else self._padded(generated, input_ids.shape[1], 0))
         if self.engine.rope_kind == "mrope":
             positions = positions.transpose(0, 1)  # (B, 4, L) -> (4, B, L): the model takes the rows first
         batch_labels = self._padded(labels, input_ids.shape[1], IGNORE_INDEX).masked_fill(attention_mask == 0,
@@ -77,21 +85,22 @@ class PackedCollator:
     Labels are the given ones (or the ids) with -100 at every segment's first token, so that no
     sample learns to predict the next sample's first token. ``max_length`` refuses rows longer
     than it; ``flash_attn_kwargs=True`` adds ``cu_seq_lens_q/k`` and ``max_length_q/k``, which
-    flash-attention's varlen kernels take instead of scanning the positions.
+    flash-attention's varlen kernels take instead of scanning the positions. ``convention`` and
+    a sample's ``generated_mask`` as in :class:`PaddedCollator`.
     """
 
     @checked_keywords
     def __init__(self, engine: RopeEngine, max_length: int | None = None, flash_attn_kwargs: bool = False,
-                 mm_processor_kwargs: Mapping[str, Any] | None = None) -> None:
+                 mm_processor_kwargs: Mapping[str, Any] | None = None, *, convention: str | None = None) -> None:
         _check_engine(engine)
         if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
                                        or max_length < 1):
             raise InvalidInputError(f"max_length must be a positive int or None, got {max_length!r}")
         if not isinstance(flash_attn_kwargs, bool):
             raise InvalidInputError(f"flash_attn_kwargs must be True or False, got {flash_attn_kwargs!r}")
-        self.support = packed_row_support(engine)
+        self.engine = engine if convention is None else engine.with_convention(convention)
+        self.support = packed_row_support(self.engine)
         self.support.require()
-        self.engine = engine
         self.max_length = max_length
         self.flash_attn_kwargs = flash_attn_kwargs
         self.mm_processor_kwargs = _processor_kwargs(mm_processor_kwargs)
@@ -106,6 +115,7 @@ class PackedCollator:
                                    f"hold; give each sample unpadded (one processor call per sample)")
         lengths = [sample["input_ids"].shape[1] for sample in read]
         self._check_length(lengths)
+        generated = _generated(read)
         token_types = _token_aligned(read)
         cu_seqlens = torch.tensor([0, *itertools.accumulate(lengths)])
         input_ids = torch.cat([sample.pop("input_ids") for sample in read], dim=1)
@@ -114,7 +124,8 @@ class PackedCollator:
         per_token = {key: torch.cat([sample.pop(key) for sample in read], dim=1) for key in token_types}
         inputs = self.engine.collate(read)
         positions = self.engine.compute_position_ids(input_ids, None, inputs, self.mm_processor_kwargs,
-                                                     cu_seqlens=cu_seqlens)
+                                                     cu_seqlens=cu_seqlens,
+                                                     generated_mask=None if generated is None else torch.cat(generated, 1))
         if self.engine.rope_kind == "mrope":
             positions = positions.transpose(0, 1)  # (1, 4, T) -> (4, 1, T)
         # a cache turns the model's segment detection off: the segments would attend to one another
@@ -191,6 +202,16 @@ def _read_samples(samples: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     if not read:
         raise CollateError("no samples to collate: pass at least one processor output")
     return read
+
+
+def _generated(samples: list[dict[str, Any]]) -> list[torch.Tensor] | None:
+    """Each sample's ``generated_mask`` (taken out of it; zeros where a sample has none), or None
+    where no sample has one."""
+    given = [sample.pop("generated_mask", None) for sample in samples]
+    if all(mask is None for mask in given):
+        return None
+    return [torch.zeros_like(sample["input_ids"]) if mask is None else mask.long() if mask.dtype == torch.bool else mask
+            for sample, mask in zip(samples, given)]
 
 
 def _token_row(index: int, key: str, value: Any) -> torch.Tensor | None:

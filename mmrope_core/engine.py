@@ -17,6 +17,7 @@ from ._binding import bind, expect, read_mask_options
 from ._names import checked_keywords
 from .collate import batch_processor_outputs
 from .collate import collate as _collate
+from .conventions import ALIASES, asked
 from .errors import (
     InvalidInputError,
     PluginConflictError,
@@ -24,7 +25,7 @@ from .errors import (
     RopeIndexUnavailableError,
     SegmentCutError,
 )
-from .inputs import ReadOnlyInputs, as_batch
+from .inputs import ReadOnlyInputs, as_batch, read_generated_mask
 from .manager import PluginInfo, PluginManager, get_plugin_manager
 from .media import read_media, require_string_keys, require_values
 from .options import EngineOptions
@@ -129,6 +130,21 @@ class RopeEngine:
         """The dtype of :meth:`compute_position_ids`."""
         return torch.int64 if self.binding.kernel is None else self.binding.kernel.position_dtype
 
+    @property
+    def convention(self) -> str:
+        """The position convention computed: the release the ``convention`` option names, its
+        alias resolved (``"transformers"``, ``"vllm-0.34"``, ``"sglang-0.5.23"``)."""
+        return asked(self._options)
+
+    def with_convention(self, convention: str) -> RopeEngine:
+        """An engine of this processor, config, plugins and options that computes ``convention``
+        (this engine where it does already). Raises :class:`~mmrope_core.UnknownConventionError`
+        where the family does not offer it."""
+        if isinstance(convention, str) and ALIASES.get(convention, convention) == self.convention:
+            return self
+        options = {**self._options, "convention": convention}
+        return RopeEngine.from_processor(self.processor, self.config, plugin_manager=self._plugins, **options)
+
     def __repr__(self) -> str:
         processor = type(self.processor).__name__ if self.processor is not None else None
         return (f"RopeEngine(processor={processor}, plugin={self.plugin_name}, kind={self.rope_kind}, "
@@ -146,6 +162,7 @@ class RopeEngine:
         *,
         cu_seqlens: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
+        generated_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Positions in the layout trainers feed the model.
 
@@ -156,6 +173,12 @@ class RopeEngine:
             mm_processor_kwargs: the keyword arguments the processor was called with.
             cu_seqlens: for one packed ``(1, T)`` row, ``(K + 1,)`` segment boundaries from 0 to T.
             segment_ids: for packed rows, ``(B, L)``: 0 for padding, 1..K for each row's segments.
+            generated_mask: for RL, ``(B, L)`` like ``input_ids``: 1 where the rollout engine
+                generated the token, 0 for the prompt and for tokens the environment or a tool
+                inserted (and for padding). Each run of 1s is one request's decode, after a
+                prompt of everything before it. Conventions whose decoded positions differ from
+                a prefill of the whole sequence (SGLang's Qwen3-Omni) use it; the others give
+                the same positions with or without it.
 
         Returns:
             For M-RoPE, ``(B, 4, L)``: row 0 counts valid tokens 0..n-1 (1 at padding), rows 1..3
@@ -168,10 +191,11 @@ class RopeEngine:
         _require_mappings(multi_modal_inputs, mm_processor_kwargs)
         mrope = self.binding.kind == "mrope"
         ids, mask, layout = _read_batch(input_ids, attention_mask, cu_seqlens, segment_ids, mrope=mrope)
+        generated = None if generated_mask is None else read_generated_mask(generated_mask, ids, mask, layout)
         if not mrope:
             return one_d_positions(ids, mask) if layout is None else layout.offsets()
         return self._positions(ids, mask, layout, self.rope_index_kwargs(multi_modal_inputs, mm_processor_kwargs),
-                               four_rows=True)
+                               four_rows=True, generated=generated)
 
     def get_rope_index(
         self,
@@ -180,6 +204,7 @@ class RopeEngine:
         *,
         cu_seqlens: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
+        generated_mask: torch.Tensor | None = None,
         **inputs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Drop-in for the model's ``get_rope_index``: ``(3, B, L)`` positions (``(rope_rows, B, L)``
@@ -188,7 +213,8 @@ class RopeEngine:
         Keyword arguments are those of the family's reference (``image_grid_thw``, ...); a
         caller's ``mm_token_type_ids`` is ignored: the kernel builds its own from ``input_ids``.
         With ``cu_seqlens`` or ``segment_ids`` (see :meth:`compute_position_ids`) the deltas are
-        per segment, ``(K, 1)``.
+        per segment, ``(K, 1)``. ``generated_mask`` as in :meth:`compute_position_ids`; a sample
+        ending in generated tokens then has the delta its last decoded token was placed with.
         """
         if self.binding.kind == "1d":
             raise RopeIndexUnavailableError(
@@ -198,7 +224,8 @@ class RopeEngine:
             )
         inputs.pop("mm_token_type_ids", None)
         ids, mask, layout = _read_batch(input_ids, attention_mask, cu_seqlens, segment_ids, mrope=True)
-        return self._positions(ids, mask, layout, inputs, four_rows=False)
+        generated = None if generated_mask is None else read_generated_mask(generated_mask, ids, mask, layout)
+        return self._positions(ids, mask, layout, inputs, four_rows=False, generated=generated)
 
     @checked_keywords
     def rope_index_kwargs(
@@ -234,17 +261,26 @@ class RopeEngine:
         return merged
 
     def _positions(self, ids: torch.Tensor, mask: torch.Tensor | None, layout: PackedLayout | None,
-                   inputs: dict[str, Any], *, four_rows: bool) -> Any:
+                   inputs: dict[str, Any], *, four_rows: bool, generated: torch.Tensor | None = None) -> Any:
         """Where the layout is decided: the batch as it is; packed rows joined into one row for a
         kernel that places them, or else unpacked into a batch of segments; then laid back out
-        as the caller's batch."""
+        as the caller's batch. ``generated`` reaches only a kernel that reads it, laid out as the ids."""
         inputs = read_media(inputs, tokens=ids.numel())
+        kernel = self.binding.kernel
+        if generated is not None and not kernel.reads_generated_mask:  # type: ignore[union-attr]
+            generated = None
         if layout is None:
+            if generated is not None:
+                inputs["generated_mask"] = generated
             return self._kernel(ids, mask, inputs, four_rows)
         with _segments_as_samples():
-            if self.binding.kernel.places_packed_rows:  # type: ignore[union-attr]
+            if kernel.places_packed_rows:  # type: ignore[union-attr]
+                if generated is not None:
+                    inputs["generated_mask"] = layout.joined(generated)
                 return self._joined(ids, layout, inputs, four_rows)
             segments = layout.unpack(ids)
+            if generated is not None:
+                inputs["generated_mask"] = layout.unpack(generated)
             result = self._kernel(segments, None if layout.uniform else layout.unpacked_mask(), inputs, four_rows)
         if four_rows:
             out = result.new_empty(layout.shape[0], result.shape[1], layout.shape[1])

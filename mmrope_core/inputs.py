@@ -12,6 +12,7 @@ from ._compiled import native
 from ._names import nearest, resembles
 from .errors import InvalidInputError, UnknownInputKeyError
 from .media import require_values
+from .packing import PackedLayout
 
 
 def as_batch(
@@ -217,3 +218,64 @@ def _frozen(value: Any) -> Any:
     if isinstance(value, dict):
         return ReadOnlyInputs(value)
     return value
+
+
+def read_generated_mask(value: Any, ids: torch.Tensor, mask: torch.Tensor | None,
+                        layout: PackedLayout | None = None) -> torch.Tensor | None:
+    """``generated_mask`` for the checked ``(B, L)`` ``ids`` and ``mask`` (and the packed
+    ``layout``) as a bool ``(B, L)`` tensor, or None where it marks no token. Raises
+    :class:`InvalidInputError` for a wrong type, dtype, shape, device or value, a 1 at padding (or
+    outside every segment), and a 1 at a sample's (segment's) first token: a rollout generates
+    after a prompt. The caller's tensor is never modified."""
+    generated = _require_tensor("generated_mask", value)
+    require_values("generated_mask", generated)
+    if generated.dtype != torch.bool and generated.dtype not in _INTEGER_DTYPES:
+        raise InvalidInputError(f"generated_mask must be bool or integer 0/1 (1 where the rollout generated the "
+                                f"token), got dtype {generated.dtype}")
+    if generated.dim() == 1:
+        generated = generated.unsqueeze(0)
+    if generated.shape != ids.shape:
+        raise InvalidInputError(f"generated_mask has shape {tuple(value.shape)} but input_ids has {tuple(ids.shape)}; "
+                                f"give one value per token, 1 where the rollout generated it")
+    if generated.device != ids.device:
+        raise InvalidInputError(f"generated_mask is on {generated.device} but input_ids on {ids.device}; move both "
+                                f"to one device")
+    if generated.dtype != torch.bool:
+        if _beyond_one(generated):
+            sample, token = ((generated != 0) & (generated != 1)).nonzero()[0].tolist()
+            raise InvalidInputError(f"generated_mask must hold only 0 and 1; sample {sample}, token {token} holds "
+                                    f"{int(generated[sample, token])}")
+        generated = generated != 0
+    if not bool(generated.any()):
+        return None
+    length = ids.shape[1]
+    if layout is None:  # each row's first valid token
+        valid = mask
+        starts = torch.arange(ids.shape[0], device=ids.device) * length
+        if mask is not None:
+            starts += mask.view(torch.uint8).argmax(dim=1)
+        first_of = "sample {row}"
+    else:
+        valid = None if layout.gaps is None else layout.valid()
+        starts = torch.from_numpy(layout.starts).to(generated.device)
+        first_of = "a segment (row {row}, token {token})"
+    if valid is not None and bool(torch.gt(generated.view(torch.uint8), valid.view(torch.uint8)).any()):
+        row, token = (generated & ~valid).nonzero()[0].tolist()
+        raise InvalidInputError(f"generated_mask marks sample {row}, token {token} as generated, but it is padding "
+                                f"({'attention_mask' if layout is None else 'segment_ids'} 0); a padded token was not "
+                                f"generated: mark it 0")
+    at_first = generated.reshape(-1)[starts]
+    if bool(at_first.any()):
+        row, token = divmod(int(starts[at_first.nonzero()[0, 0]]), length)
+        raise InvalidInputError(f"generated_mask marks the first token of {first_of.format(row=row, token=token)} as "
+                                f"generated; a rollout generates after a prompt: mark the prompt's tokens 0")
+    return generated
+
+
+def _beyond_one(values: torch.Tensor) -> bool:
+    """Whether integer ``values`` hold anything but 0 and 1: on the CPU in one numpy pass, negative
+    values read as unsigned being larger than 1."""
+    if values.is_cpu:
+        host = values.numpy()
+        return bool((host.view(host.dtype.str.replace("i", "u")) > 1).any())
+    return bool(((values < 0) | (values > 1)).any())

@@ -34,6 +34,11 @@ class RopeKernel(abc.ABC):
       boundary belong to two items; where the parts do not fit the media, raise
       :class:`~mmrope_core.SegmentCutError` (the boundary cuts an item in two). Without the flag
       the engine unpacks packed rows into a padded batch and never passes ``cu_seqlens``.
+    - With :attr:`reads_generated_mask` set, ``generated_mask`` may be given: a bool tensor shaped
+      like ``input_ids``, True at the tokens a rollout engine generated (each run of them one
+      request's decode), never at padding nor at a sample's (segment's) first token; None where no
+      token was generated. Without the flag the engine checks it and keeps it for itself: the
+      kernel's positions are then those of every token, generated or not.
 
     Raise :class:`~mmrope_core.PlaceholderMismatchError` (naming the sample and the item) where
     placeholders and media disagree; any other exception is reported as the plugin's failure.
@@ -54,6 +59,10 @@ class RopeKernel(abc.ABC):
     #: more axes (HunYuan-VL's four xD-RoPE sections) sets its own, and :meth:`position_ids`
     #: then has one more.
     rope_rows: int = 3
+    #: The positions a rollout engine gives the tokens it generates differ from a prefill of the
+    #: whole sequence (SGLang's Qwen3-Omni decodes at ``index + trunc(delta)``): :meth:`rope_index`
+    #: and :meth:`position_ids` take ``generated_mask`` (see the class docstring).
+    reads_generated_mask: bool = False
 
     @abc.abstractmethod
     def rope_index(

@@ -1,6 +1,6 @@
 """``mmrope verify``: for one processor, how the fast kernel compares with the transformers
-reference, and transformers' positions with the rollout engine's (the vLLM convention), on
-generated samples."""
+reference, and transformers' positions with the rollout engines' (the vLLM and SGLang
+conventions), on generated samples."""
 
 from __future__ import annotations
 
@@ -11,11 +11,47 @@ from typing import Any
 
 import torch
 
-from .conventions import ALIASES
+from .conventions import rules
 from .engine import RopeEngine
-from .errors import MmropeError, UnknownConventionError
+from .errors import InvalidInputError, MmropeError, UnknownConventionError
 from .manager import PluginManager, get_plugin_manager
 from .types import ExampleCase
+
+#: The rollout engines' conventions compared with transformers', by the names users give them.
+ROLLOUT_ENGINES = {"vllm": "vLLM", "sglang": "SGLang"}
+
+
+@dataclasses.dataclass
+class Comparison:
+    """How one rollout engine's convention places the samples, against transformers'."""
+
+    convention: str  # the release compared, e.g. "vllm-0.34"
+    rules: str  # the release whose rules it follows (itself, or an earlier one)
+    differ: int = 0  # samples whose positions differ from transformers'
+    tokens_shifted: int = 0  # tokens whose positions differ, over all samples
+    largest_shift: float = 0  # the largest difference of one position, over all samples
+    deltas_differ: int = 0
+    refused: int = 0  # samples the rollout engine never computes (its convention refuses them)
+    refused_note: str = ""
+
+    @property
+    def engine(self) -> str:
+        return ROLLOUT_ENGINES[self.convention.split("-")[0]]
+
+    def line(self, samples: int) -> str:
+        named = self.convention + (f" (the rules of {self.rules})" if self.rules != self.convention else "")
+        refused = f"; {self.refused} refused ({self.refused_note})" if self.refused else ""
+        return (f"transformers vs {named}: {self.differ}/{samples - self.refused} samples differ, {self.tokens_shifted} "
+                f"tokens shifted, largest shift {_number(self.largest_shift)}, deltas differ in {self.deltas_differ}"
+                f"{refused}")
+
+    def advice(self) -> str:
+        alias = next(alias for alias, engine in ROLLOUT_ENGINES.items() if engine == self.engine)
+        if self.differ:
+            return (f"For RL with {self.engine} rollouts, build the trainer's engine with convention='{alias}': it gives "
+                    f"the positions {self.convention} sampled with, so the response keeps its rotary angles in training.")
+        return (f"transformers and {self.engine} give these samples the same positions: either convention trains on "
+                f"{self.engine} rollouts' positions.")
 
 
 @dataclasses.dataclass
@@ -28,16 +64,18 @@ class Report:
     samples: int
     fast_equal: int = 0  # samples whose fast positions and deltas equal the reference's
     fast_differs: list[int] = dataclasses.field(default_factory=list)  # the first few that do not
-    convention: str | None = None  # the vLLM convention compared, None where the family has none
-    convention_note: str = ""
-    differ: int = 0  # samples whose positions differ between the conventions
-    tokens_shifted: int = 0  # tokens whose positions differ, over all samples
-    largest_shift: float = 0  # the largest difference of one position, over all samples
-    deltas_differ: int = 0
+    conventions: list[Comparison] = dataclasses.field(default_factory=list)  # the rollout conventions compared
+    not_offered: dict[str, str] = dataclasses.field(default_factory=dict)  # rollout engine -> why the family has none
+    note: str = ""
 
     @property
     def fast_agrees(self) -> bool:
         return self.fast_equal == self.samples
+
+    @property
+    def checked(self) -> list[str]:
+        """The conventions compared: transformers' and the rollout engines' the family offers."""
+        return ["transformers", *(comparison.convention for comparison in self.conventions)]
 
     def advice(self) -> list[str]:
         lines = []
@@ -45,28 +83,21 @@ class Report:
             lines.append("The fast kernel differs from the installed transformers' reference: please report it with "
                          "your transformers version, and train with implementation='reference' meanwhile.")
         if self.implementation == "mask":
-            lines.append(f"Nothing to compare: {self.convention_note}.")
-        elif self.convention is None:
-            lines.append(f"No vLLM convention for this family ({self.convention_note}).")
-        elif self.differ:
-            lines.append(f"For RL with vLLM rollouts, build the trainer's engine with convention='vllm': it gives the "
-                         f"positions {self.convention} sampled with, so the response keeps its rotary angles in training.")
-        else:
-            lines.append("transformers and vLLM give these samples the same positions: either convention trains on "
-                         "the rollout's positions.")
+            lines.append(f"Nothing to compare: {self.note}.")
+        lines += [comparison.advice() for comparison in self.conventions]
+        lines += [f"No {engine} convention for this family: {why}." for engine, why in self.not_offered.items()]
         return lines
 
     def as_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "fast_agrees": self.fast_agrees, "advice": self.advice()}
+        return {**dataclasses.asdict(self), "checked": self.checked, "fast_agrees": self.fast_agrees,
+                "advice": self.advice()}
 
     def lines(self) -> list[str]:
         out = [f"{self.processor} (plugin {self.plugin}, {self.implementation}), {self.samples} generated samples",
                f"  fast = transformers reference: {self.fast_equal}/{self.samples}"
-               + (f" (first differing: {self.fast_differs})" if self.fast_differs else "")]
-        if self.convention is not None:
-            out.append(f"  transformers vs {self.convention}: {self.differ}/{self.samples} samples differ, "
-                       f"{self.tokens_shifted} tokens shifted, largest shift {_number(self.largest_shift)}, "
-                       f"deltas differ in {self.deltas_differ}")
+               + (f" (first differing: {self.fast_differs})" if self.fast_differs else ""),
+               f"  conventions checked: {', '.join(self.checked)}"]
+        out += [f"  {comparison.line(self.samples)}" for comparison in self.conventions]
         out += [f"  {line}" for line in self.advice()]
         return out
 
@@ -75,22 +106,26 @@ def verify(processor: Any, config: Any, *, samples: int = 100, seed: int = 0,
            plugin_manager: PluginManager | None = None, batches: Callable[[Any, Any, Any], Mapping[str, Any]] | None = None,
            ) -> Report:
     """Compare, on ``samples`` generated single samples, the fast kernel with the reference and
-    the transformers convention with the vLLM one. ``batches`` generates them (default: the
-    generator of the installed plugin's example case for this processor class)."""
+    the transformers convention with each rollout engine's (the newest vLLM and SGLang releases
+    mmrope knows) that the family offers. ``batches`` generates them (default: the generator of
+    the installed plugin's example case for this processor class)."""
     plugins = plugin_manager or get_plugin_manager()
     fast = RopeEngine.from_processor(processor, config, plugin_manager=plugins)
     report = Report(type(processor).__name__, fast.plugin_name, fast.implementation, samples)
     if fast.rope_kind != "mrope":
         report.fast_equal = samples  # one implementation: the mask's positions
-        report.convention_note = "1-D positions from the attention mask, the same in every convention"
+        report.note = "1-D positions from the attention mask, the same in every convention"
         return report
     reference = RopeEngine.from_processor(processor, config, plugin_manager=plugins, implementation="reference")
-    try:
-        rollout: RopeEngine | None = RopeEngine.from_processor(processor, config, plugin_manager=plugins,
-                                                               convention="vllm")
-        report.convention = ALIASES["vllm"]
-    except UnknownConventionError as exc:
-        rollout, report.convention_note = None, str(exc)
+    rollouts: list[tuple[Comparison, RopeEngine]] = []
+    for alias, engine in ROLLOUT_ENGINES.items():
+        try:
+            rollout = fast.with_convention(alias)
+        except UnknownConventionError as exc:
+            report.not_offered[engine] = str(exc)
+            continue
+        rollouts.append((Comparison(rollout.convention, rules(rollout.convention)), rollout))
+    report.conventions = [comparison for comparison, _ in rollouts]
     generate = batches or generator_for(processor, config, plugins)
     rng = random.Random(seed)
     for index in range(samples):
@@ -103,16 +138,26 @@ def verify(processor: Any, config: Any, *, samples: int = 100, seed: int = 0,
             report.fast_equal += 1
         elif len(report.fast_differs) < 5:
             report.fast_differs.append(index)
-        if rollout is not None:
-            theirs, their_deltas = rollout.get_rope_index(ids, mask, **kwargs)
-            shift = (theirs.double() - want[0].double()).abs().amax(0)
-            if mask is not None:
-                shift = shift[mask.bool()]
-            report.differ += bool(shift.any())
-            report.tokens_shifted += int((shift > 0).sum())
-            report.largest_shift = max(report.largest_shift, float(shift.max()) if shift.numel() else 0.0)
-            report.deltas_differ += not torch.equal(their_deltas.double(), want[1].double())
+        for comparison, rollout in rollouts:
+            _compare(comparison, rollout, ids, mask, kwargs, want)
     return report
+
+
+def _compare(comparison: Comparison, rollout: RopeEngine, ids: Any, mask: Any, kwargs: dict[str, Any],
+             want: tuple[torch.Tensor, torch.Tensor]) -> None:
+    try:
+        theirs, their_deltas = rollout.get_rope_index(ids, mask, **kwargs)
+    except InvalidInputError as exc:  # a sample the rollout engine never computes
+        comparison.refused += 1
+        comparison.refused_note = comparison.refused_note or str(exc).split(":")[0]
+        return
+    shift = (theirs.double() - want[0].double()).abs().amax(0)
+    if mask is not None:
+        shift = shift[mask.bool()]
+    comparison.differ += bool(shift.any())
+    comparison.tokens_shifted += int((shift > 0).sum())
+    comparison.largest_shift = max(comparison.largest_shift, float(shift.max()) if shift.numel() else 0.0)
+    comparison.deltas_differ += not torch.equal(their_deltas.double(), want[1].double())
 
 
 def generator_for(processor: Any, config: Any, plugins: PluginManager) -> Callable[[Any, Any, Any], Mapping[str, Any]]:

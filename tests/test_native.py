@@ -323,6 +323,9 @@ FAMILIES = {
                                 resume_past_frames=True),
     "qwen2.5 vllm odd rate": MropeFamily("Qwen2.5-VL", 2, IMAGE, VIDEO, tokens_per_second=1.3,
                                          temporal_rule="float64", resume_past_frames=True),
+    # SGLang's: frame * seconds, then * tokens per second; the compiled call's scaled rule at a power of two
+    "qwen2.5 sglang": MropeFamily("Qwen2.5-VL", 2, IMAGE, VIDEO, tokens_per_second=2.0, temporal_rule="seconds_first",
+                                  resume_past_frames=True),
 }
 
 
@@ -572,7 +575,7 @@ def test_the_fused_call_shares_long_rows_among_threads(text_row):
 
 
 @compiled_only
-@pytest.mark.parametrize("name", ["qwen2.5", "qwen2.5 int", "qwen2.5 odd rate", "qwen2.5 whole"])
+@pytest.mark.parametrize("name", ["qwen2.5", "qwen2.5 int", "qwen2.5 odd rate", "qwen2.5 whole", "qwen2.5 sglang"])
 @pytest.mark.parametrize("seconds_dtype", [torch.float32, torch.float64])
 def test_the_fused_call_rounds_temporal_ids_in_the_scales_dtype(name, seconds_dtype):
     """Seconds per grid of real frame rates, where frame * scale truncates differently in float32

@@ -31,11 +31,12 @@ COLLATOR_MODULE = "llamafactory.data.collator"
 #: Where LLaMA-Factory hands on Omni deltas counted over the padding too.
 _OMNI_THINKERS = ("qwen2_5_omni_thinker", "qwen3_omni_moe_thinker")
 
-_settings: dict[str, Any] = {"config": None, "mm_processor_kwargs": {}}
+_settings: dict[str, Any] = {"config": None, "mm_processor_kwargs": {}, "convention": None}
 _exact = threading.local()  # the last batch's positions before the SFT collator's dtype cast
 
 
-def install(*, config: Any = None, mm_processor_kwargs: Mapping[str, Any] | None = None) -> None:
+def install(*, config: Any = None, mm_processor_kwargs: Mapping[str, Any] | None = None,
+            convention: str | None = None) -> None:
     """Make LLaMA-Factory's multimodal collators take their M-RoPE positions from mmrope.
 
     Args:
@@ -43,6 +44,8 @@ def install(*, config: Any = None, mm_processor_kwargs: Mapping[str, Any] | None
             which then get positions too; a collator's own ``model.config`` is used when it has one.
         mm_processor_kwargs: processor keyword arguments the positions depend on, for every
             sample, on top of the processor's own ``use_audio_in_video`` that LLaMA-Factory sets.
+        convention: the position convention (see :mod:`mmrope_core.conventions`; default
+            transformers'). A collator whose family lacks it is refused when it is built.
 
     Idempotent: calling it again only replaces the settings. Collators whose processor uses 1-D
     RoPE, that have no processor, or that have neither a model nor ``config``, keep
@@ -53,8 +56,10 @@ def install(*, config: Any = None, mm_processor_kwargs: Mapping[str, Any] | None
     module = importlib.import_module(COLLATOR_MODULE)
     _settings["config"] = config
     _settings["mm_processor_kwargs"] = dict(mm_processor_kwargs or {})
+    _settings["convention"] = convention
     _wrap(module.MultiModalDataCollatorForSeq2Seq, _call_with_mmrope_positions)
     _wrap(module.SFTDataCollatorWith4DAttentionMask, _call_keeping_exact_positions)
+    _wrap(module.MultiModalDataCollatorForSeq2Seq, _built_with_the_convention, "__post_init__")
 
 
 def installed() -> bool:
@@ -74,7 +79,8 @@ def collator_engine(collator: Any) -> Any:
     from mmrope_core.errors import UnsupportedProcessorError
 
     config = _config_of(collator)
-    key = (id(collator.processor), id(config))
+    convention = _settings["convention"]
+    key = (id(collator.processor), id(config), convention)
     cached = collator.__dict__.get("_mmrope_engine")
     if cached is not None and cached[0] == key:
         return cached[1]
@@ -82,7 +88,8 @@ def collator_engine(collator: Any) -> Any:
         engine = None
     else:
         try:
-            engine = RopeEngine.from_processor(collator.processor, config)
+            engine = RopeEngine.from_processor(collator.processor, config,
+                                               **({} if convention is None else {"convention": convention}))
         except UnsupportedProcessorError:
             if getattr(collator, "get_rope_func", None) is not None:  # LLaMA-Factory would place M-RoPE itself
                 raise
@@ -96,17 +103,24 @@ def collator_engine(collator: Any) -> Any:
 # -- the wrappers -------------------------------------------------------------------------------
 
 
-def _wrap(cls: type, replacement: Callable[..., Any]) -> None:
-    current = cls.__dict__["__call__"]
+def _wrap(cls: type, replacement: Callable[..., Any], name: str = "__call__") -> None:
+    current = cls.__dict__[name]
     if _is_wrapped(current):
         return
 
     @functools.wraps(current)
-    def method(self: Any, features: list[dict[str, Any]]) -> Any:
-        return replacement(current, self, features)
+    def method(self: Any, *args: Any) -> Any:
+        return replacement(current, self, *args)
 
     method.__mmrope_original__ = current  # type: ignore[attr-defined]
-    setattr(cls, "__call__", method)  # noqa: B010 (a class attribute, rebound on purpose)
+    setattr(cls, name, method)
+
+
+def _built_with_the_convention(original: Callable[..., Any], collator: Any) -> None:
+    """A collator whose family lacks the convention asked for is refused when it is built."""
+    original(collator)
+    if _settings["convention"] is not None:
+        collator_engine(collator)
 
 
 def _is_wrapped(function: Any) -> bool:

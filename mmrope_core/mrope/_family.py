@@ -14,15 +14,32 @@ from ._media import MarkedVideoTypes, MediaKind, TokenTypeMap
 
 #: How ``tokens_per_second * second_per_grid_ts`` becomes a video's temporal scale:
 #: ``scaled`` multiplies as given (transformers >= 5.11), ``whole_seconds`` truncates the seconds
-#: first (transformers 5.10), ``float64`` multiplies in float64 whatever the seconds' dtype (vLLM).
+#: first (transformers 5.10), ``float64`` multiplies in float64 whatever the seconds' dtype (vLLM),
+#: ``seconds_first`` multiplies each frame number by the seconds, then by ``tokens_per_second``
+#: (SGLang; a ``(videos, 2)`` scale of both factors, see :func:`seconds_first`).
 #: ``seconds`` is a tensor, or a numpy array of the tensor's dtype.
-TemporalRule = Literal["scaled", "whole_seconds", "float64"]
+TemporalRule = Literal["scaled", "whole_seconds", "float64", "seconds_first"]
+
+
+def seconds_first(tps: Any, seconds: Any) -> Any:
+    """``(videos, 2)``: each video's seconds and ``tps``, in the dtype torch forms
+    ``int64 frames * seconds * tps`` in (the seconds' if floating, else int64, or float32 for a
+    fractional ``tps``). The kernel multiplies frame numbers by the first column, then the second."""
+    integral = not (seconds.dtype.kind == "f" if isinstance(seconds, np.ndarray) else seconds.is_floating_point())
+    if isinstance(seconds, np.ndarray):
+        dtype = (np.int64 if isinstance(tps, int) else np.float32) if integral else seconds.dtype
+        return np.stack((seconds.astype(dtype), np.full(seconds.shape, tps, dtype=dtype)), axis=1)
+    dtype = (torch.int64 if isinstance(tps, int) else torch.float32) if integral else seconds.dtype
+    return torch.stack((seconds.to(dtype), torch.full(seconds.shape, tps, dtype=dtype, device=seconds.device)), dim=1)
+
+
 TEMPORAL_RULES: dict[str, Callable[[Any, Any], Any]] = {
     "scaled": lambda tps, seconds: tps * seconds,
     "whole_seconds": lambda tps, seconds: tps * (seconds.astype(np.int64) if isinstance(seconds, np.ndarray)
                                                  else seconds.long()),
     "float64": lambda tps, seconds: float(tps) * (seconds.astype(np.float64) if isinstance(seconds, np.ndarray)
                                                   else seconds.double()),
+    "seconds_first": seconds_first,
 }
 #: The rules a transformers release may follow (the probe tries these).
 TRANSFORMERS_RULES: tuple[TemporalRule, ...] = ("scaled", "whole_seconds")

@@ -10,6 +10,7 @@ raises its typed errors.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -122,5 +123,14 @@ def _spec(family: MropeFamily, kinds: tuple[MediaKind, ...], token_types: Any) -
         kind_specs.append((2, family.per_frame_video, per_second is not None))
         if family.per_frame_video and per_second is not None:
             return None  # the step-by-step path decides what such a family means
-    return (tokens, types, markers, family.spatial_merge_size, tuple(kind_specs), per_second,
-            _RULE_CODES[family.temporal_rule], family.resume_past_frames)
+    rule = _RULE_CODES.get(family.temporal_rule)
+    if family.temporal_rule == "seconds_first" and (per_second is None or _power_of_two(per_second)):
+        rule = _RULE_CODES["scaled"]  # multiplying by a power of two is exact: both orders round alike
+    if rule is None:
+        return None
+    return (tokens, types, markers, family.spatial_merge_size, tuple(kind_specs), per_second, rule,
+            family.resume_past_frames)
+
+
+def _power_of_two(value: float) -> bool:
+    return value > 0 and math.frexp(value)[0] == 0.5

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..conventions import TRANSFORMERS, VLLM_0_33, convention, described
+from ..conventions import SGLANG_0_5_23, TRANSFORMERS, VLLM_0_33, asked, convention, described
 from ..errors import InvalidInputError, UnknownConventionError
 from ..kernel import RopeKernel
 from ..reference import kernels_agree, probe_once
@@ -75,6 +75,9 @@ def probe_batches(family: MropeFamily) -> Iterator[dict[str, Any]]:
 
 
 IMPLEMENTATIONS = ("fast", "reference")
+#: How a timed video's temporal ids are formed in each rollout engine's convention (in both, the
+#: text after a run resumes one past its largest position on any axis).
+ROLLOUT_TEMPORAL_RULES: dict[str, TemporalRule] = {VLLM_0_33: "float64", SGLANG_0_5_23: "seconds_first"}
 
 
 def bind_mrope(family: MropeFamily, reference: RopeKernel, options: Mapping[str, Any],
@@ -84,9 +87,10 @@ def bind_mrope(family: MropeFamily, reference: RopeKernel, options: Mapping[str,
     batched kernel does not reproduce the installed transformers (see :func:`fast_kernel`).
 
     ``conventions`` are the position conventions the family offers (``options["convention"]``
-    chooses; see :mod:`mmrope_core.conventions`). Under ``vllm-0.33`` the batched kernel follows
-    vLLM 0.33's rules for the Qwen-VL families (text resumes past a video's last frame, temporal
-    ids in float64); no reference computes them, so ``implementation`` must be ``"fast"``.
+    chooses; see :mod:`mmrope_core.conventions`). Under ``vllm-0.33`` and ``sglang-0.5.23`` the
+    batched kernel follows those rollout engines' rules for the Qwen-VL families (text resumes one
+    past a run's largest position; temporal ids as :data:`ROLLOUT_TEMPORAL_RULES` forms them); no
+    reference computes them, so ``implementation`` must be ``"fast"``.
 
     Example::
 
@@ -100,15 +104,16 @@ def bind_mrope(family: MropeFamily, reference: RopeKernel, options: Mapping[str,
     if implementation not in IMPLEMENTATIONS:
         raise InvalidInputError(f"implementation={implementation!r} is not an implementation of {family.name}; use "
                                 f"one of {IMPLEMENTATIONS}")
-    if chosen == VLLM_0_33:
+    if chosen != TRANSFORMERS:
         if implementation == "reference":
             raise UnknownConventionError(
                 f"implementation='reference' is transformers' own get_rope_index: it has no {chosen} convention; "
                 f"drop implementation= (the batched kernel follows {chosen}) or the convention"
             )
-        timed = {"temporal_rule": "float64"} if family.tokens_per_second is not None else {}
-        vllm = dataclasses.replace(family, resume_past_frames=True, **timed)  # type: ignore[arg-type]
-        return RopeBinding("mrope", MropeKernel(vllm), "fast", f"{family.name}, batched kernel{described(chosen)}")
+        timed = {"temporal_rule": ROLLOUT_TEMPORAL_RULES[chosen]} if family.tokens_per_second is not None else {}
+        rollout = dataclasses.replace(family, resume_past_frames=True, **timed)  # type: ignore[arg-type]
+        return RopeBinding("mrope", MropeKernel(rollout), "fast",
+                           f"{family.name}, batched kernel{described(asked(options))}")
     if implementation == "reference":
         return RopeBinding("mrope", reference, "reference", f"{family.name}, transformers reference")
     kernel = fast_kernel(family, reference)

@@ -239,12 +239,18 @@ def _line_steps(runs: Runs, layout: RunLayout) -> tuple[np.ndarray, np.ndarray]:
 
 def _temporal(frames: np.ndarray, scale: np.ndarray | torch.Tensor) -> np.ndarray:
     """Temporal ids of frame numbers as the reference computes them: int64 frame numbers times
-    the scale in the dtype torch promotes them to, truncated. Scales numpy holds (float32,
+    the scale in the dtype torch promotes them to, truncated; a ``(n, 2)`` scale (the
+    ``seconds_first`` rule) multiplies by its columns in turn. Scales numpy holds (float32,
     float64, integers) are multiplied there, in the same dtype, so they round alike; others
     (half precision) in torch."""
     if isinstance(scale, np.ndarray):  # already in that dtype
+        if scale.ndim == 2:
+            return (frames.astype(scale.dtype) * scale[:, 0] * scale[:, 1]).astype(np.int64)
         return (frames.astype(scale.dtype) * scale).astype(np.int64)
-    return (torch.from_numpy(np.ascontiguousarray(frames)) * scale).long().numpy()
+    frame_numbers = torch.from_numpy(np.ascontiguousarray(frames))
+    if scale.dim() == 2:
+        return (frame_numbers * scale[:, 0] * scale[:, 1]).long().numpy()
+    return (frame_numbers * scale).long().numpy()
 
 
 def _tensor(values: np.ndarray, device: torch.device) -> torch.Tensor:

@@ -39,10 +39,28 @@ class ToyKernel(RopeKernel):
     def __init__(self, places_packed_rows=False):
         self.places_packed_rows = places_packed_rows
         self.calls = []
+        self.ignored = []  # the keyword arguments of each call it does not take
 
     def rope_index(self, input_ids, attention_mask=None, *, cu_seqlens=None, offset=0, **ignored):
         self.calls.append(("rope_index", None if cu_seqlens is None else cu_seqlens.tolist(), attention_mask))
+        self.ignored.append(sorted(ignored))
         return toy_rope_index(input_ids, attention_mask, cu_seqlens, offset)
+
+
+class DecodingKernel(ToyKernel):
+    """Takes ``generated_mask``: the toy's positions plus 1000 at generated tokens. Records the
+    masks it is given."""
+
+    reads_generated_mask = True
+
+    def __init__(self, places_packed_rows=False):
+        super().__init__(places_packed_rows)
+        self.generated = []
+
+    def rope_index(self, input_ids, attention_mask=None, *, generated_mask=None, **kwargs):
+        self.generated.append(generated_mask)
+        positions, deltas = super().rope_index(input_ids, attention_mask, **kwargs)
+        return (positions if generated_mask is None else positions + 1000 * generated_mask), deltas
 
 
 def toy_rope_index(input_ids, attention_mask=None, cu_seqlens=None, offset=0):
@@ -121,7 +139,8 @@ class RaisingKernel(ToyKernel):
 
 KERNELS = {"counting": lambda: ToyKernel(), "raising": lambda: RaisingKernel(), "placing": lambda: ToyKernel(places_packed_rows=True),
            "direct": lambda: DirectKernel(places_packed_rows=True), "misshapen": lambda: MisshapenKernel(True),
-           "int32": lambda: Int32Kernel(True), "half": lambda: HalfKernel(), "elsewhere": lambda: ElsewhereKernel(), "strided": lambda: StridedKernel(True)}
+           "int32": lambda: Int32Kernel(True), "half": lambda: HalfKernel(), "elsewhere": lambda: ElsewhereKernel(), "strided": lambda: StridedKernel(True),
+           "decoding": lambda: DecodingKernel(), "decoding, placing": lambda: DecodingKernel(True)}
 
 
 def _relaxed(processor, text=None, **kwargs):

@@ -61,7 +61,7 @@ def qwen2_5_vl(tmp_path, monkeypatch):
     input_ids, attention_mask, multi_modal_inputs = engine.batch([processor(**call) for call in calls])
     return {"samples": [(call["text"][0], call["images"]) for call in calls], "model": model.eval(),
             "input_ids": input_ids, "attention_mask": attention_mask, "multi_modal_inputs": multi_modal_inputs,
-            "RopeEngine": RopeEngine}
+            "response_mask": torch.zeros_like(attention_mask), "RopeEngine": RopeEngine}
 
 
 def packing(tmp_path, monkeypatch):

@@ -157,6 +157,12 @@ TRIGGERS = {
     "unknown-impl": lambda: engine("Qwen2-VL", impl="turbo"),
     "unknown-convention": lambda: RopeEngine.from_processor(engine("Qwen2-VL").processor, engine("Qwen2-VL").config,
                                                             plugin_manager=manager(), convention="vllm-0.1"),
+    "convention-not-offered": lambda: RopeEngine.from_processor(
+        engine("Qwen2.5-Omni").processor, engine("Qwen2.5-Omni").config, plugin_manager=manager(), convention="sglang"),
+    "generated-first-token": lambda: engine("Qwen2-VL").get_rope_index(torch.tensor([[1, 2, 3]]),
+                                                                       generated_mask=torch.tensor([[1, 1, 0]])),
+    "generated-padding": lambda: engine("Qwen2-VL").get_rope_index(torch.tensor([[0, 2, 3]]), torch.tensor([[0, 1, 1]]),
+                                                                   generated_mask=torch.tensor([[1, 0, 1]])),
     "unknown-option": lambda: RopeEngine.from_processor(engine("Qwen2-VL").processor, engine("Qwen2-VL").config,
                                                         plugin_manager=manager(), implementaton="reference"),
     "inputs-not-a-dict": lambda: engine("Qwen2-VL").compute_position_ids(torch.ones(1, 2, dtype=torch.long), None,

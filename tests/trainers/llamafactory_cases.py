@@ -83,7 +83,7 @@ def drop_in_installed() -> Iterator[None]:
     finally:
         for cls, original in zip(classes, originals):
             cls.__call__ = original
-        drop_in._settings.update(config=None, mm_processor_kwargs={})
+        drop_in._settings.update(config=None, mm_processor_kwargs={}, convention=None)
 
 
 @functools.cache

@@ -380,3 +380,29 @@ def _uninstall():
         call = cls.__dict__["__call__"]
         cls.__call__ = getattr(call, "__mmrope_original__", call)
 
+
+@pytest.mark.parametrize("convention", ["vllm", "sglang"])
+def test_the_collators_take_the_convention_install_names(convention, installed):
+    """GRPO-style training on a rollout engine's positions: Qwen2.5-VL's text after a video."""
+    from mmrope_core import RopeEngine
+
+    drop_in.install(convention=convention)
+    processor, config, _ = cases.family("Qwen2.5-VL")
+    engine = RopeEngine.from_processor(processor, config, convention=convention)
+    differ = 0
+    for features in padded_batches("Qwen2.5-VL", seed=21, count=4):
+        batch = cases.collate(cases.collator("Qwen2.5-VL"), features)
+        media = cases.media_of(batch, features)
+        want = engine.compute_position_ids(batch["input_ids"], batch["attention_mask"], media).transpose(0, 1)
+        assert torch.equal(batch["position_ids"], want)
+        differ += not torch.equal(want, expected("Qwen2.5-VL", batch, features))
+    assert differ > 0
+
+
+def test_a_collator_whose_family_lacks_the_convention_is_refused_when_built(installed):
+    from mmrope_core import UnknownConventionError
+
+    drop_in.install(convention="sglang")
+    with pytest.raises(UnknownConventionError, match=r"SGLang 0\.5\.23 has no Qwen2\.5-Omni model"):
+        cases.collator("Qwen2.5-Omni")
+    cases.collator("Qwen3-Omni")  # which SGLang runs

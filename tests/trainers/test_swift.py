@@ -36,7 +36,7 @@ def installed():
     drop_in.install()
     yield
     _uninstall()
-    drop_in._settings.update(mm_processor_kwargs={})
+    drop_in._settings.update(mm_processor_kwargs={}, convention=None)
 
 
 def padded(name, seed, count=4, **kwargs):
@@ -219,3 +219,33 @@ def test_ms_swift_refuses_qwen3_5_packing_without_flash_linear_attention():
     _get_linear_attention_kernels(layer, torch.tensor([0, 9], dtype=torch.int32))  # one sample: the PyTorch fallback
     with pytest.raises(ImportError, match="requires flash-linear-attention"):
         _get_linear_attention_kernels(layer, torch.tensor([0, 5, 9], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("convention", ["vllm", "sglang"])
+def test_the_templates_take_the_convention_install_names(convention, installed):
+    """GRPO with a rollout engine's positions: Qwen2.5-VL's text after a video."""
+    from mmrope_core import RopeEngine
+
+    drop_in.install(convention=convention)
+    processor, config = cases.family("Qwen2.5-VL")
+    engine = RopeEngine.from_processor(processor, config, convention=convention)
+    differ = 0
+    for seed in range(4):
+        batch, reference = padded("Qwen2.5-VL", seed)
+        mask = batch["attention_mask"]
+        kwargs = {key: batch[key] for key in ("image_grid_thw", "video_grid_thw") if batch.get(key) is not None}
+        if batch.get("second_per_grid_ts") is not None:
+            kwargs["second_per_grid_ts"] = torch.tensor(batch["second_per_grid_ts"], dtype=torch.float32)
+        want, _ = engine.get_rope_index(batch["input_ids"], mask, **kwargs)
+        assert torch.equal(batch["position_ids"], want)
+        differ += not torch.equal(batch["position_ids"], reference)
+    assert differ > 0
+
+
+def test_a_template_whose_family_lacks_the_convention_is_refused_when_its_processor_is_set(installed):
+    from mmrope_core import UnknownConventionError
+
+    drop_in.install(convention="sglang")
+    with pytest.raises(UnknownConventionError, match=r"SGLang 0\.5\.23 has no Qwen2\.5-Omni model"):
+        cases.template("Qwen2.5-Omni")
+    assert cases.template("Qwen3-Omni").processor is not None

@@ -10,7 +10,6 @@ import random
 import subprocess
 import sys
 import traceback
-import types
 import warnings
 from pathlib import Path
 
@@ -200,11 +199,20 @@ def test_verls_whole_postprocess_with_the_drop_in(checkpoint, name):
     assert internal.position_ids.dtype == expected.dtype and torch.equal(internal.position_ids, expected)
 
 
-def full_worker(processor):
-    """What ``_agent_loop_postprocess`` reads of the worker, besides its methods."""
+def rollout_config(name="vllm", **custom):
+    """verl's own rollout config (``actor_rollout_ref.rollout``), as its workers convert it."""
+    from verl.utils.config import omega_conf_to_dataclass
+
+    return omega_conf_to_dataclass({"_target_": "verl.workers.config.RolloutConfig", "name": name, "prompt_length": 256,
+                                    "response_length": 32, **({"custom": custom} if custom else {})})
+
+
+def full_worker(processor, rollout=None):
+    """What ``_agent_loop_postprocess`` reads of the worker, besides its methods; by default a
+    rollout config whose one entry asks for transformers' positions."""
     worker = object.__new__(AgentLoopWorker)
     worker.processor, worker.tokenizer = processor, processor.tokenizer
-    worker.rollout_config = types.SimpleNamespace(prompt_length=256, response_length=32)
+    worker.rollout_config = rollout or rollout_config(mmrope_convention="transformers")
     worker.mm_processor_kwargs = {}
     worker.reward_loop_worker_handles = None
     worker.distillation_enabled = False

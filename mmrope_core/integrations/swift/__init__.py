@@ -31,23 +31,29 @@ TEMPLATE_CLASSES = {
     "swift.template.templates.glm": ("GLM4vPackingTemplateMixin",),
 }
 
+#: Where ms-swift 4.6.0 defines ``Template``, whose ``init_processor`` sets a template's processor and config.
+TEMPLATE_BASE = "swift.template.base"
 #: templates whose positions ms-swift computes only in training (the model computes them otherwise)
 _TRAINING_ONLY = ("Qwen2_5OmniTemplate",)
 
-_settings: dict[str, Any] = {"mm_processor_kwargs": {}}
+_settings: dict[str, Any] = {"mm_processor_kwargs": {}, "convention": None}
 
 
-def install(*, mm_processor_kwargs: Mapping[str, Any] | None = None) -> None:
+def install(*, mm_processor_kwargs: Mapping[str, Any] | None = None, convention: str | None = None) -> None:
     """Make ms-swift's M-RoPE templates take their positions from mmrope, in this process.
 
     Args:
         mm_processor_kwargs: processor keyword arguments the positions depend on, for every
             sample, on top of the template's own ``use_audio_in_video`` (ms-swift's
             ``USE_AUDIO_IN_VIDEO`` setting).
+        convention: the position convention (see :mod:`mmrope_core.conventions`; default
+            transformers'), e.g. ``"vllm"`` for GRPO with vLLM rollouts. A template whose
+            family lacks it is refused when its processor is set.
 
     Idempotent: calling it again only replaces the settings.
     """
     _settings["mm_processor_kwargs"] = dict(mm_processor_kwargs or {})
+    _settings["convention"] = convention
     for module_name, class_names in TEMPLATE_CLASSES.items():
         module = importlib.import_module(module_name)
         for name in class_names:
@@ -56,6 +62,9 @@ def install(*, mm_processor_kwargs: Mapping[str, Any] | None = None) -> None:
             if not hasattr(current, "__mmrope_original__"):
                 replacement = _replacing(current, training_only=name in _TRAINING_ONLY)
                 setattr(cls, "_get_position_ids", replacement)  # noqa: B010 (rebound on purpose)
+    base = importlib.import_module(TEMPLATE_BASE).Template
+    if not hasattr(base.init_processor, "__mmrope_original__"):
+        base.init_processor = _checking_the_convention(base.init_processor)
 
 
 def installed() -> bool:
@@ -71,12 +80,29 @@ def template_engine(template: Any) -> Any:
     its model config (``template.config``)."""
     from mmrope_core.engine import RopeEngine
 
-    key = (id(template.processor), id(template.config))
+    convention = _settings["convention"]
+    key = (id(template.processor), id(template.config), convention)
     cached = template.__dict__.get("_mmrope_engine")
     if cached is None or cached[0] != key:
-        cached = (key, RopeEngine.from_processor(template.processor, template.config))
+        options = {} if convention is None else {"convention": convention}
+        cached = (key, RopeEngine.from_processor(template.processor, template.config, **options))
         template.__dict__["_mmrope_engine"] = cached
     return cached[1]
+
+
+def _checking_the_convention(original: Any) -> Any:
+    """``Template.init_processor``, then, where a convention was asked for and the template takes
+    its positions from mmrope, the engine: a family that lacks the convention is refused here."""
+
+    @functools.wraps(original)
+    def init_processor(self: Any, processor: Any) -> None:
+        original(self, processor)
+        if _settings["convention"] is not None and processor is not None and \
+                hasattr(type(self)._get_position_ids, "__mmrope_original__"):
+            template_engine(self)
+
+    init_processor.__mmrope_original__ = original  # type: ignore[attr-defined]
+    return init_processor
 
 
 def _replacing(original: Any, *, training_only: bool) -> Any:

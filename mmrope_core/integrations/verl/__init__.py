@@ -11,24 +11,39 @@ Switch with one config entry (verl imports it in every process before it builds 
     actor_rollout_ref.model.external_lib=mmrope_core.integrations.verl.patch
 
 or call :func:`install` in your own entry point before verl builds its model config.
+
+The positions follow the rollout engine verl's config names (``actor_rollout_ref.rollout.name``:
+``vllm`` or ``sglang``), so that the trainer scores each response under the positions it was
+sampled with; ``actor_rollout_ref.rollout.custom.mmrope_convention`` names a convention instead
+(``transformers``, ``vllm-0.33``, ...). The agent loop's response mask reaches the engine as
+``generated_mask``: the tokens the rollout engine generated, each turn a request of its own.
 """
 
 from __future__ import annotations
 
+import contextvars
 import copy
+import dataclasses
 import functools
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["RopeIndex", "RopeIndexKwargs", "as_verl_processor", "hf_processor", "install"]
+__all__ = ["RopeIndex", "RopeIndexKwargs", "as_verl_processor", "hf_processor", "install", "rollout_convention"]
 
 #: Where verl 0.9.1 binds its processor factory; ``verl.workers.config.model`` imports it by name.
 VERL_FACTORY_MODULES = ("verl.utils.tokenizer.tokenizer", "verl.utils.tokenizer", "verl.utils",
                         "verl.workers.config.model")
+#: Where verl 0.9.1's agent loop computes position ids, from each trajectory.
+VERL_AGENT_LOOP = "verl.experimental.agent_loop.agent_loop"
+#: The entry of ``actor_rollout_ref.rollout.custom`` that names a convention.
+CONVENTION_ENTRY = "mmrope_convention"
+#: verl's rollout engines (``actor_rollout_ref.rollout.name``) and the conventions of their positions.
+ROLLOUT_CONVENTIONS = {"vllm": "vllm", "sglang": "sglang"}
 
 
-def hf_processor(name_or_path: Any, *, mm_processor_kwargs: Mapping[str, Any] | None = None, **kwargs: Any) -> Any:
+def hf_processor(name_or_path: Any, *, mm_processor_kwargs: Mapping[str, Any] | None = None,
+                 convention: str | None = None, **kwargs: Any) -> Any:
     """verl's ``hf_processor`` contract, with mmrope's positions: the processor of
     ``name_or_path`` ready for verl's agent loop, or None for a text-only model.
 
@@ -37,6 +52,8 @@ def hf_processor(name_or_path: Any, *, mm_processor_kwargs: Mapping[str, Any] | 
         mm_processor_kwargs: the processor keyword arguments positions depend on, used for every
             sample (verl does not hand its ``mm_processor_kwargs`` on to the processor's rope
             hooks): e.g. ``{"use_audio_in_video": True}`` for Qwen-Omni.
+        convention: the position convention (see :mod:`mmrope_core.conventions`); None follows
+            the rollout engine of verl's config (see :func:`rollout_convention`).
         kwargs: passed to both ``from_pretrained`` calls (verl passes ``trust_remote_code``).
 
     Unlike verl's factory, errors are raised: a processor that fails to load, or that no
@@ -49,11 +66,12 @@ def hf_processor(name_or_path: Any, *, mm_processor_kwargs: Mapping[str, Any] | 
     if isinstance(processor, PreTrainedTokenizerBase):  # a text-only checkpoint has no processor
         return None
     config = AutoConfig.from_pretrained(name_or_path, **kwargs)
-    return as_verl_processor(processor, config, mm_processor_kwargs=mm_processor_kwargs)
+    _follow_rollouts()
+    return as_verl_processor(processor, config, mm_processor_kwargs=mm_processor_kwargs, convention=convention)
 
 
 def as_verl_processor(processor: Any, config: Any = None, *, mm_processor_kwargs: Mapping[str, Any] | None = None,
-                      **engine_options: Any) -> Any:
+                      convention: str | None = None, **engine_options: Any) -> Any:
     """A shallow copy of ``processor`` that verl's agent loop takes its positions from.
 
     The copy is of the processor's own class and shares its tokenizer and image processor; it
@@ -62,15 +80,21 @@ def as_verl_processor(processor: Any, config: Any = None, *, mm_processor_kwargs
     verl recognises 1-D RoPE. Calling the copy processes under the family's validation policy
     (Gemma4's relaxed check). ``processor`` itself is not changed. ``engine_options`` go to
     :meth:`RopeEngine.from_processor <mmrope_core.RopeEngine.from_processor>`.
+
+    ``convention`` fixes the position convention, refused here where the family lacks it; None
+    follows the rollout engine of the agent loop that computes the positions (with
+    :func:`install`), and transformers' positions outside one.
     """
     from mmrope_core.engine import RopeEngine
 
+    if convention is not None:
+        engine_options["convention"] = convention
     engine = RopeEngine.from_processor(processor, config, **engine_options)
     drop_in = copy.copy(processor)
     drop_in.config = config
     drop_in.rope_engine = engine
     if engine.rope_kind == "mrope":
-        drop_in.get_rope_index = RopeIndex(engine)
+        drop_in.get_rope_index = RopeIndex(engine, follow_rollout=convention is None)
         drop_in.get_rope_index_kwargs = RopeIndexKwargs(engine, mm_processor_kwargs)
     policy = engine.validation_policy
     if not policy.strict:
@@ -83,17 +107,41 @@ class RopeIndex:
     """``processor.get_rope_index`` as verl calls it: keyword ``input_ids``, ``attention_mask``,
     the grids, verl's own ``mm_token_type_ids`` (ignored: the engine types tokens as the
     processor does) and what ``get_rope_index_kwargs`` added. Returns ``(3, B, L)`` positions
-    and ``(B, 1)`` deltas."""
+    and ``(B, 1)`` deltas.
 
-    def __init__(self, engine: Any) -> None:
+    Inside verl's agent loop (after :func:`install`), the trajectory being post-processed gives
+    the ``generated_mask`` (its response mask) and, with ``follow_rollout``, the convention: that
+    of the rollout engine verl's config names (:func:`rollout_convention`)."""
+
+    def __init__(self, engine: Any, follow_rollout: bool = False) -> None:
         self.engine = engine
+        self.follow_rollout = follow_rollout
+        self._engines = {engine.convention: engine}
 
     def __call__(self, input_ids: Any, attention_mask: Any = None, **kwargs: Any) -> Any:
         inputs = {key: value for key, value in kwargs.items() if value is not None}
-        return self.engine.get_rope_index(input_ids, attention_mask, **inputs)
+        trajectory = _TRAJECTORY.get()
+        if trajectory is None:
+            return self.engine.get_rope_index(input_ids, attention_mask, **inputs)
+        engine = self.for_convention(rollout_convention(trajectory.rollout)) if self.follow_rollout else self.engine
+        return engine.get_rope_index(input_ids, attention_mask, generated_mask=trajectory.generated_mask(
+            input_ids, attention_mask), **inputs)
+
+    def for_convention(self, convention: str) -> Any:
+        """The engine of ``convention``, built on first use."""
+        engine = self._engines.get(convention)
+        if engine is None:
+            engine = self._engines[convention] = self.engine.with_convention(convention)
+        return engine
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"engine": self.engine, "follow_rollout": self.follow_rollout}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["engine"], state["follow_rollout"])  # type: ignore[misc]
 
     def __repr__(self) -> str:
-        return f"RopeIndex({self.engine!r})"
+        return f"RopeIndex({self.engine!r}{', following the rollout' if self.follow_rollout else ''})"
 
 
 class RopeIndexKwargs:
@@ -112,23 +160,111 @@ class RopeIndexKwargs:
         return f"RopeIndexKwargs({self.engine!r}, mm_processor_kwargs={self.mm_processor_kwargs!r})"
 
 
-def install(*, mm_processor_kwargs: Mapping[str, Any] | None = None) -> None:
+def install(*, mm_processor_kwargs: Mapping[str, Any] | None = None, convention: str | None = None) -> None:
     """Make verl's processor factory this module's :func:`hf_processor`, in this process.
 
-    Rebinds ``hf_processor`` where verl 0.9.1 defines and imports it. Call it before verl builds
-    its model config (``HFModelConfig``); as ``external_lib`` (see :mod:`.patch`) verl does that
-    itself, in every process. Safe to call while ``verl`` itself is still importing (a
+    Rebinds ``hf_processor`` where verl 0.9.1 defines and imports it, and lets its agent loop hand
+    each trajectory's rollout engine and response mask on to the positions. Call it before verl
+    builds its model config (``HFModelConfig``); as ``external_lib`` (see :mod:`.patch`) verl does
+    that itself, in every process. Safe to call while ``verl`` itself is still importing (a
     ``VERL_USE_EXTERNAL_MODULES`` module): it imports no verl module that verl has not.
+    ``convention`` fixes the convention of every processor (None: see :func:`rollout_convention`).
     """
     import importlib
 
-    factory = hf_processor if mm_processor_kwargs is None else functools.partial(
-        hf_processor, mm_processor_kwargs=dict(mm_processor_kwargs))
+    options: dict[str, Any] = {key: value for key, value in (("mm_processor_kwargs", mm_processor_kwargs),
+                                                             ("convention", convention)) if value is not None}
+    factory = functools.partial(hf_processor, **options) if options else hf_processor
     importlib.import_module("verl.utils.tokenizer.tokenizer")
     for name in VERL_FACTORY_MODULES:
         module = sys.modules.get(name)
         if module is not None:
             module.hf_processor = factory  # type: ignore[attr-defined]
+    _follow_rollouts()
+
+
+def rollout_convention(rollout_config: Any) -> str:
+    """The position convention of verl's rollout config (``actor_rollout_ref.rollout``): its
+    ``custom.mmrope_convention`` where set, else that of the engine it names (``vllm`` or
+    ``sglang``, the newest releases mmrope knows). Raises
+    :class:`~mmrope_core.UnknownConventionError` for an engine whose positions mmrope does not
+    know (``trtllm``), naming the entry that decides."""
+    from mmrope_core.errors import UnknownConventionError
+
+    custom = getattr(rollout_config, "custom", None) or {}
+    named = custom.get(CONVENTION_ENTRY) if hasattr(custom, "get") else None
+    if named is not None:
+        return str(named)
+    engine = getattr(rollout_config, "name", None)
+    if engine not in ROLLOUT_CONVENTIONS:
+        raise UnknownConventionError(
+            f"mmrope knows the positions of verl's rollout engines {', '.join(map(repr, ROLLOUT_CONVENTIONS))}, not "
+            f"{engine!r} (actor_rollout_ref.rollout.name). Name the convention its positions follow with "
+            f"+actor_rollout_ref.rollout.custom.{CONVENTION_ENTRY}=... ('transformers' trains on transformers' "
+            f"positions)"
+        )
+    return ROLLOUT_CONVENTIONS[engine]
+
+
+# -- the agent loop's trajectories --------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Trajectory:
+    """What verl's agent loop post-processes: its rollout config (``actor_rollout_ref.rollout``),
+    and its tokens with the response mask (1 where the rollout engine generated the token)."""
+
+    rollout: Any
+    tokens: Sequence[int]
+    generated: Sequence[int]
+
+    def generated_mask(self, input_ids: Any, attention_mask: Any) -> Any:
+        """The trajectory's generated tokens laid out as ``input_ids`` (``(1, L)``, padded as verl
+        pads it), or None where ``input_ids`` hold other tokens."""
+        import torch
+
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[0] != 1:
+            return None
+        valid = torch.ones_like(input_ids[0], dtype=torch.bool) if attention_mask is None else attention_mask[0].bool()
+        tokens = torch.as_tensor(self.tokens, dtype=input_ids.dtype, device=input_ids.device)
+        if int(valid.sum()) != tokens.numel() or not torch.equal(input_ids[0][valid], tokens):
+            return None
+        mask = torch.zeros_like(input_ids, dtype=torch.bool)
+        mask[0, valid] = torch.as_tensor(self.generated, dtype=torch.bool, device=input_ids.device)
+        return mask
+
+
+_TRAJECTORY: contextvars.ContextVar[_Trajectory | None] = contextvars.ContextVar("mmrope_verl_trajectory",
+                                                                                  default=None)
+
+
+def _follow_rollouts() -> None:
+    """Let verl's agent loop tell the drop-in which trajectory it computes positions for: its
+    ``_compute_multi_modal_inputs(output, input_ids)``, which runs right before each
+    ``_compute_position_ids``, records the trajectory. Only where verl imported the agent loop."""
+    module = sys.modules.get(VERL_AGENT_LOOP)
+    worker = getattr(module, "AgentLoopWorker", None)
+    if worker is None or hasattr(worker._compute_multi_modal_inputs, "__mmrope_original__"):
+        return
+    original = worker._compute_multi_modal_inputs
+
+    @functools.wraps(original)
+    def _compute_multi_modal_inputs(self: Any, output: Any, input_ids: Any) -> Any:
+        _TRAJECTORY.set(_trajectory_of(self, output))
+        return original(self, output, input_ids)
+
+    _compute_multi_modal_inputs.__mmrope_original__ = original  # type: ignore[attr-defined]
+    worker._compute_multi_modal_inputs = _compute_multi_modal_inputs
+
+
+def _trajectory_of(worker: Any, output: Any) -> _Trajectory | None:
+    """The trajectory ``output`` of ``worker``, where its processor is this module's drop-in."""
+    if not isinstance(getattr(getattr(worker, "processor", None), "get_rope_index", None), RopeIndex):
+        return None
+    prompt, response = list(output.prompt_ids), list(output.response_ids)
+    generated = list(output.response_mask or [1] * len(response))
+    return _Trajectory(worker.rollout_config, prompt + response,
+                       [0] * len(prompt) + generated[:len(response)] + [0] * (len(response) - len(generated)))
 
 
 def _skip_validation(*args: Any, **kwargs: Any) -> None:

@@ -2,7 +2,7 @@
 fast implementation is the batched kernel, or without the compiled loops the step-by-step kernel
 with its results and errors; it is checked against the installed thinker's ``get_rope_index``
 (``reference``), which is bound instead where it disagrees. Both kernels also compute vLLM 0.33's
-positions (``convention="vllm"``)."""
+positions (``convention="vllm"``), and Qwen3-Omni's SGLang 0.5.23's (``convention="sglang"``)."""
 
 from __future__ import annotations
 
@@ -13,17 +13,20 @@ import torch
 
 from mmrope_core import InvalidInputError, RopeBinding, UnknownConventionError, conventions
 from mmrope_core.compiled import available
-from mmrope_core.conventions import TRANSFORMERS, VLLM_0_33
+from mmrope_core.conventions import SGLANG_0_5_23, TRANSFORMERS, VLLM_0_33
 
 from .agreement import agreeing_audio_rule
 from .audio import VLLM_AUDIO_RULES
 from .families import Family
 from .fast import FastRopeIndex
 from .reference import ReferenceRopeIndex
+from .sglang import SGLANG_AUDIO_RULE, SglangRopeIndex
 from .stepwise import StepwiseRopeIndex
 
 IMPLEMENTATIONS = ("fast", "reference")
-CONVENTIONS = (TRANSFORMERS, VLLM_0_33)
+#: The conventions each generation offers, and why it lacks one.
+CONVENTIONS = {"Qwen3-Omni": (TRANSFORMERS, VLLM_0_33, SGLANG_0_5_23), "Qwen2.5-Omni": (TRANSFORMERS, VLLM_0_33)}
+LACKING = {SGLANG_0_5_23: "SGLang 0.5.23 has no Qwen2.5-Omni model, so no rollout of it has SGLang's positions"}
 
 
 def fast_kernel() -> type[FastRopeIndex] | type[StepwiseRopeIndex]:
@@ -36,7 +39,7 @@ def bind(family: Family, processor: Any, config: Any, options: Mapping[str, Any]
     if implementation not in IMPLEMENTATIONS:
         raise InvalidInputError(f"implementation={implementation!r} is not an implementation of {family.name}; use "
                                 f"one of {IMPLEMENTATIONS}")
-    convention = conventions.convention(options, family.name, CONVENTIONS)
+    convention = conventions.convention(options, family.name, CONVENTIONS[family.name], LACKING)
     integer = bool(options.get("integer_positions", False))
     thinker = thinker_config(family, processor, config)
     ids = token_ids(processor)
@@ -52,9 +55,13 @@ def bind(family: Family, processor: Any, config: Any, options: Mapping[str, Any]
                 f"the 'transformers' convention. Drop implementation='reference': the fast kernels compute "
                 f"{convention!r}"
             )
-        # no probe: there is no vLLM here to agree with (the tests and benchmarks compare with vLLM's code)
-        bound = kernel(family, thinker, markers, VLLM_AUDIO_RULES[family.float_positions], convention=convention)
-        return RopeBinding("mrope", bound, "fast", f"{family.name}, {name}{why}{conventions.described(convention)}")
+        # no probe: there is no vLLM or SGLang here to agree with (the tests and benchmarks compare with their code)
+        if convention == SGLANG_0_5_23:
+            bound: Any = SglangRopeIndex(kernel(family, thinker, markers, SGLANG_AUDIO_RULE))
+        else:
+            bound = kernel(family, thinker, markers, VLLM_AUDIO_RULES[family.float_positions], convention=convention)
+        return RopeBinding("mrope", bound, "fast",
+                           f"{family.name}, {name}{why}{conventions.described(conventions.asked(options))}")
     dtype = torch.float32 if family.float_positions and not integer else torch.int64
     note = ", integer positions (fractional positions truncated)" if family.float_positions and integer else ""
     rule = agreeing_audio_rule(family, thinker, markers, kernel)

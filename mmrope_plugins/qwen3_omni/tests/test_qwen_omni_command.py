@@ -16,11 +16,22 @@ def test_check_takes_a_distribution_name_and_prints_no_transformers_warnings():
     assert "[transformers]" not in result.stdout + result.stderr
 
 
-def test_verify_reports_where_vllm_places_omni_samples_otherwise():
+def test_verify_reports_where_vllm_and_sglang_place_omni_samples_otherwise():
     import json
 
-    result = subprocess.run([sys.executable, "-m", "mmrope_core", "verify", "--family", "Qwen3-Omni", "--samples", "30",
-                             "--json"], capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout + result.stderr
-    report = json.loads(result.stdout)
-    assert report["fast_agrees"] and report["convention"] == "vllm-0.33" and 0 < report["differ"] <= 30
+    def verify(name):
+        result = subprocess.run([sys.executable, "-m", "mmrope_core", "verify", "--family", name, "--samples", "30",
+                                 "--json"], capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return json.loads(result.stdout)
+
+    report = verify("Qwen3-Omni")
+    vllm, sglang = report["conventions"]
+    assert report["fast_agrees"] and report["checked"] == ["transformers", "vllm-0.34", "sglang-0.5.23"]
+    assert 0 < vllm["differ"] <= 30 and vllm["refused"] == 0
+    # SGLang never places a video with its audio (about half the samples); it truncates the others' fractions
+    assert 0 < sglang["refused"] < 30 and sglang["refused_note"].startswith("use_audio_in_video=True")
+    assert sglang["differ"] > 0 and sglang["largest_shift"] < 1
+    older = verify("Qwen2.5-Omni")
+    assert older["checked"] == ["transformers", "vllm-0.34"]
+    assert "SGLang 0.5.23 has no Qwen2.5-Omni model" in older["not_offered"]["SGLang"]

@@ -154,17 +154,20 @@ def delta_of(positions):
 # -- binding -----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", FAMILIES)
-@pytest.mark.parametrize("asked", ["vllm", "vllm-0.33"])
-def test_the_binding_names_the_convention_and_gives_int64(manager, name, asked):
+@pytest.mark.parametrize("asked, named", [("vllm", "vLLM 0.34 convention (the rules of vLLM 0.33)"),
+                                          ("vllm-0.33", "vLLM 0.33 convention")])
+def test_the_binding_names_the_convention_and_gives_int64(manager, name, asked, named):
     processor, config = built(name)
     engine = RopeEngine.from_processor(processor, config, plugin_manager=manager, convention=asked)
-    assert engine.implementation == "fast" and engine.binding.description.endswith(", vLLM 0.33 convention")
+    assert engine.implementation == "fast" and engine.binding.description.endswith(f", {named}")
     assert engine.position_dtype == torch.int64 and engine.binding.kernel.convention == "vllm-0.33"
     default = RopeEngine.from_processor(processor, config, plugin_manager=manager)
     assert "vLLM" not in default.binding.description
     assert default.position_dtype == (torch.float32 if name == "Qwen3-Omni" else torch.int64)
     # integer positions are what the convention gives anyway
-    assert vllm_engine(manager, name, integer_positions=True).binding.description == engine.binding.description
+    integer = RopeEngine.from_processor(processor, config, plugin_manager=manager, convention=asked,
+                                        integer_positions=True)
+    assert integer.binding.description == engine.binding.description
 
 
 @pytest.mark.parametrize("name", FAMILIES)

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mmrope_core import InvalidInputError, RopeBinding
-from mmrope_core.conventions import TRANSFORMERS, VLLM_0_33
+from mmrope_core.conventions import SGLANG_0_5_23, TRANSFORMERS, VLLM_0_33
 from mmrope_core.mrope import MropeFamily, MropeKernel, bind_mrope
 from mmrope_core.reference import ReferenceKernel
 
@@ -22,8 +22,9 @@ def bind(family: Family, processor: Any, config: Any, options: Mapping[str, Any]
     model_class = getattr(importlib.import_module(f"transformers.models.{module}"), name)
     reference = ReferenceKernel(model_class, config, token_types=described.token_types(),
                                 check=MropeKernel(described).check)
-    # vLLM 0.33's rules for these families are known (Qwen3-VL's and GLM's equal transformers')
-    return bind_mrope(described, reference, options, conventions=(TRANSFORMERS, VLLM_0_33))
+    # vLLM 0.33's and SGLang 0.5.23's rules for these families are known (Qwen3-VL's and GLM's equal
+    # transformers'; SGLang runs Qwen3.5 by Qwen3-VL's rules, GLM-4.6V by GLM-4V's)
+    return bind_mrope(described, reference, options, conventions=(TRANSFORMERS, VLLM_0_33, SGLANG_0_5_23))
 
 
 def describe(family: Family, processor: Any, config: Any) -> MropeFamily:

@@ -1,4 +1,5 @@
-"""``mmrope verify`` on the Qwen-VL families: fast against the reference, transformers against vLLM."""
+"""``mmrope verify`` on the Qwen-VL families: fast against the reference, transformers against vLLM
+and SGLang."""
 
 import json
 import subprocess
@@ -17,14 +18,21 @@ def mmrope(*args):
     return subprocess.run([sys.executable, "-m", "mmrope_core", *args], capture_output=True, text=True)
 
 
-def test_verify_a_family_reports_where_vllm_differs():
+def test_verify_a_family_reports_which_conventions_it_checked_and_where_they_differ():
     result = mmrope("verify", "--family", "Qwen2.5-VL", "--samples", "40", "--json")
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
-    assert report["fast_agrees"] and report["fast_equal"] == 40 and report["convention"] == "vllm-0.33"
-    assert 0 < report["differ"] < 40 and report["tokens_shifted"] > 0 and report["largest_shift"] > 0
-    assert report["deltas_differ"] == report["differ"]  # a shift after a video moves the largest position
-    assert "convention='vllm'" in report["advice"][0]
+    assert report["fast_agrees"] and report["fast_equal"] == 40
+    assert report["checked"] == ["transformers", "vllm-0.34", "sglang-0.5.23"] and report["not_offered"] == {}
+    vllm, sglang = report["conventions"]
+    assert vllm["convention"] == "vllm-0.34" and vllm["rules"] == "vllm-0.33" and sglang["rules"] == "sglang-0.5.23"
+    for compared in (vllm, sglang):
+        assert 0 < compared["differ"] < 40 and compared["tokens_shifted"] > 0 and compared["largest_shift"] > 0
+        assert compared["deltas_differ"] == compared["differ"]  # a shift after a video moves the largest position
+    assert "convention='vllm'" in report["advice"][0] and "convention='sglang'" in report["advice"][1]
+    text = mmrope("verify", "--family", "Qwen2.5-VL", "--samples", "10").stdout
+    assert "conventions checked: transformers, vllm-0.34, sglang-0.5.23" in text
+    assert "transformers vs vllm-0.34 (the rules of vllm-0.33): " in text and "transformers vs sglang-0.5.23: " in text
 
 
 def test_verify_a_model_directory_reads_what_the_family_shows(tmp_path):
@@ -35,13 +43,13 @@ def test_verify_a_model_directory_reads_what_the_family_shows(tmp_path):
     from_family = mmrope("verify", "--family", "Qwen2-VL", "--samples", "30", "--json")
     assert from_path.returncode == 0, from_path.stderr
     path_report, family_report = json.loads(from_path.stdout), json.loads(from_family.stdout)
-    assert path_report == family_report and path_report["differ"] > 0
+    assert path_report == family_report and path_report["conventions"][0]["differ"] > 0
 
 
 def test_verify_says_the_same_positions_for_per_frame_families():
     result = mmrope("verify", "--family", "GLM-4V", "--samples", "20")
     assert result.returncode == 0, result.stderr
-    assert "0/20 samples differ" in result.stdout and "either convention" in result.stdout
+    assert result.stdout.count("0/20 samples differ") == 2 and result.stdout.count("either convention") == 2
 
 
 class Shifted(RopeKernel):
@@ -70,8 +78,9 @@ def test_a_fast_kernel_that_differs_from_its_reference_fails_the_verification(ca
     with manager.registered(Drifted(), "drifted"):
         report = verify(processor, config, samples=5, plugin_manager=manager, batches=one_sample)
     assert report.fast_equal == 0 and report.fast_differs == [0, 1, 2, 3, 4] and not report.fast_agrees
-    assert report.convention is None and "offers 'transformers'" in report.convention_note
-    assert "please report it" in report.advice()[0]
+    assert report.conventions == [] and report.checked == ["transformers"]
+    assert set(report.not_offered) == {"vLLM", "SGLang"} and "offers 'transformers'" in report.not_offered["vLLM"]
+    assert "please report it" in report.advice()[0] and report.advice()[-1].startswith("No SGLang convention")
 
 
 def test_verify_names_what_is_installed_for_an_unknown_family():

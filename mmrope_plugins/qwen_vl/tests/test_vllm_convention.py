@@ -151,10 +151,15 @@ def test_the_reference_has_no_vllm_convention_and_unknown_conventions_are_named(
     with pytest.raises(UnknownConventionError, match="implementation='reference' is transformers' own"):
         RopeEngine.from_processor(processor, config, plugin_manager=manager, convention="vllm",
                                   implementation="reference")
-    with pytest.raises(UnknownConventionError, match=r"'sglang' is unknown; Qwen2-VL offers 'transformers', "
-                                                     r"'vllm-0.33' \(vllm means 'vllm-0.33'\)"):
-        RopeEngine.from_processor(processor, config, plugin_manager=manager, convention="sglang")
+    with pytest.raises(UnknownConventionError, match=r"'sglang-0.4' is unknown; Qwen2-VL offers 'transformers', "
+                                                     r"'vllm-0.33', 'vllm-0.34', 'sglang-0.5.23' \(vllm means "
+                                                     r"'vllm-0.34'; sglang means 'sglang-0.5.23'\)"):
+        RopeEngine.from_processor(processor, config, plugin_manager=manager, convention="sglang-0.4")
     explicit = RopeEngine.from_processor(processor, config, plugin_manager=manager, convention="vllm-0.33")
-    assert "vLLM 0.33 convention" in repr(explicit)
+    assert "vLLM 0.33 convention" in repr(explicit) and explicit.convention == "vllm-0.33"
+    # vLLM 0.34 changed no position rule: its name computes 0.33's positions, and "vllm" means it
+    newest = RopeEngine.from_processor(processor, config, plugin_manager=manager, convention="vllm")
+    assert newest.convention == "vllm-0.34" and "vLLM 0.34 convention (the rules of vLLM 0.33)" in repr(newest)
+    assert newest.binding.kernel.family == explicit.binding.kernel.family
     # 1-D positions are the same in vLLM: a text-only engine takes the convention
     assert RopeEngine.from_processor(None, plugin_manager=manager, convention="vllm").rope_kind == "1d"

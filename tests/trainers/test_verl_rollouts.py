@@ -1,0 +1,125 @@
+"""verl 0.9.1's own agent-loop code with the drop-in: positions of the rollout engine verl's config
+names (or the convention one config entry names), and the response mask as ``generated_mask``."""
+
+import random
+
+import pytest
+import torch
+from cases import build, loading_without_torchvision, trajectories
+from test_verl import full_worker, load, rollout_config
+from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput, AgentLoopWorker
+
+from mmrope_core import RopeEngine, UnknownConventionError
+from mmrope_core.integrations.verl import hf_processor, rollout_convention
+
+
+def output_of(prompt, response, response_mask=None):
+    return AgentLoopOutput(prompt_ids=prompt, response_ids=response, response_mask=response_mask or [1] * len(response),
+                           multi_modal_data={}, metrics=AgentLoopMetrics())
+
+
+def verl_positions(worker, output, input_ids, attention_mask, inputs):
+    """What ``_agent_loop_postprocess`` does for one trajectory's positions: the processor's
+    outputs of its text, then the positions (of the given processor outputs, which hold media)."""
+    worker._compute_multi_modal_inputs(output, input_ids)
+    return AgentLoopWorker._compute_position_ids(worker, input_ids, attention_mask, inputs)
+
+
+def engine(name, convention):
+    processor, config = build(name)
+    return RopeEngine.from_processor(processor, config, convention=convention)
+
+
+@pytest.mark.parametrize("name", ["Qwen2.5-VL", "Qwen3-Omni"])
+def test_the_drop_in_takes_the_positions_of_the_rollout_engine_verls_config_names(checkpoint, name):
+    processor, _ = load(hf_processor, checkpoint(name))
+    rollouts = {"vllm": rollout_config("vllm"), "sglang": rollout_config("sglang"),
+                "vllm-0.33": rollout_config("trtllm", mmrope_convention="vllm-0.33"),
+                "transformers": rollout_config("sglang", mmrope_convention="transformers")}
+    engines = {convention: engine(name, convention) for convention in rollouts}
+    rng = random.Random(f"verl rollouts {name}")
+    differ = dict.fromkeys(rollouts, 0)
+    for index, trajectory in enumerate(t for t in trajectories(name, rng, 12) if t.has_video):
+        input_ids, attention_mask = trajectory.verl_layout(rng, processor.tokenizer.pad_token_id)
+        kwargs = engines["transformers"].rope_index_kwargs(trajectory.inputs())
+        want_transformers, _ = engines["transformers"].get_rope_index(input_ids, attention_mask, **kwargs)
+        for convention, rollout in rollouts.items():
+            worker = full_worker(processor, rollout)
+            got = verl_positions(worker, output_of(trajectory.prompt, trajectory.response), input_ids,
+                                 attention_mask, trajectory.inputs())
+            want, _ = engines[convention].get_rope_index(input_ids, attention_mask, **kwargs)
+            assert got.shape == (1, 4, input_ids.shape[1]) and got.dtype == torch.promote_types(torch.int64, want.dtype)
+            assert torch.equal(got[:, 1:], want.transpose(0, 1).to(got.dtype)), (index, convention)
+            differ[convention] += not torch.equal(want.double(), want_transformers.double())
+    assert differ["transformers"] == 0 and all(differ[c] > 0 for c in ("vllm", "sglang", "vllm-0.33")), differ
+
+
+def test_the_response_mask_reaches_sglangs_qwen3_omni_positions(checkpoint):
+    """A prompt with a video of 4 frames of 48 tokens 0.5 s apart, then a reply, a tool's text and
+    a reply: SGLang decoded each reply one position past where a prefill puts it; verl's own
+    post-processing gives those positions through the drop-in."""
+    processor, _ = load(hf_processor, checkpoint("Qwen3-Omni"))
+    tokenizer = processor.tokenizer
+    word, other = tokenizer.convert_tokens_to_ids(["the", "cat"])
+    video = [tokenizer.convert_tokens_to_ids(processor.vision_bos_token)]
+    video += [tokenizer.convert_tokens_to_ids(processor.video_token)] * 192
+    video += [tokenizer.convert_tokens_to_ids(processor.vision_eos_token)]
+    prompt, response = [word] * 3 + video + [word] * 3, [other] * 5 + [word] * 3 + [other] * 5
+    response_mask = [1] * 5 + [0] * 3 + [1] * 5
+    inputs = {"video_grid_thw": torch.tensor([[4, 16, 12]]), "video_second_per_grid": [0.5]}
+    pad = tokenizer.pad_token_id
+    input_ids = torch.tensor([[pad] * 2 + prompt + response + [pad] * 4])
+    attention_mask = (torch.arange(input_ids.shape[1]) >= 2) & (torch.arange(input_ids.shape[1]) < input_ids.shape[1] - 4)
+    attention_mask = attention_mask[None].long()
+    worker = full_worker(processor, rollout_config("sglang"))
+    with loading_without_torchvision():
+        got = verl_positions(worker, output_of(prompt, response, response_mask), input_ids, attention_mask, dict(inputs))
+    sglang = engine("Qwen3-Omni", "sglang")
+    generated = torch.zeros_like(input_ids)
+    generated[0, 2 + len(prompt):2 + len(prompt) + len(response)] = torch.tensor(response_mask)
+    want = sglang.compute_position_ids(input_ids, attention_mask, inputs, generated_mask=generated)
+    prefilled = sglang.compute_position_ids(input_ids, attention_mask, inputs)
+    assert got.dtype == torch.int64 and torch.equal(got, want)
+    moved = (want != prefilled).any(1)[0]
+    assert torch.equal(moved, generated[0].bool()) and ((want - prefilled)[0, 1:, moved] == 1).all()
+
+
+def test_a_rollout_engine_without_a_convention_is_named_with_the_entry_that_decides(checkpoint):
+    processor, _ = load(hf_processor, checkpoint("Qwen2.5-VL"))
+    trajectory = trajectories("Qwen2.5-VL", random.Random(1), 1)[0]
+    input_ids, attention_mask = trajectory.verl_layout(random.Random(2), processor.tokenizer.pad_token_id)
+    worker = full_worker(processor, rollout_config("trtllm"))
+    with pytest.raises(UnknownConventionError, match=r"not 'trtllm' \(actor_rollout_ref.rollout.name\). Name the "
+                                                     r"convention .* \+actor_rollout_ref.rollout.custom.mmrope_convention"):
+        verl_positions(worker, output_of(trajectory.prompt, trajectory.response), input_ids, attention_mask,
+                       trajectory.inputs())
+
+
+def test_a_fixed_convention_is_refused_at_construction_where_the_family_lacks_it(checkpoint):
+    with pytest.raises(UnknownConventionError, match=r"SGLang 0\.5\.23 has no Qwen2\.5-Omni model"):
+        load(hf_processor, checkpoint("Qwen2.5-Omni"), convention="sglang")
+    fixed, _ = load(hf_processor, checkpoint("Qwen2.5-VL"), convention="vllm")
+    assert fixed.rope_engine.convention == "vllm-0.34"
+    # a fixed convention does not follow the rollout: any engine name goes
+    trajectory = next(t for t in trajectories("Qwen2.5-VL", random.Random(3), 4) if t.has_video)
+    input_ids, attention_mask = trajectory.verl_layout(random.Random(4), fixed.tokenizer.pad_token_id)
+    got = verl_positions(full_worker(fixed, rollout_config("trtllm")), output_of(trajectory.prompt, trajectory.response),
+                         input_ids, attention_mask, trajectory.inputs())
+    assert torch.equal(got, fixed.rope_engine.compute_position_ids(input_ids, attention_mask, trajectory.inputs()))
+
+
+def test_the_config_entry_reads_from_verls_own_hydra_config():
+    """``+actor_rollout_ref.rollout.custom.mmrope_convention=...`` on verl's ppo_trainer config."""
+    import os
+
+    import verl
+    from hydra import compose, initialize_config_dir
+    from verl.utils.config import omega_conf_to_dataclass
+
+    directory = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=directory, version_base=None):
+        plain = compose(config_name="ppo_trainer", overrides=["actor_rollout_ref.rollout.name=sglang"])
+        named = compose(config_name="ppo_trainer", overrides=[
+            "actor_rollout_ref.rollout.name=sglang", "+actor_rollout_ref.rollout.custom.mmrope_convention=vllm-0.33"])
+    assert rollout_convention(omega_conf_to_dataclass(plain.actor_rollout_ref.rollout)) == "sglang"
+    assert rollout_convention(omega_conf_to_dataclass(named.actor_rollout_ref.rollout)) == "vllm-0.33"
