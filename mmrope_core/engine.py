@@ -20,6 +20,7 @@ from .collate import collate as _collate
 from .conventions import ALIASES, asked
 from .errors import (
     InvalidInputError,
+    PackingUnsupportedError,
     PluginConflictError,
     PluginContractError,
     RopeIndexUnavailableError,
@@ -273,6 +274,11 @@ class RopeEngine:
             if generated is not None:
                 inputs["generated_mask"] = generated
             return self._kernel(ids, mask, inputs, four_rows)
+        if not kernel.samples_independent:  # type: ignore[union-attr]
+            raise PackingUnsupportedError(
+                f"{self._label()} computes a sample's positions from the samples before it in the batch (its "
+                f"media are counted across the batch), so a packed segment cannot be computed as its sample alone; "
+                f"compute each sample in a batch of its own, or pad")
         with _segments_as_samples():
             if kernel.places_packed_rows:  # type: ignore[union-attr]
                 if generated is not None:

@@ -55,6 +55,10 @@ class RopeKernel(abc.ABC):
     position_dtype: torch.dtype = torch.int64
     #: :meth:`rope_index` and :meth:`position_ids` take ``cu_seqlens`` (see the class docstring).
     places_packed_rows: bool = False
+    #: Each sample's positions depend on its own tokens and media alone. A reference that counts
+    #: media across the batch (HunYuan-VL numbers a batch's images in order) sets it False: the
+    #: engine then refuses packed rows, whose segments it could not compute as their samples alone.
+    samples_independent: bool = True
     #: Rows of :meth:`rope_index`'s positions: 3 (``t, h, w``) for most families; a model with
     #: more axes (HunYuan-VL's four xD-RoPE sections) sets its own, and :meth:`position_ids`
     #: then has one more.

@@ -87,6 +87,10 @@ def packed_row_support(engine: Any) -> PackedRowSupport:
     pad = "pad the batch instead (mmrope_core.collators.PaddedCollator, or the trainer's padded batches)"
     if engine.binding.mixes_segments:
         return PackedRowSupport(model, engine.binding.mixes_segments, f"To train it, {pad}")
+    if not getattr(engine.binding.kernel, "samples_independent", True):
+        return PackedRowSupport(
+            model, "its get_rope_index counts media across the batch, so a packed segment's positions depend on the "
+                   "segments before it", f"To train it, {pad}")
     rows = getattr(engine.binding.kernel, "rope_rows", 3)
     if rows != 3:
         return PackedRowSupport(

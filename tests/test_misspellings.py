@@ -79,7 +79,7 @@ def test_a_misspelt_processor_argument_is_named():
     engine.compute_position_ids(ids, mask, outputs, {"use_audio_in_video": False, "fps": 2, "return_tensors": "pt"})
 
 
-@pytest.mark.parametrize("where, named", [("multi_modal_inputs", "the multimodal inputs"),
+@pytest.mark.parametrize("where, named", [("multi_modal_inputs", "multi_modal_inputs"),
                                          ("mm_processor_kwargs", "mm_processor_kwargs")])
 def test_a_key_that_is_not_a_string_is_an_input_error(where, named):
     engine, ids, mask, outputs = family("Qwen3-Omni")

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ..engine import RopeEngine
-from ..errors import MmropeError
+from ..errors import MmropeError, PackingUnsupportedError
 from ..manager import PluginManager
 from ..positions import text_positions
 from ..types import ExampleCase, RopeBinding, ValidationPolicy
@@ -323,6 +323,15 @@ class _Checker:
         every segment before each (``segment_ids``): each segment gets its sample's positions, in
         ``compute_position_ids`` and in ``get_rope_index`` (deltas per segment)."""
         self.ran("packed rows (cu_seqlens, segment_ids): each segment = its sample alone")
+        if not getattr(engine.binding.kernel, "samples_independent", True):  # refused as a whole, by name
+            try:
+                engine.compute_position_ids(outputs[0]["input_ids"], None, None,
+                                            cu_seqlens=torch.tensor([0, outputs[0]["input_ids"].shape[-1]]))
+            except PackingUnsupportedError:
+                return
+            self.fail("bind_rope_index", "packed samples compute", "a kernel whose samples depend on one another "
+                                                                   "placed a packed row")
+            return
         rows = [output["input_ids"][0][_mask_of(output)] for output in outputs]
         lengths = [row.numel() for row in rows]
         cu_seqlens = torch.tensor([0, *itertools.accumulate(lengths)])

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import MmropeError, PluginError
+from ..errors import MmropeError, PackingUnsupportedError, PluginError
 from ._collated import COLLATOR_CALLS, collated_problem, media_of
 from ._direct import ModelPositions
 from ._mutations import CORRUPT_ROWS, REFUSED, Case, applicable, is_grid
@@ -405,7 +405,9 @@ class _Fuzzer:
                    and isinstance(alone[id(segment)], BaseException)]
         which = f" ({getattr(engine, 'implementation', '')}{', ' + case.convention if case.convention != 'transformers' else ''})"
         if isinstance(got, BaseException):
-            if isinstance(got, MmropeError) and not refused and len(exact) == len(case.packed.segments):
+            # refusing packed rows for the whole model (PackingUnsupportedError) is not refusing this input
+            if (isinstance(got, MmropeError) and not isinstance(got, PackingUnsupportedError) and not refused
+                    and len(exact) == len(case.packed.segments)):
                 self.found(case, names, "a packed row is refused exactly where a sample alone is",
                            f"refused ({type(got).__name__}: {str(got)[:200]}) though each segment alone computes" + which)
             return

@@ -17,12 +17,7 @@ EXAMPLES = {"qwen_vl": 1200, "qwen3_omni": 800, "gemma4": 200, "transformers": 6
 VLLM_AS_TRANSFORMERS = ("Qwen3-VL", "Qwen3-VL-MoE", "Qwen3.5", "Qwen3.5-MoE", "GLM-4V", "GLM-4V-MoE", "GLM-4.6V")
 
 #: what the fuzzer finds that is not mended yet, (plugin, example case, rule), each with its cause
-KNOWN = {
-    # HunYuan-VL's own get_rope_index numbers the images of a whole batch in its fourth row; a
-    # packed row, unpacked into a batch of its segments, numbers a segment's images after those of
-    # the segments before it, where the sample alone numbers them from 0
-    ("transformers", "HunYuan-VL (hunyuan_vl)", "packed segments are their samples alone"),
-}
+KNOWN: set[tuple[str, str, str]] = set()
 
 
 @pytest.mark.parametrize("plugin", sorted(EXAMPLES))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import random
 import threading
 import weakref
 from collections.abc import Mapping
@@ -126,6 +127,7 @@ def _mrope(processor: Any, decision: Decision, implementation: str) -> tuple[Rop
     if found is not None:
         reference.check = found[1].check  # typed errors instead of a crash inside the reference
     if found is None or implementation == "reference":
+        reference.samples_independent = _samples_independent(model_type, processor, config, reference)
         why = "requested" if implementation == "reference" else "no batched layout reproduces it"
         return RopeBinding("mrope", reference, "reference",
                            f"{model_type}: transformers reference {method} ({why})"), reference
@@ -134,6 +136,31 @@ def _mrope(processor: Any, decision: Decision, implementation: str) -> tuple[Rop
     return RopeBinding("mrope", kernel, "fast",
                        f"{model_type}: batched kernel ({candidate.layout}{timed}), equal to {method} on probe "
                        f"inputs"), reference
+
+
+def _samples_independent(model_type: str, processor: Any, config: Any, reference: TransformersReference) -> bool:
+    """Whether the reference gives a sample the positions it gives it alone, wherever it stands
+    in a batch: one sample with media, twice in a batch, must get the same positions twice (not
+    so where a method numbers the batch's media in order). Model types without a layout to
+    draw such a sample from are taken to be independent."""
+    from .layouts import LAYOUTS, random_batch
+
+    if model_type not in LAYOUTS:
+        return True
+    rng = random.Random(f"mmrope-transformers independence {model_type}")
+    for _ in range(16):
+        sample = random_batch(model_type, processor, config, rng, samples=1)
+        if "image_grid_thw" in sample or "video_grid_thw" in sample:
+            break
+    else:
+        return True
+    # twice: the rows are stacked, the grids (one row per item) and per-sample counts repeated
+    twice = {key: torch.cat([value, value]) for key, value in sample.items()}
+    try:
+        positions, _ = reference.rope_index(**twice)
+    except Exception:  # the probe cannot tell: the batches users give decide
+        return True
+    return torch.equal(positions[:, 0], positions[:, 1])
 
 
 def _output_of(model_class: type, config: Any, token_types: Any, method: str) -> tuple[int, torch.dtype]:
