@@ -5,7 +5,7 @@
 PYTHON ?= python3
 PLUGINS := $(patsubst %/pyproject.toml,%,$(wildcard mmrope_plugins/*/pyproject.toml)) examples/third_party_plugin
 EDITABLE := -e . $(addprefix -e ./,$(PLUGINS))
-SOURCES := pyproject.toml mmrope_core/_native.c $(addsuffix /pyproject.toml,$(PLUGINS))
+SOURCES := pyproject.toml $(wildcard mmrope_core/csrc/*) $(addsuffix /pyproject.toml,$(PLUGINS))
 
 .PHONY: demo test test-newest test-oldest test-without-compiled test-trainers lint bench clean
 

@@ -58,7 +58,15 @@ def test_the_core_sdist_ships_no_plugin_or_integration_tests(built):
     names = sdist_names(built, "mmrope_core")
     assert not any(path.startswith(("mmrope_plugins/", "examples/", "tests/integration", "tests/trainers"))
                    for path in names)
-    assert "mmrope_core/_native.c" in names  # an sdist must build the extension
+    sources = {f"mmrope_core/csrc/{path.name}" for path in (ROOT / "mmrope_core" / "csrc").iterdir()}
+    assert sources <= names and any(name.endswith(".h") for name in sources)  # an sdist must build the extension
+
+
+def test_the_core_wheel_built_from_its_sdist_holds_the_compiled_loops_and_no_sources(built):
+    with zipfile.ZipFile(next(built.glob("mmrope_core-0.1.0-*.whl"))) as archive:
+        names = archive.namelist()
+    assert any(name.startswith("mmrope_core/_native") and name.endswith(".so") for name in names)
+    assert not any(name.startswith("mmrope_core/csrc/") for name in names)
 
 
 @pytest.mark.parametrize("name", sorted(DISTRIBUTIONS))
