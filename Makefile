@@ -1,9 +1,10 @@
 # Three environments, each built from nothing: the newest supported transformers (.venv), the
 # oldest (.venv-oldest), and the trainers' (.venv-trainers: verl 0.9.1, LLaMA-Factory 0.9.5,
 # ms-swift 4.6.0, Ray, datasets, on the transformers verl allows). Each installs mmrope-core, every
-# plugin under mmrope_plugins/ and the third-party example plugin.
+# plugin under mmrope_plugins/ and the third-party example plugins.
 PYTHON ?= python3
-PLUGINS := $(patsubst %/pyproject.toml,%,$(wildcard mmrope_plugins/*/pyproject.toml)) examples/third_party_plugin
+PLUGINS := $(patsubst %/pyproject.toml,%,$(wildcard mmrope_plugins/*/pyproject.toml)) examples/third_party_plugin \
+	examples/av_clip_plugin
 EDITABLE := -e . $(addprefix -e ./,$(PLUGINS))
 SOURCES := pyproject.toml $(wildcard mmrope_core/csrc/*) $(addsuffix /pyproject.toml,$(PLUGINS))
 

@@ -3,7 +3,7 @@ hands it (batches padded on either side, packed rows, the model's four rows) in 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, NoReturn
 
 import numpy as np
@@ -38,7 +38,7 @@ class ItemKernel(RopeKernel):
 
     places_packed_rows = True
 
-    def __init__(self, layout: ItemLayout, keys: Mapping[str, str | tuple[str, str]], *,
+    def __init__(self, layout: ItemLayout, keys: Mapping[str, str | Sequence[str]], *,
                  switches: Collection[str] = (), position_dtype: torch.dtype | None = None) -> None:
         self.layout = layout
         self.position_dtype = layout.dtype if position_dtype is None else position_dtype
@@ -48,7 +48,7 @@ class ItemKernel(RopeKernel):
             timed = isinstance(medium, GridMedia) and medium.timed
             if isinstance(given, str) and not timed:
                 key, seconds_key = given, None
-            elif isinstance(given, tuple) and len(given) == 2 and timed:
+            elif isinstance(given, (tuple, list)) and len(given) == 2 and timed:
                 key, seconds_key = given
             else:
                 raise ValueError(f"ItemKernel keys must give the keyword of medium {medium.name!r}"

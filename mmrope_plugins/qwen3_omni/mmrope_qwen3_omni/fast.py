@@ -21,8 +21,7 @@ from .inputs import refuse_unknown, seconds_tensor
 from .kernel import Kernel
 from .placing import SILENT_VIDEOS, VIDEOS_WITH_AUDIO, omni_layout, text_layout
 
-_KEYS: dict[str, str | tuple[str, str]] = {
-    "image": "image_grid_thw", "video": ("video_grid_thw", "second_per_grids"), "audio": "audio_seqlens"}
+_KEYS = {"image": "image_grid_thw", "video": ("video_grid_thw", "second_per_grids"), "audio": "audio_seqlens"}
 
 
 class FastRopeIndex(ItemKernel, Kernel):
