@@ -310,13 +310,8 @@ class InNumpy:
         self.kernel = kernel
 
     def __getattr__(self, name: str) -> Any:
-        method = getattr(self.kernel, name)
-
         def call(*args: Any, **kwargs: Any) -> Any:
-            loops, compiled.native = compiled.native, None
-            try:
-                return method(*args, **kwargs)
-            finally:
-                compiled.native = loops
+            with compiled.switched_off():
+                return getattr(self.kernel, name)(*args, **kwargs)
 
         return call

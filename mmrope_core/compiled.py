@@ -10,11 +10,26 @@ given as data) and :mod:`mmrope_core.mrope` (runs of placeholders). Those calls 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from ._compiled import DISABLE_VARIABLE, native
 
-__all__ = ["DISABLE_VARIABLE", "available"]
+__all__ = ["DISABLE_VARIABLE", "available", "switched_off"]
 
 
 def available() -> bool:
     """Whether the compiled loops are loaded."""
     return native is not None
+
+
+@contextlib.contextmanager
+def switched_off() -> Iterator[None]:
+    """The calls inside take their numpy paths, as without the compiled loops: for tests and
+    benchmarks that compare both (it switches them off for every thread of the process)."""
+    global native
+    loops, native = native, None
+    try:
+        yield
+    finally:
+        native = loops

@@ -2,6 +2,7 @@
 and their numpy counterparts on generated layouts and batches (valid, corrupted, padded on either
 side, with holes, packed), to the bit; what each status means; the kernel built on a layout."""
 
+import contextlib
 import dataclasses
 import random
 
@@ -163,12 +164,8 @@ def placed(layout, ids, mask, first, count, media, seconds, enabled, text_row, t
     dtype = np.float32 if layout.float32 else np.int64
     out = np.full((ids.shape[0], 4, ids.shape[1]) if text_row else (rows, *ids.shape), -7, dtype=dtype)
     deltas = np.full((samples, 1), -7, dtype=dtype)
-    saved = compiled.native
-    compiled.native = _compiled.native if loops else None
-    try:
+    with contextlib.nullcontext() if loops else compiled.switched_off():
         status = layout.place(out, text_row, ids, mask, first, count, media, seconds, deltas, enabled, threads)
-    finally:
-        compiled.native = saved
     return status, out, deltas
 
 
@@ -197,12 +194,8 @@ def test_the_compiled_loops_place_as_numpy_does(packed, text_row):
         if status == PLACED:
             assert np.array_equal(bits(out), bits(want)) and np.array_equal(bits(deltas), bits(want_deltas)), index
         loops_found = layout.find(*call, enabled)
-        saved, compiled.native = compiled.native, None
-        try:
-            numpy_found = layout.find(*call, enabled)
-        finally:
-            compiled.native = saved
-        assert loops_found == numpy_found, f"batch {index}"
+        with compiled.switched_off():
+            assert layout.find(*call, enabled) == loops_found, f"batch {index}"
     assert statuses >= {PLACED, MISMATCH, BAD_MEDIA} | ({PADDING_INSIDE} if not packed else set())
 
 

@@ -110,8 +110,9 @@ failed(ItemRead *r, Py_ssize_t sample, int64_t token, int status)
     return status;
 }
 
-/* Item `item` of kind `kind` at `ids[0]` (`left` tokens on): its media taken and checked. */
-static int
+/* Item `item` of kind `kind` at `ids[0]` (`left` tokens on): its media taken and checked. Kept
+ * out of items_read, whose loop over tokens then keeps its values in registers. */
+__attribute__((noinline)) static int
 read_item(ItemRead *r, const KindSpec *kind, const int64_t *ids, int64_t left, Py_ssize_t *used, Item *item)
 {
     int64_t content = 0;
@@ -151,6 +152,7 @@ items_read(ItemRead *r)
 {
     const ItemLayout *l = r->layout;
     Py_ssize_t found = 0, used[MAX_LAYOUT_MEDIA] = {0};
+    const uint64_t low = (uint64_t)l->special_low, span = l->special_span;
     r->failed_sample = -1;
     for (Py_ssize_t s = 0; s < r->samples; s++) {
         r->first_item[s] = found;
@@ -159,11 +161,8 @@ items_read(ItemRead *r)
         if (n == 0 && l->refuse_empty)
             return failed(r, s, 0, ITEMS_EMPTY_SAMPLE);
         for (int64_t i = 0; i < n;) {
-            const int64_t near = i + 8 < n ? i + 8 : n;  /* a few tokens here, the rest in vector steps */
-            while (i < near && (uint64_t)ids[i] - (uint64_t)l->special_low > l->special_span)
+            while (i < n && (uint64_t)ids[i] - low > span)
                 i++;
-            if (i == near)
-                i += first_in_range(ids + i, n - i, l->special_low, l->special_span);
             if (i == n)
                 break;
             const int64_t id = ids[i];

@@ -85,7 +85,6 @@ void type_rows_64(const int64_t *ids, int8_t *types, Py_ssize_t first, Py_ssize_
 void type_rows_32(const int32_t *ids, int8_t *types, Py_ssize_t first, Py_ssize_t end, const int64_t *token,
                   const int8_t *type, Py_ssize_t count);
 int64_t count_token(const int64_t *ids, int64_t count, int64_t token);
-int64_t first_in_range(const int64_t *ids, int64_t count, int64_t low, uint64_t span);
 int any_equal(const char *ids, Py_ssize_t itemsize, Py_ssize_t count, int64_t value);
 void marked_video(const char *ids, Py_ssize_t itemsize, int8_t *types, Py_ssize_t begin, Py_ssize_t end,
                   int64_t opens, int64_t closes);

@@ -369,14 +369,16 @@ place_sample(const Placing *p, Py_ssize_t s, char *const row[3])
         const Item *item = &r->items[i];
         const KindSpec *kind = &l->kind[item->kind];
         const int64_t text = item->start - at;
-        if (text) {
-            values_ramp3(float32, row, at, text, 0, cursor);
-            largest = values_max(largest, values_add(float32, (double)(text - 1), cursor));
-            cursor = values_add(float32, cursor, (double)text);
-            at += text;
+        /* int64 sums are exact: markers that count on continue the text's ramp in one write */
+        const int64_t joined = !float32 && !kind->share_markers ? kind->lead : 0;
+        if (text + joined) {
+            values_ramp3(float32, row, at, text + joined, 0, cursor);
+            largest = values_max(largest, values_add(float32, (double)(text + joined - 1), cursor));
+            cursor = values_add(float32, cursor, (double)(text + joined));
+            at += text + joined;
         }
-        place_markers(float32, kind->share_markers, 0, row, at, kind->lead, &cursor, &largest);
-        at += kind->lead;
+        place_markers(float32, kind->share_markers, 0, row, at, kind->lead - joined, &cursor, &largest);
+        at += kind->lead - joined;
         double block;
         const double last = place_media(p, item, row, at, cursor, &block);
         largest = values_max(largest, block);

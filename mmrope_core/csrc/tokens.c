@@ -114,24 +114,6 @@ count_token(const int64_t *restrict ids, int64_t count, int64_t token)
     return found;
 }
 
-/* The first of `count` ids in [low, low + span], or `count`: sixteen ids a step while none is. */
-VECTOR_CLONES int64_t
-first_in_range(const int64_t *restrict ids, int64_t count, int64_t low, uint64_t span)
-{
-    int64_t i = 0;
-    for (; i + 16 <= count; i += 16) {
-        int any = 0;
-        for (int j = 0; j < 16; j++)
-            any |= (uint64_t)ids[i + j] - (uint64_t)low <= span;
-        if (any)
-            break;
-    }
-    for (; i < count; i++)
-        if ((uint64_t)ids[i] - (uint64_t)low <= span)
-            return i;
-    return count;
-}
-
 #define ANY_EQUAL(NAME, ID)                                                                    \
 VECTOR_CLONES static int                                                                       \
 NAME(const ID *restrict ids, Py_ssize_t count, int64_t value)                                  \

@@ -28,7 +28,7 @@ class ItemKernel(RopeKernel):
     grid medium: its grids' keyword and its seconds'). ``switches``: other keywords a family's
     reference takes, which :meth:`layout_for` reads. A family whose reference changes its layout
     with the inputs (no grids given, a flag) overrides :meth:`layout_for`; one with messages of
-    its own overrides :meth:`refuse`.
+    its own overrides :meth:`explain`.
 
     Example::
 

@@ -451,13 +451,8 @@ class WithoutLoops:
     def __getattr__(self, name):
         from mmrope_core import compiled
 
-        method = getattr(self.kernel, name)
-
         def call(*args, **kwargs):
-            loops, compiled.native = compiled.native, None
-            try:
-                return method(*args, **kwargs)
-            finally:
-                compiled.native = loops
+            with compiled.switched_off():
+                return getattr(self.kernel, name)(*args, **kwargs)
 
         return call
