@@ -225,7 +225,7 @@ def small_layout(**changes):
 @pytest.mark.parametrize("loops", [True, False])
 def test_each_status_says_what_keeps_a_batch_from_being_placed(loops):
     if loops and _compiled.native is None:
-        pytest.skip("the compiled loops are not built")
+        pytest.skip("the compiled loops are not loaded")
     layout = small_layout()
     image = np.array([[5, OPEN_A, IMAGE, CLOSE_A, 6]], dtype=np.int64)
     grid = (np.array([[1, 2, 2]], dtype=np.int64),)

@@ -85,7 +85,7 @@ def test_positions_follow_the_rule_token_by_token(engine, ids, loops, monkeypatc
     if loops == "numpy":
         monkeypatch.setattr(compiled, "native", None)
     elif not compiled.available():
-        pytest.skip("the compiled loops are not built")
+        pytest.skip("the compiled loops are not loaded")
     rng = random.Random(f"av clip {loops}")
     for index in range(150):
         samples = [random_sample(rng, ids) for _ in range(rng.randint(1, 5))]
