@@ -2,14 +2,14 @@
 # Pillow and tokenizers, nothing else), and the tests': the newest supported transformers (.venv),
 # the oldest (.venv-oldest), and the trainers' (.venv-trainers: verl 0.9.1, LLaMA-Factory 0.9.5,
 # ms-swift 4.6.0, Ray, datasets, on the transformers verl allows). The tests' environments also
-# install the third-party example plugin, whose PaddleOCR-VL binding would shadow mmrope-transformers'.
+# install the third-party example plugins (PaddleOCR-VL's binding would shadow mmrope-transformers').
 PYTHON ?= python3
 FAMILY_PLUGINS := $(patsubst %/pyproject.toml,%,$(wildcard mmrope_plugins/*/pyproject.toml))
-PLUGINS := $(FAMILY_PLUGINS) examples/third_party_plugin
+PLUGINS := $(FAMILY_PLUGINS) examples/third_party_plugin examples/av_clip_plugin
 EDITABLE := -e . $(addprefix -e ./,$(PLUGINS))
 # runs the install commands docs/trainers.md gives users
 INSTALL_FROM_DOCS := tests/trainers/install_commands.py
-SOURCES := pyproject.toml mmrope_core/_native.c $(addsuffix /pyproject.toml,$(PLUGINS))
+SOURCES := pyproject.toml $(wildcard mmrope_core/csrc/*) $(addsuffix /pyproject.toml,$(PLUGINS))
 
 # CPU torch on any machine: pip's plain torch is a CUDA build of several GB. The pinned release
 # comes from the CPU wheel index where that answers within a few seconds; elsewhere from the
@@ -29,7 +29,7 @@ endef
 demo: .venv-demo/.installed
 	.venv-demo/bin/mmrope demo
 
-.venv-demo/.installed: requirements/demo.txt pyproject.toml mmrope_core/_native.c $(addsuffix /pyproject.toml,$(FAMILY_PLUGINS))
+.venv-demo/.installed: requirements/demo.txt pyproject.toml $(wildcard mmrope_core/csrc/*) $(addsuffix /pyproject.toml,$(FAMILY_PLUGINS))
 	$(call new_venv,.venv-demo,requirements/demo.txt)
 	.venv-demo/bin/pip install -q --no-build-isolation -e . $(addprefix -e ./,$(FAMILY_PLUGINS))
 	touch $@

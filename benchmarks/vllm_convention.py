@@ -7,8 +7,8 @@ videos passes no seconds per grid, so vLLM's default is used). A sample with aud
 compared in three token layouts: as generated (the video's tokens, then its audio's), as the
 transformers processor lays it out (its own ``replace_video_with_audio_token``) and as vLLM lays
 it out (its own prompt-update builder). On each, vLLM's ``get_mrope_input_positions`` (on the
-features its input processor builds) against mmrope's batched kernel, its step-by-step kernel
-and the engine (``get_rope_index`` and ``compute_position_ids``): positions, dtype and delta.
+features its input processor builds) against mmrope's batched kernel (on the compiled loops and
+in numpy) and the engine (``get_rope_index`` and ``compute_position_ids``): positions, dtype and delta.
 Then the samples (vLLM's layout) again in padded batches of 8, left and right padding, and
 packed (one row with ``cu_seqlens``, two rows with ``segment_ids``): each sample must be what
 vLLM computes for it alone. Prints the counts and, where they differ, the first difference.
@@ -30,9 +30,8 @@ from timing import engine, timed
 
 from mmrope_core import compiled
 from mmrope_qwen3_omni.fast import FastRopeIndex
-from mmrope_qwen3_omni.stepwise import StepwiseRopeIndex
 
-KERNELS = ("batched", "step-by-step", "engine", "engine cpi")
+KERNELS = ("batched", "numpy", "engine", "engine cpi")
 BATCH = 8
 
 
@@ -62,11 +61,10 @@ class Convention:
         self.engine = engine(side.processor, side.config, "qwen3_omni", convention="vllm")
         bound = self.engine.binding.kernel
         markers = {"vision_end": side.tokens.vision_end, "audio_end": side.tokens.audio_end}
-        kinds = {"batched": FastRopeIndex, "step-by-step": StepwiseRopeIndex}
+        kernel = FastRopeIndex(bound.family, bound.config, markers, bound.audio_rule, convention=bound.convention)
+        self.kernels = {"batched": kernel, "numpy": InNumpy(kernel)}
         if not compiled.available():  # MMROPE_DISABLE_COMPILED or no compiler
-            kinds.pop("batched")
-        self.kernels = {name: kind(bound.family, bound.config, markers, bound.audio_rule, convention=bound.convention)
-                        for name, kind in kinds.items()}
+            self.kernels.pop("batched")
 
     # -- (a) equality -----------------------------------------------------------------------------
 
@@ -303,3 +301,17 @@ def _joined_media(each: list[dict[str, Any]], default_seconds: float) -> dict[st
             if key in kwargs:
                 out[key] = torch.cat([out[key], kwargs[key]]) if key in out else kwargs[key]
     return out
+
+
+class InNumpy:
+    """A kernel whose calls run with the compiled loops switched off."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+
+    def __getattr__(self, name: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with compiled.switched_off():
+                return getattr(self.kernel, name)(*args, **kwargs)
+
+        return call

@@ -1,6 +1,7 @@
 """The compiled CPU loops (``mmrope_core._native``) against the torch and numpy passes they stand
 in for, which devices other than the CPU still take: same positions, token types, change points
-and mask readings, the same errors, whatever the number of threads."""
+and mask readings, the same errors, whatever the number of threads; and the item primitives
+called directly (layouts as the extension takes them, statuses, arrays it refuses, forks)."""
 
 import multiprocessing
 import random
@@ -594,3 +595,90 @@ def test_the_fused_call_rounds_temporal_ids_in_the_scales_dtype(name, seconds_dt
     inputs = {"video_grid_thw": torch.tensor([[frames, 4, 4]] * len(seconds)),
               "second_per_grid_ts": torch.tensor(seconds, dtype=seconds_dtype)}
     assert_both_paths_agree(family, ids, None, inputs, f"{seconds_dtype} seconds")
+
+
+# -- the item primitives, called directly: layouts as the extension takes them ---------------------
+
+ITEM_OPEN, ITEM_IMAGE, ITEM_CLOSE = 103, 100, 104
+# one grid medium merged 2 x 2; images between two markers; int64 positions, whole-second temporal ids
+ITEM_MEDIA = ((0, 2, False, (), 0, 0),)
+ITEM_KIND = ((ITEM_OPEN, ITEM_IMAGE), 1, (0,), (ITEM_IMAGE,), (ITEM_CLOSE,), None, False, 1, 0, 0, False, 0)
+ITEM_TEMPORAL, ITEM_VALUES = (1.0, False, 1, True), (False, 1.0, False, False, True)
+
+
+def placed(layout, ids, mask=None, grid=None, out=None):
+    batch, length = ids.shape
+    out = np.empty((3, batch, length), np.int64) if out is None else out
+    deltas = np.empty((batch, 1), np.int64)
+    status = _compiled.native.place_items(layout, out, False, batch, length, ids, mask, None, None, (grid,), (None,),
+                                          deltas, 1, 1)
+    return status, out, deltas
+
+
+@compiled_only
+def test_place_items_writes_or_says_why_not():
+    layout = _compiled.native.compile_layout(ITEM_MEDIA, (ITEM_KIND,), ITEM_TEMPORAL, ITEM_VALUES)
+    status, out, deltas = placed(layout, np.ones((2, 4), np.int64), np.ones((2, 4), bool))
+    assert status == 0 and (out == np.arange(4)).all() and (deltas == 0).all()
+    holes = np.array([[1, 0, 1, 1], [1, 1, 1, 1]], bool)
+    assert placed(layout, np.ones((2, 4), np.int64), holes)[0] == 2
+    image = np.array([[1, ITEM_OPEN, ITEM_IMAGE, ITEM_CLOSE]], np.int64)
+    status, out, deltas = placed(layout, image, grid=np.array([[1, 2, 2]], np.int64))
+    assert status == 0 and out[:, 0].tolist() == [[0, 1, 2, 3]] * 3 and deltas.tolist() == [[0]]
+    assert placed(layout, image, grid=np.array([[1, 4, 4]], np.int64))[0] == 1
+    assert placed(layout, image, grid=np.array([[1, 2, 3]], np.int64))[0] == 3
+    assert placed(layout, np.ones((2, 4), np.int64), np.array([[1, 1, 1, 1], [0, 0, 0, 0]], bool))[0] == 4
+    status, sample, token, items = _compiled.native.find_items(layout, 1, 4, image, None, None, None,
+                                                               (np.array([[1, 2, 2]], np.int64),), (None,), 1)
+    assert (status, sample, token) == (0, -1, 0)
+    assert np.frombuffer(items, np.int64).tolist() == [0, 1, 3, 0, 0, -1]
+
+
+@compiled_only
+@pytest.mark.parametrize("media, kinds, temporal, values, message", [
+    (((0, 0, False, (), 0, 0),), (), ITEM_TEMPORAL, ITEM_VALUES, "a medium out of range"),
+    (((1, 1, False, ((1, 0),), 0, 0),), (), ITEM_TEMPORAL, ITEM_VALUES, "a medium out of range"),
+    (ITEM_MEDIA, (ITEM_KIND[:2] + ((1,),) + ITEM_KIND[3:],), ITEM_TEMPORAL, ITEM_VALUES, "a kind out of range"),
+    (ITEM_MEDIA, (ITEM_KIND[:7] + (2,) + ITEM_KIND[8:],), ITEM_TEMPORAL, ITEM_VALUES, "a kind out of range"),
+    (ITEM_MEDIA, (ITEM_KIND,), (1.0, False, 2, True), ITEM_VALUES, "a rule out of range"),
+    (ITEM_MEDIA, (ITEM_KIND,), (float("inf"), False, 1, True), ITEM_VALUES, "a rule out of range"),
+    (ITEM_MEDIA, (ITEM_KIND,), (1.0, False, 1, False), ITEM_VALUES, "a rule out of range"),
+    (ITEM_MEDIA, ((tuple(range(5)),) + ITEM_KIND[1:],), ITEM_TEMPORAL, ITEM_VALUES, "a key is a tuple of at most 4"),
+])
+def test_compile_layout_refuses_a_layout_out_of_range(media, kinds, temporal, values, message):
+    with pytest.raises(ValueError, match=message):
+        _compiled.native.compile_layout(media, kinds, temporal, values)
+
+
+@compiled_only
+def test_place_items_refuses_arrays_that_do_not_fit_or_cannot_be_written():
+    layout = _compiled.native.compile_layout(ITEM_MEDIA, (ITEM_KIND,), ITEM_TEMPORAL, ITEM_VALUES)
+    with pytest.raises(ValueError, match="sizes do not fit"):
+        placed(layout, np.ones((2, 4), np.int64), np.ones((2, 3), bool))
+    with pytest.raises(ValueError, match="do not fit"):
+        placed(layout, np.ones((2, 4), np.int64), out=np.empty((3, 2, 5), np.int64))
+    read_only = np.empty((3, 1, 4), np.int64)
+    read_only.flags.writeable = False
+    with pytest.raises((ValueError, BufferError), match="read-only"):
+        placed(layout, np.ones((1, 4), np.int64), out=read_only)
+    with pytest.raises(ValueError, match="PyCapsule"):
+        placed(object(), np.ones((1, 4), np.int64))
+
+
+def placing_in_a_child(_):
+    layout = _compiled.native.compile_layout(ITEM_MEDIA, (ITEM_KIND,), ITEM_TEMPORAL, ITEM_VALUES)
+    ids = np.tile(np.array([1, ITEM_OPEN, ITEM_IMAGE, ITEM_CLOSE], np.int64), (64, 2048))
+    grid = np.tile(np.array([[1, 2, 2]], np.int64), (64 * 2048, 1))
+    batch, length = ids.shape
+    out, deltas = np.empty((3, batch, length), np.int64), np.empty(batch, np.int64)
+    status = _compiled.native.place_items(layout, out, False, batch, length, ids, None, None, None, (grid,), (None,),
+                                          deltas, 1, 8)
+    return status, int(out[:, -1, -1].sum())
+
+
+@compiled_only
+def test_a_forked_process_places_items_on_threads_of_its_own():
+    """Data-loader workers fork the trainer: the threads of a call are gone when it returns."""
+    in_parent = placing_in_a_child(None)
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        assert pool.apply_async(placing_in_a_child, (None,)).get(timeout=120) == in_parent

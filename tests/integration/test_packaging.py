@@ -20,6 +20,7 @@ DISTRIBUTIONS = {
     "mmrope_qwen3_omni": ROOT / "mmrope_plugins" / "qwen3_omni",
     "mmrope_transformers": ROOT / "mmrope_plugins" / "transformers",
     "mmrope_paddleocr_vl": ROOT / "examples" / "third_party_plugin",
+    "mmrope_av_clip": ROOT / "examples" / "av_clip_plugin",
 }
 
 
@@ -58,7 +59,15 @@ def test_the_core_sdist_ships_no_plugin_or_integration_tests(built):
     names = sdist_names(built, "mmrope_core")
     assert not any(path.startswith(("mmrope_plugins/", "examples/", "tests/integration", "tests/trainers"))
                    for path in names)
-    assert "mmrope_core/_native.c" in names  # an sdist must build the extension
+    sources = {f"mmrope_core/csrc/{path.name}" for path in (ROOT / "mmrope_core" / "csrc").iterdir()}
+    assert sources <= names and any(name.endswith(".h") for name in sources)  # an sdist must build the extension
+
+
+def test_the_core_wheel_built_from_its_sdist_holds_the_compiled_loops_and_no_sources(built):
+    with zipfile.ZipFile(next(built.glob("mmrope_core-0.1.0-*.whl"))) as archive:
+        names = archive.namelist()
+    assert any(name.startswith("mmrope_core/_native") and name.endswith(".so") for name in names)
+    assert not any(name.startswith("mmrope_core/csrc/") for name in names)
 
 
 @pytest.mark.parametrize("name", sorted(DISTRIBUTIONS))

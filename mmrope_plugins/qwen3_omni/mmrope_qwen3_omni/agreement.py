@@ -22,9 +22,8 @@ from .reference import ReferenceRopeIndex
 
 def agreeing_audio_rule(family: Family, thinker: Any, markers: Mapping[str, int],
                         kernel: type[Kernel] = FastRopeIndex) -> str | None:
-    """The audio-length rule under which ``kernel`` (the batched kernel, or without the compiled
-    loops the step-by-step one) equals the installed reference on probe batches, or None (with
-    one warning per process) when none does."""
+    """The audio-length rule under which ``kernel`` equals the installed reference on probe
+    batches, or None (with one warning per process) when none does."""
 
     def probe() -> str | None:
         reference = ReferenceRopeIndex(family, thinker, markers)

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from mmrope_core.items import SequenceMedia
 from mmrope_core.media import read_audio_lengths
 
 from .families import Family
@@ -21,16 +22,21 @@ AUDIO_RULES = {True: ("config_window", "window_50"), False: ("qwen2_5",)}
 VLLM_AUDIO_RULES = {True: "window_50", False: "qwen2_5"}
 
 
+def audio_media(family: Family, n_window: int) -> SequenceMedia:
+    """The encoder's rule as data: Qwen3-Omni's windows of ``2 * n_window`` mel frames give 13
+    tokens each, what is left three strided convolutions; Qwen2.5-Omni's frames pass a strided
+    convolution and a pooling."""
+    return _qwen3_audio(n_window) if family.float_positions else SequenceMedia("audio", steps=((1, 2), (2, 2)))
+
+
+def _qwen3_audio(n_window: int) -> SequenceMedia:
+    return SequenceMedia("audio", steps=((1, 2), (1, 2), (1, 2)), window=2 * n_window, per_window=13)
+
+
 def qwen3_audio_tokens(lengths: torch.Tensor, n_window: int) -> torch.Tensor:
     """Audio tokens of Qwen3-Omni's encoder for ``lengths`` mel frames (chunks of ``2 * n_window``)."""
-    chunk = n_window * 2
-    rest = lengths % chunk
-    frames = (rest - 1) // 2 + 1
-    return ((frames - 1) // 2 + 1 - 1) // 2 + 1 + (lengths // chunk) * 13
-
-
-def qwen2_5_audio_tokens(lengths: torch.Tensor) -> torch.Tensor:
-    return ((lengths - 1) // 2 + 1 - 2) // 2 + 1
+    tokens: torch.Tensor = _qwen3_audio(n_window).tokens(lengths)
+    return tokens
 
 
 def audio_window(family: Family, thinker: Any, rule: str | None) -> int:
@@ -45,6 +51,5 @@ def audio_token_counts(family: Family, thinker: Any, rule: str | None, audio_seq
     lengths = read_audio_lengths("audio_seqlens", audio_seqlens)
     if lengths is None:
         return None
-    if family.float_positions:
-        return qwen3_audio_tokens(lengths, audio_window(family, thinker, rule))
-    return qwen2_5_audio_tokens(lengths)
+    tokens: torch.Tensor = audio_media(family, audio_window(family, thinker, rule)).tokens(lengths)
+    return tokens

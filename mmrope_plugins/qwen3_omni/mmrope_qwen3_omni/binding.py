@@ -1,8 +1,8 @@
 """Binding an Omni processor: its thinker config and token ids, and the implementation bound. The
-fast implementation is the batched kernel, or without the compiled loops the step-by-step kernel
-with its results and errors; it is checked against the installed thinker's ``get_rope_index``
-(``reference``), which is bound instead where it disagrees. Both kernels also compute vLLM 0.33's
-positions (``convention="vllm"``), and Qwen3-Omni's SGLang 0.5.23's (``convention="sglang"``)."""
+fast implementation is the batched kernel (on the compiled loops, or numpy where they are
+missing); it is checked against the installed thinker's ``get_rope_index`` (``reference``), which
+is bound instead where it disagrees. The batched kernel also computes vLLM 0.33's positions
+(``convention="vllm"``), and Qwen3-Omni's SGLang 0.5.23's (``convention="sglang"``)."""
 
 from __future__ import annotations
 
@@ -21,17 +21,11 @@ from .families import Family
 from .fast import FastRopeIndex
 from .reference import ReferenceRopeIndex
 from .sglang import SGLANG_AUDIO_RULE, SglangRopeIndex
-from .stepwise import StepwiseRopeIndex
 
 IMPLEMENTATIONS = ("fast", "reference")
 #: The conventions each generation offers, and why it lacks one.
 CONVENTIONS = {"Qwen3-Omni": (TRANSFORMERS, VLLM_0_33, SGLANG_0_5_23), "Qwen2.5-Omni": (TRANSFORMERS, VLLM_0_33)}
 LACKING = {SGLANG_0_5_23: "SGLang 0.5.23 has no Qwen2.5-Omni model, so no rollout of it has SGLang's positions"}
-
-
-def fast_kernel() -> type[FastRopeIndex] | type[StepwiseRopeIndex]:
-    """The fast implementation's kernel: the batched one is a compiled loop."""
-    return FastRopeIndex if available() else StepwiseRopeIndex
 
 
 def bind(family: Family, processor: Any, config: Any, options: Mapping[str, Any]) -> RopeBinding:
@@ -44,9 +38,9 @@ def bind(family: Family, processor: Any, config: Any, options: Mapping[str, Any]
     thinker = thinker_config(family, processor, config)
     ids = token_ids(processor)
     markers = {"vision_end": ids["vision_eos"], "audio_end": ids["audio_eos"]}
-    kernel = fast_kernel()
-    name = "batched kernel" if kernel is FastRopeIndex else "step-by-step kernel"
-    why = "" if kernel is FastRopeIndex else " (the compiled loops are missing)"
+    kernel = FastRopeIndex
+    name = "batched kernel"
+    why = "" if available() else " (in numpy: the compiled loops are missing)"
     if convention != TRANSFORMERS:
         if implementation == "reference":
             raise UnknownConventionError(

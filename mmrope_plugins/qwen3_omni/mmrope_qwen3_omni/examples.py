@@ -93,7 +93,7 @@ def one_sample(processor: Any, config: Any, rng: Any) -> dict[str, Any]:
     """One generated sample for this processor and config: images, audio and videos, every other
     one with the videos' audio interleaved (``use_audio_in_video``)."""
     from .agreement import agreeing_audio_rule
-    from .binding import fast_kernel, thinker_config, token_ids
+    from .binding import thinker_config, token_ids
     from .families import family_of
     from .layout import tokens_of
     from .probe import random_batch
@@ -110,7 +110,7 @@ def one_sample(processor: Any, config: Any, rng: Any) -> dict[str, Any]:
     return random_batch(family, tokens_of(thinker, markers), int(thinker.vision_config.spatial_merge_size), thinker,
                         rng, use_audio_in_video=in_video, max_batch=1, max_items=3, text_ids=words,
                         pad_id=processor.tokenizer.pad_token_id, kinds=kinds,
-                        audio_rule=agreeing_audio_rule(family, thinker, markers, fast_kernel()))
+                        audio_rule=agreeing_audio_rule(family, thinker, markers))
 
 
 def example_cases() -> list[ExampleCase]:

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from mmrope_core import InvalidInputError
-from mmrope_core.media import read_grid, read_seconds
+from mmrope_core.media import read_seconds
 
 INPUT_KEYS = ("image_grid_thw", "video_grid_thw", "audio_seqlens", "second_per_grids", "use_audio_in_video")
 
@@ -59,7 +59,8 @@ def seconds_tensor(value: Any) -> torch.Tensor | None:
 
 def check_seconds(second_per_grids: torch.Tensor | None, video_grid_thw: torch.Tensor) -> None:
     if second_per_grids is None:
-        raise InvalidInputError("videos need second_per_grids (the processor's video_second_per_grid)")
+        # as the batched kernel says it (mmrope_core.items)
+        raise InvalidInputError("videos need second_per_grids (seconds per grid), one per video in video_grid_thw")
     read_seconds("second_per_grids", second_per_grids, videos=video_grid_thw.shape[0])
 
 
@@ -79,65 +80,3 @@ def valid_tokens(mask_row: torch.Tensor) -> slice | torch.Tensor:
 def mask_or_ones(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
     # the Qwen3-Omni reference cannot run without a mask
     return torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-
-
-def host_batch(input_ids: Any, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The token ids as int64 and the mask as bool, contiguous on the host (the reference takes
-    a token where the mask is 1)."""
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-        raise InvalidInputError(f"input_ids must be a (B, L) tensor, got {type(input_ids).__name__} "
-                                f"{tuple(getattr(input_ids, 'shape', ()))}")
-    ids = input_ids
-    if ids.dtype is not torch.int64 or not ids.is_cpu or not ids.is_contiguous():
-        ids = ids.to(device="cpu", dtype=torch.int64).contiguous()
-    if attention_mask is not None:
-        attention_mask = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 1
-        if not attention_mask.is_cpu or not attention_mask.is_contiguous():
-            attention_mask = attention_mask.cpu().contiguous()
-    return ids, attention_mask
-
-
-def host_media(image_grid_thw, video_grid_thw, second_per_grids, audio_seqlens) -> tuple[Any, Any, Any, Any]:
-    """The image and video grids, the seconds per video grid and the audio mel frames as host
-    arrays (or None), their shapes and counts checked in the batched kernel's order."""
-    videos = _host_grid("video_grid_thw", video_grid_thw)
-    seconds = None
-    if videos is not None:
-        second_per_grids = seconds_tensor(second_per_grids)
-        _check_seconds_count(second_per_grids, video_grid_thw)
-        seconds = _host(second_per_grids, torch.float32)
-    frames = None if audio_seqlens is None else _host(torch.as_tensor(audio_seqlens), torch.int64)
-    return _host_grid("image_grid_thw", image_grid_thw), videos, seconds, frames
-
-
-def _host_grid(key: str, grid: Any) -> np.ndarray | None:
-    # read as the engine reads it (an integer (N, 3) grid of positive sizes), for kernels called directly
-    grid = read_grid(key, grid)
-    return None if grid is None else _host(grid, torch.int64)
-
-
-def _host(tensor: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
-    """``tensor``'s values as a contiguous numpy array of ``dtype`` on the host, without a copy
-    when it is one (each check here costs a fraction of a conversion's microsecond)."""
-    if tensor.dtype is dtype and tensor.is_cpu and not tensor.requires_grad and tensor.is_contiguous():
-        return tensor.numpy()
-    return tensor.detach().to(device="cpu", dtype=dtype).contiguous().numpy()
-
-
-def _check_seconds_count(second_per_grids: torch.Tensor | None, video_grid_thw: torch.Tensor) -> None:
-    if second_per_grids is None or second_per_grids.numel() != video_grid_thw.shape[0]:
-        check_seconds(second_per_grids, video_grid_thw)
-
-
-def packed_segments(cu_seqlens: Any, shape: tuple[int, int], mask: torch.Tensor | None) -> tuple[np.ndarray, np.ndarray]:
-    """The first token and the length of each segment of one packed row."""
-    if shape[0] != 1 or (mask is not None and not bool(mask.all())):
-        raise InvalidInputError(f"cu_seqlens describes one packed (1, L) row without padding, got a batch of shape "
-                                f"{tuple(shape)}{' with padding' if mask is not None else ''}")
-    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.dtype.is_floating_point:
-        raise InvalidInputError("cu_seqlens must be a 1-D integer tensor (K + 1,) of segment boundaries")
-    bounds = _host(cu_seqlens, torch.int64)
-    count = np.diff(bounds)
-    if bounds.size < 2 or bounds[0] != 0 or bounds[-1] != shape[1] or count.min() <= 0:
-        raise InvalidInputError(f"cu_seqlens must increase from 0 to the row length {shape[1]}, got {bounds.tolist()}")
-    return np.ascontiguousarray(bounds[:-1]), count

@@ -1,6 +1,6 @@
 """What the Omni implementations share: :class:`Implementation`, the base of the reference and
-both kernels (the config, the input check), and :class:`Kernel`, the base of the batched and
-step-by-step kernels (the config's sizes, the audio-length rule, vLLM's timing)."""
+the batched kernel (the config, the input check), and :class:`Kernel`, the base of the batched
+kernel (the config's sizes, the audio-length rule, vLLM's timing)."""
 
 from __future__ import annotations
 
@@ -80,8 +80,8 @@ def _refuse_what_vllm_refuses(sample: int, items: Sequence[Item]) -> None:
 
 
 class Kernel(Implementation):
-    """What the batched and the step-by-step kernels share: the config's sizes, checked when
-    bound, and the audio-length rule the probe found (vLLM's, in its convention)."""
+    """What a fast kernel takes from the config: its sizes, checked when bound, and the
+    audio-length rule the probe found (vLLM's, in its convention)."""
 
     def __init__(self, family: Family, thinker: Any, markers: Mapping[str, int], audio_rule: str,
                  position_dtype: torch.dtype | None = None, convention: str = TRANSFORMERS) -> None:

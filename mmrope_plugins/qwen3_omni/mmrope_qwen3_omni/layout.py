@@ -1,7 +1,6 @@
 """Reading an Omni sequence item by item: where each audio, image, video and audio-in-video item
 sits, checked against the grids and audio lengths. The reference implementation's input check,
-and what says why when the batched kernel's compiled read
-(``mmrope_core.compiled.omni_positions``) refuses a batch."""
+and what says why when the batched kernel refuses a batch."""
 
 from __future__ import annotations
 

@@ -23,8 +23,8 @@ SGLANG_AUDIO_RULE = "window_50"
 
 
 class SglangRopeIndex(RopeKernel):
-    """SGLang's positions from ``kernel``'s (the batched or step-by-step kernel in the
-    transformers convention, float32): truncated to int64, generated tokens at their index plus
+    """SGLang's positions from ``kernel``'s (the batched kernel in the transformers convention,
+    float32): truncated to int64, generated tokens at their index plus
     the truncated delta of what precedes their run (``generated_mask``)."""
 
     position_dtype = torch.int64

@@ -98,16 +98,16 @@ def test_fast_binding_is_used_on_this_transformers(manager, name):
 
 
 @pytest.mark.parametrize("name", FAMILIES)
-def test_without_the_compiled_loops_the_step_by_step_kernel_is_bound(manager, monkeypatch, name):
+def test_without_the_compiled_loops_the_batched_kernel_runs_in_numpy(manager, monkeypatch, name):
     """Not the reference, which fails where the batched kernel does not: a vision start sampled
     at the end of a response is text."""
     from mmrope_core import compiled
-    from mmrope_qwen3_omni.stepwise import StepwiseRopeIndex
+    from mmrope_qwen3_omni.fast import FastRopeIndex
 
     monkeypatch.setattr(compiled, "native", None)
     fast, reference = engines(manager, name)
-    assert type(fast.binding.kernel) is StepwiseRopeIndex and fast.implementation == "fast"
-    assert "step-by-step kernel (the compiled loops are missing)" in fast.binding.description
+    assert type(fast.binding.kernel) is FastRopeIndex and fast.implementation == "fast"
+    assert "batched kernel (in numpy: the compiled loops are missing)" in fast.binding.description
     assert reference.binding.kernel.audio_rule == fast.binding.kernel.audio_rule is not None  # probed
     kwargs = {"image_grid_thw": torch.tensor([[1, 2, 2]])}
     as_text = omni_row(name, "t[i]ttt")
@@ -425,11 +425,11 @@ def test_from_pretrained_round_trip(manager, tmp_path):
     assert torch.equal(engine.get_rope_index(ids, mask, **kwargs)[0], fast.get_rope_index(ids, mask, **kwargs)[0])
 
 
-@pytest.mark.parametrize("kernel", ["batched", "step-by-step", "reference"])
+@pytest.mark.parametrize("kernel", ["batched", "batched in numpy", "reference"])
 def test_a_keyword_the_thinker_does_not_take_is_refused_by_name(manager, monkeypatch, kernel):
     from mmrope_core import InvalidInputError, compiled
 
-    if kernel == "step-by-step":
+    if kernel == "batched in numpy":
         monkeypatch.setattr(compiled, "native", None)
     fast, reference = engines(manager, "Qwen3-Omni")
     engine = reference if kernel == "reference" else fast
@@ -440,3 +440,19 @@ def test_a_keyword_the_thinker_does_not_take_is_refused_by_name(manager, monkeyp
         with pytest.raises(InvalidInputError, match=r"get_rope_index got '(second_per_grid_ts|image_grid)', which the "
                                                     r"Omni thinker's get_rope_index does not take"):
             call()
+
+
+class WithoutLoops:
+    """A kernel whose calls run with the compiled loops switched off: its numpy path."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getattr__(self, name):
+        from mmrope_core import compiled
+
+        def call(*args, **kwargs):
+            with compiled.switched_off():
+                return getattr(self.kernel, name)(*args, **kwargs)
+
+        return call

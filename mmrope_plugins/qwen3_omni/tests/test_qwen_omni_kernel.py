@@ -11,6 +11,7 @@ import pytest
 import torch
 from test_qwen_omni import (
     FAMILIES,
+    WithoutLoops,
     as_processor_outputs,
     built,
     engines,
@@ -23,7 +24,6 @@ from test_qwen_omni import (
 
 from mmrope_core import MmropeError, PlaceholderMismatchError, compiled
 from mmrope_qwen3_omni.fast import FastRopeIndex
-from mmrope_qwen3_omni.stepwise import StepwiseRopeIndex
 
 BATCHES = 40
 
@@ -109,9 +109,7 @@ def test_batches_without_grids_are_text_and_checked(manager, name):
 @pytest.mark.parametrize("use_audio_in_video", [False, True])
 def test_compute_position_ids_is_the_text_row_over_the_reference(manager, name, use_audio_in_video):
     fast, _ = engines(manager, name)
-    # the batched kernel writes the four rows itself; the step-by-step one, bound without the
-    # compiled loops, leaves the text row to the kernel contract's default
-    assert fast.binding.kernel.places_packed_rows is compiled.available()
+    assert fast.binding.kernel.places_packed_rows  # and writes the four rows itself, with or without the loops
     rng = random.Random(f"4 rows/{name}/{use_audio_in_video}")
     for index in range(BATCHES):
         ids, mask, kwargs = split(generated(name, rng, use_audio_in_video))
@@ -362,13 +360,13 @@ def test_a_batch_shared_out_among_threads(manager, name):
 
 
 def both_kernels(manager, name, position_dtype=None):
-    """The batched kernel and the step-by-step one, under the audio rule the bound kernel uses."""
+    """The batched kernel on the compiled loops and in numpy, under the audio rule the bound kernel uses."""
     processor, _ = built(name)
     bound = engines(manager, name)[0].binding.kernel
     token = ids_of(processor)
     markers = {"vision_end": token["vision_eos"], "audio_end": token["audio_eos"]}
-    return tuple(kind(bound.family, bound.config, markers, bound.audio_rule, position_dtype=position_dtype)
-                 for kind in (FastRopeIndex, StepwiseRopeIndex))
+    kernel = FastRopeIndex(bound.family, bound.config, markers, bound.audio_rule, position_dtype=position_dtype)
+    return kernel, WithoutLoops(kernel)
 
 
 def outcome(method, *args, **kwargs):
@@ -388,9 +386,9 @@ def same_outcome(got, want):
 @pytest.mark.differential
 @pytest.mark.parametrize("name", FAMILIES)
 @pytest.mark.parametrize("use_audio_in_video", [False, True])
-def test_the_step_by_step_kernel_is_the_batched_kernel(manager, monkeypatch, name, use_audio_in_video):
-    """The kernel bound without the compiled loops gives the batched kernel's positions, four
-    rows and errors: stray markers, batches without grids, padding inside samples, int32 ids,
+def test_the_numpy_path_is_the_compiled_one(manager, monkeypatch, name, use_audio_in_video):
+    """Without the compiled loops the batched kernel gives the positions, four rows and errors it
+    gives with them: stray markers, batches without grids, padding inside samples, int32 ids,
     a sample without tokens (the engine refuses it first), broken batches. The compiled loops run here even where MMROPE_DISABLE_COMPILED switched them
     off for the engines, so both modes compare the two."""
     from mmrope_core import _native
@@ -399,7 +397,7 @@ def test_the_step_by_step_kernel_is_the_batched_kernel(manager, monkeypatch, nam
     kernels = {dtype: both_kernels(manager, name, dtype) for dtype in (None, torch.int64)}
     ran = collections.Counter()
     for index in range(BATCHES):
-        rng = random.Random(f"step by step/{name}/{use_audio_in_video}/{index}")
+        rng = random.Random(f"numpy/{name}/{use_audio_in_video}/{index}")
         what = rng.choice(["strays", "text only", "holes", "int32", "empty", "broken", "broken"])
         if what == "broken":
             ids, mask, kwargs = mutated(name, rng, use_audio_in_video)
@@ -414,12 +412,12 @@ def test_the_step_by_step_kernel_is_the_batched_kernel(manager, monkeypatch, nam
         if what == "empty":
             mask = mask.clone()
             mask[rng.randrange(mask.shape[0])] = 0
-        fast, stepwise = kernels[None]
+        fast, in_numpy = kernels[None]
         want = outcome(fast.rope_index, ids, mask, **kwargs)
-        assert same_outcome(outcome(stepwise.rope_index, ids, mask, **kwargs), want), f"{what} batch {index}"
+        assert same_outcome(outcome(in_numpy.rope_index, ids, mask, **kwargs), want), f"{what} batch {index}"
         ran["refused" if isinstance(want, Exception) else "placed"] += 1
-        for fast, stepwise in kernels.values():
+        for fast, in_numpy in kernels.values():
             want_rows = outcome(fast.position_ids, ids, mask, **kwargs)
-            assert same_outcome(outcome(stepwise.position_ids, ids, mask, **kwargs), want_rows), \
+            assert same_outcome(outcome(in_numpy.position_ids, ids, mask, **kwargs), want_rows), \
                 f"{what} batch {index}, {fast.position_dtype}"
     assert ran["refused"] > BATCHES // 10 and ran["placed"] > BATCHES // 2, ran

@@ -16,7 +16,6 @@ from test_qwen_omni import as_processor_outputs, built, generated, ids_of, split
 from mmrope_core import InvalidInputError, PluginManager, RopeEngine, UnknownConventionError, _native, compiled
 from mmrope_qwen3_omni.fast import FastRopeIndex
 from mmrope_qwen3_omni.sglang import SglangRopeIndex
-from mmrope_qwen3_omni.stepwise import StepwiseRopeIndex
 
 CASES = json.loads(Path(__file__).with_name("sglang_cases.json").read_text())["Qwen3-Omni"]
 
@@ -31,11 +30,11 @@ def sglang_engine(manager, name="Qwen3-Omni", **options):
     return RopeEngine.from_processor(processor, config, plugin_manager=manager, convention="sglang", **options)
 
 
-@pytest.fixture(params=["batched", "step-by-step", "engine"])
+@pytest.fixture(params=["batched", "numpy", "engine"])
 def place(request, manager, monkeypatch):
     """``place(ids, mask=None, **kwargs) -> (positions, deltas)`` by one of the paths: the binding's
-    kernel over the batched kernel (its compiled loops loaded even where MMROPE_DISABLE_COMPILED
-    switched them off for the engines) or over the step-by-step one, or the engine."""
+    kernel over the batched kernel on its compiled loops (loaded even where MMROPE_DISABLE_COMPILED
+    switched them off for the engines) or on its numpy path, or the engine."""
     monkeypatch.setattr(compiled, "native", _native)
     engine = sglang_engine(manager)
 
@@ -43,11 +42,13 @@ def place(request, manager, monkeypatch):
         if request.param == "engine":
             return engine.get_rope_index(ids, mask, **kwargs)
         inner = engine.binding.kernel.kernel
-        kind = FastRopeIndex if request.param == "batched" else StepwiseRopeIndex
         markers = {"vision_end": ids_of(engine.processor)["vision_eos"], "audio_end": ids_of(engine.processor)["audio_eos"]}
-        kernel = SglangRopeIndex(kind(inner.family, inner.config, markers, inner.audio_rule))
+        kernel = SglangRopeIndex(FastRopeIndex(inner.family, inner.config, markers, inner.audio_rule))
         if kwargs.get("generated_mask") is not None:
             kwargs["generated_mask"] = kwargs["generated_mask"].bool()
+        if request.param == "numpy":
+            with compiled.switched_off():
+                return kernel.rope_index(ids, None if mask is None else mask.bool(), **kwargs)
         return kernel.rope_index(ids, None if mask is None else mask.bool(), **kwargs)
 
     return placed

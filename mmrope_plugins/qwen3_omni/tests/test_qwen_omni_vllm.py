@@ -11,7 +11,16 @@ import random
 import pytest
 import torch
 import transformers
-from test_qwen_omni import FAMILIES, as_processor_outputs, built, generated, ids_of, split, transformers_reference
+from test_qwen_omni import (
+    FAMILIES,
+    WithoutLoops,
+    as_processor_outputs,
+    built,
+    generated,
+    ids_of,
+    split,
+    transformers_reference,
+)
 
 from mmrope_core import (
     InvalidInputError,
@@ -24,7 +33,6 @@ from mmrope_core import (
     compiled,
 )
 from mmrope_qwen3_omni.fast import FastRopeIndex
-from mmrope_qwen3_omni.stepwise import StepwiseRopeIndex
 
 BATCHES = 40
 
@@ -40,11 +48,11 @@ def vllm_engine(manager, name, config=None, **options):
                                      convention="vllm", **options)
 
 
-@pytest.fixture(params=["batched", "step-by-step", "engine"])
+@pytest.fixture(params=["batched", "batched in numpy", "engine"])
 def place(request, manager, monkeypatch):
     """``place(name, ids, **kwargs) -> (positions, deltas)`` by one of the vllm-convention paths:
     the batched kernel (its compiled loops loaded even where MMROPE_DISABLE_COMPILED switched
-    them off for the engines), the step-by-step kernel, or the engine bound."""
+    them off for the engines), the batched kernel in numpy, or the engine bound."""
     monkeypatch.setattr(compiled, "native", _native)
 
     def placed(name, ids, config=None, mask=None, **kwargs):
@@ -52,8 +60,9 @@ def place(request, manager, monkeypatch):
         if request.param == "engine":
             return engine.get_rope_index(ids, mask, **kwargs)
         bound = engine.binding.kernel
-        kind = FastRopeIndex if request.param == "batched" else StepwiseRopeIndex
-        kernel = kind(bound.family, bound.config, markers(name), bound.audio_rule, convention=bound.convention)
+        kernel = FastRopeIndex(bound.family, bound.config, markers(name), bound.audio_rule, convention=bound.convention)
+        if request.param != "batched":
+            kernel = WithoutLoops(kernel)
         return kernel.rope_index(ids, None if mask is None else mask.bool(), **kwargs)
 
     return placed
@@ -525,14 +534,14 @@ def same_outcome(got, want):
 @pytest.mark.parametrize("name", FAMILIES)
 @pytest.mark.parametrize("use_audio_in_video", [False, True])
 def test_both_kernels_agree(manager, monkeypatch, name, use_audio_in_video):
-    """The batched kernel and the step-by-step one in the vllm convention: the same positions,
+    """The batched kernel on the compiled loops and in numpy in the vllm convention: the same positions,
     four rows and errors on generated batches with stray markers, without grids, with padding
     inside samples, with a video's seconds left out, with separate audio beside audio in video
     (refused), and with a token removed."""
     monkeypatch.setattr(compiled, "native", _native)
     bound = vllm_engine(manager, name).binding.kernel
-    fast, stepwise = (kind(bound.family, bound.config, markers(name), bound.audio_rule, convention=bound.convention)
-                      for kind in (FastRopeIndex, StepwiseRopeIndex))
+    fast = FastRopeIndex(bound.family, bound.config, markers(name), bound.audio_rule, convention=bound.convention)
+    in_numpy = WithoutLoops(fast)
     ran = collections.Counter()
     for index in range(BATCHES):
         rng = random.Random(f"vllm kernels/{name}/{use_audio_in_video}/{index}")
@@ -550,8 +559,8 @@ def test_both_kernels_agree(manager, monkeypatch, name, use_audio_in_video):
             column = rng.randrange(ids.shape[1])
             ids = torch.cat([ids[:, :column], ids[:, column + 1:], ids[:, :1]], dim=1)
         want = outcome(fast.rope_index, ids, mask, **kwargs)
-        assert same_outcome(outcome(stepwise.rope_index, ids, mask, **kwargs), want), f"{what} batch {index}"
-        assert same_outcome(outcome(stepwise.position_ids, ids, mask, **kwargs),
+        assert same_outcome(outcome(in_numpy.rope_index, ids, mask, **kwargs), want), f"{what} batch {index}"
+        assert same_outcome(outcome(in_numpy.position_ids, ids, mask, **kwargs),
                             outcome(fast.position_ids, ids, mask, **kwargs)), f"{what} batch {index}"
         ran[type(want).__name__ if isinstance(want, Exception) else "placed"] += 1
     assert ran["placed"] > BATCHES // 3 and sum(ran.values()) - ran["placed"] > 2, ran

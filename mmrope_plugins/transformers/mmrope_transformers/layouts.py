@@ -15,7 +15,7 @@ import torch
 
 from mmrope_core.tiny import padded_batch
 
-from .examples import spec_of
+from .specs import spec_of
 
 Row = list[int]
 Item = tuple[Row, str, tuple[int, int, int]]  # tokens, grid key, grid (t, h, w) in patches

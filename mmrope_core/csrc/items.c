@@ -1,0 +1,205 @@
+/* Finding media items between marker tokens: each sample's items in order, each checked
+ * against the media it takes (grids, sequence lengths), which the batch gives in order. */
+#include "native.h"
+
+#include <math.h>
+
+/* mmrope_core.media.MAX_SECONDS_PER_GRID: temporal ids of any grid a row holds fit int64. */
+#define MAX_SECONDS 1048576.0
+
+/* Grids, seconds and sequence lengths the positions can be computed from. */
+int
+items_media_fit(const ItemRead *r)
+{
+    const ItemLayout *l = r->layout;
+    for (int m = 0; m < l->media_count; m++) {
+        const MediumSpec *medium = &l->medium[m];
+        const int64_t *values = r->media[m];
+        for (Py_ssize_t i = 0; i < r->given[m]; i++) {
+            if (medium->type == MEDIA_SEQUENCE) {
+                if (values[i] < 0)
+                    return 0;
+                continue;
+            }
+            const int64_t *grid = values + 3 * i;
+            if (grid[0] < 1 || grid[1] < 1 || grid[2] < 1 || grid[1] % medium->merge || grid[2] % medium->merge)
+                return 0;
+            if (medium->timed) {
+                const float seconds = r->seconds[m][i];
+                if (!isfinite(seconds) || !(seconds >= 0) || seconds > MAX_SECONDS)
+                    return 0;
+            }
+        }
+    }
+    return 1;
+}
+
+int
+items_scale(const ItemRead *r, int medium, int64_t index, TemporalScale *scale)
+{
+    const double seconds = r->layout->medium[medium].timed ? (double)r->seconds[medium][index] : 1.0;
+    return temporal_scale(&r->layout->temporal, seconds, scale);
+}
+
+/* The placeholder tokens of item `index` of medium `m`; -1 where it takes none that fit a row. */
+static int64_t
+media_tokens(const ItemRead *r, int m, int64_t index)
+{
+    const MediumSpec *medium = &r->layout->medium[m];
+    if (medium->type == MEDIA_SEQUENCE)
+        return sequence_tokens(&medium->rule, r->media[m][index]);
+    return grid_tokens(r->media[m] + 3 * index, medium->merge);
+}
+
+/* Whether a grid's temporal ids, from frame 0 to its last, lie within int64 positions. */
+static int
+temporal_fits(const ItemRead *r, int m, int64_t index)
+{
+    const double seconds = r->layout->medium[m].timed ? (double)r->seconds[m][index] : 1.0;
+    if ((double)r->media[m][3 * index] * seconds * r->layout->temporal.per_second < 1e18)  /* far within */
+        return 1;
+    TemporalScale scale;
+    if (items_scale(r, m, index, &scale) < 0)
+        return 0;
+    const double last = temporal_position(&scale, r->media[m][3 * index] - 1);
+    return isfinite(last) && fabs(last) < 4611686018427387904.0;
+}
+
+/* Whether `id` may open an item or be a placeholder. */
+static inline int
+special(const ItemLayout *l, int64_t id)
+{
+    const uint64_t offset = (uint64_t)id - (uint64_t)l->special_low;
+    if (offset > l->special_span)
+        return 0;
+    return l->special_span >= SPECIAL_BITS || (l->special[offset >> 6] >> (offset & 63) & 1);
+}
+
+/* The kind whose key opens at `ids` (`left` tokens on), or -1. */
+static int
+kind_at(const ItemLayout *l, const int64_t *ids, int64_t left)
+{
+    for (int k = 0; k < l->kind_count; k++) {
+        const KindSpec *kind = &l->kind[k];
+        if (kind->key_length > left || ids[0] != kind->key[0])
+            continue;
+        int same = 1;
+        for (int j = 1; j < kind->key_length && same; j++)
+            same = ids[j] == kind->key[j];
+        if (same)
+            return k;
+    }
+    return -1;
+}
+
+static int
+is_placeholder(const ItemLayout *l, int64_t id)
+{
+    for (int k = 0; k < l->kind_count; k++)
+        for (int m = 0; m < l->kind[k].media_count; m++)
+            if (l->kind[k].placeholder[m] == id)
+                return 1;
+    return 0;
+}
+
+static int
+failed(ItemRead *r, Py_ssize_t sample, int64_t token, int status)
+{
+    r->failed_sample = sample;
+    r->failed_token = token;
+    return status;
+}
+
+/* Item `item` of kind `kind` at `ids[0]` (`left` tokens on): its media taken and checked. Kept
+ * out of items_read, whose loop over tokens then keeps its values in registers. */
+__attribute__((noinline)) static int
+read_item(ItemRead *r, const KindSpec *kind, const int64_t *ids, int64_t left, Py_ssize_t *used, Item *item)
+{
+    int64_t content = 0;
+    for (int m = 0; m < kind->media_count; m++) {
+        const int medium = kind->medium[m];
+        if (used[medium] >= r->given[medium])
+            return ITEMS_MISMATCH;
+        item->media[m] = used[medium]++;
+        const int64_t tokens = media_tokens(r, medium, item->media[m]);
+        if (tokens < 1 || tokens > left)
+            return ITEMS_MISMATCH;
+        if (r->layout->medium[medium].type == MEDIA_GRID && !temporal_fits(r, medium, item->media[m]))
+            return ITEMS_BAD_MEDIA;
+        item->media_tokens[m] = tokens;
+        content += tokens;
+    }
+    item->tokens = kind->opening + content + kind->closing_length;
+    if (item->tokens > left)
+        return ITEMS_MISMATCH;
+    const int64_t *body = ids + kind->opening;
+    for (int m = 0; m < kind->media_count; m++)
+        if (count_token(body, content, kind->placeholder[m]) != item->media_tokens[m])
+            return ITEMS_MISMATCH;
+    if (kind->has_first && body[0] != kind->first)
+        return ITEMS_MISMATCH;
+    for (int c = 0; c < kind->closing_length; c++)
+        if (body[content + c] != kind->closing[c])
+            return ITEMS_MISMATCH;
+    return ITEMS_PLACED;
+}
+
+/* Each sample's items in order: ITEMS_MISMATCH where markers, placeholders and media disagree
+ * (a placeholder outside any item, a kind not enabled, media left over); -1 without memory. A
+ * marker that opens no item (sampled in a response) is text, as the model reads it. */
+int
+items_read(ItemRead *r)
+{
+    const ItemLayout *l = r->layout;
+    Py_ssize_t found = 0, used[MAX_LAYOUT_MEDIA] = {0};
+    const uint64_t low = (uint64_t)l->special_low, span = l->special_span;
+    r->failed_sample = -1;
+    for (Py_ssize_t s = 0; s < r->samples; s++) {
+        r->first_item[s] = found;
+        const int64_t *ids = r->ids + r->first[s], n = r->count[s];
+        uint32_t seen = 0;
+        if (n == 0 && l->refuse_empty)
+            return failed(r, s, 0, ITEMS_EMPTY_SAMPLE);
+        for (int64_t i = 0; i < n;) {
+            while (i < n && (uint64_t)ids[i] - low > span)
+                i++;
+            if (i == n)
+                break;
+            const int64_t id = ids[i];
+            if (!special(l, id)) {
+                i++;
+                continue;
+            }
+            const int k = kind_at(l, ids + i, n - i);
+            if (k < 0) {
+                if (is_placeholder(l, id))
+                    return failed(r, s, i, ITEMS_MISMATCH);  /* a placeholder outside any item */
+                i++;  /* text, or a marker opening nothing */
+                continue;
+            }
+            const KindSpec *kind = &l->kind[k];
+            if (!(r->enabled >> k & 1u) || (seen & kind->exclusive))
+                return failed(r, s, i, ITEMS_MISMATCH);
+            Item item = {i, 0, {-1, -1}, {0, 0}, k};
+            const int status = read_item(r, kind, ids + i, n - i, used, &item);
+            if (status != ITEMS_PLACED)
+                return failed(r, s, i, status);
+            if (found == r->capacity) {
+                const Py_ssize_t grown = 2 * r->capacity;
+                Item *moved = PyMem_RawRealloc(r->items, (size_t)grown * sizeof(Item));
+                if (!moved)
+                    return -1;
+                r->items = moved;
+                r->capacity = grown;
+            }
+            r->items[found++] = item;
+            seen |= 1u << k;
+            i += item.tokens;
+        }
+    }
+    r->first_item[r->samples] = found;
+    for (int m = 0; m < l->media_count; m++)
+        if (used[m] != r->given[m])
+            return failed(r, r->samples, 0, ITEMS_MISMATCH);  /* media left over */
+    return ITEMS_PLACED;
+}

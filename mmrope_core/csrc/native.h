@@ -1,0 +1,404 @@
+/* mmrope_core._native: the loops over every token of a CPU batch, compiled.
+ *
+ * Family-neutral primitives, each in a file of its own:
+ * - common.c: buffers, and threads started and joined within a call;
+ * - masks.c: reading attention masks (0/1 checks, spans of valid tokens, coded types, changes);
+ * - tokens.c: reading token ids (media types, counts, markers);
+ * - runs.c: finding runs of placeholder tokens;
+ * - items.c: finding media items between marker tokens, checked against their media;
+ * - media (native.h): the tokens a grid or a sequence of frames takes;
+ * - temporal.c: temporal ids, scaled and truncated by a rule given as data;
+ * - blocks.c: writing blocks of positions (ramps, fills, t/h/w grids) in int64 or float32;
+ * - interleave.c: merging a grid's frames and a sequence's tokens by time;
+ * - rows.c: writing positions from runs, row by row;
+ * - place.c: placing media items by a layout given as data (composing the above);
+ * - fused.c: the run-based kernel's common case in one call;
+ * - module.c: the module's functions.
+ * Buffers are acquired and checked with the GIL held; the loops run without it, on threads
+ * started and joined within each call for large batches, so calls may overlap and a fork finds
+ * no pool.
+ */
+#ifndef MMROPE_NATIVE_H
+#define MMROPE_NATIVE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+/* Functions shared between these files are the extension's own: calls stay direct and may be
+ * inlined (the module's init function is exported by PyMODINIT_FUNC). */
+#if defined(__GNUC__)
+#pragma GCC visibility push(hidden)
+#endif
+
+#define MAX_THREADS 64
+/* Below this many positions written (or tokens read) per thread, another thread costs more
+ * than it saves: starting and joining one takes some 20 microseconds, the work itself well
+ * under a nanosecond per item. */
+#define ITEMS_PER_THREAD (1 << 17)
+#define MAX_MEDIA_TOKENS 16
+
+/* The loops over tokens compare 64-bit ids and mask values and write 64-bit positions, which
+ * x86-64's baseline vector instructions do two at a time at best: where the loader can pick a
+ * function at run time (GNU ifunc), those loops are also built for AVX2 and used on CPUs that
+ * have it. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define VECTOR_CLONES
+#endif
+
+/* ---- common.c ---------------------------------------------------------------------------- */
+
+/* Rows [first_row, end_row) of a batch, one range per worker. */
+typedef struct {
+    Py_ssize_t first_row, end_row;
+} RowRange;
+
+void run_workers(void *(*task)(void *), void *items, size_t size, Py_ssize_t workers);
+Py_ssize_t worker_count(Py_ssize_t items, Py_ssize_t parts, int threads);
+Py_ssize_t split_rows(RowRange *ranges, Py_ssize_t batch, Py_ssize_t length, int threads);
+int acquire(PyObject *object, Py_buffer *view, int writable, Py_ssize_t itemsize, const char *name);
+int acquire_reading(const char *name, PyObject *input_obj, Py_ssize_t itemsize, PyObject *output_obj,
+                    Py_ssize_t batch, Py_ssize_t length, Py_buffer *input, Py_buffer *output);
+
+/* Python's floor division. */
+static inline int64_t
+floor_div(int64_t a, int64_t b)
+{
+    const int64_t q = a / b;
+    return (a % b != 0 && (a < 0) != (b < 0)) ? q - 1 : q;
+}
+
+/* ---- masks.c ----------------------------------------------------------------------------- */
+
+int mask_spans(const uint8_t *mask, Py_ssize_t batch, Py_ssize_t length, int64_t *first, int64_t *count);
+PyObject *read_mask(PyObject *module, PyObject *args);
+PyObject *coded(PyObject *module, PyObject *args);
+PyObject *changes(PyObject *module, PyObject *values);
+extern const char read_mask_doc[], coded_doc[], changes_doc[];
+
+/* ---- tokens.c ---------------------------------------------------------------------------- */
+
+void type_rows_64(const int64_t *ids, int8_t *types, Py_ssize_t first, Py_ssize_t end, const int64_t *token,
+                  const int8_t *type, Py_ssize_t count);
+void type_rows_32(const int32_t *ids, int8_t *types, Py_ssize_t first, Py_ssize_t end, const int64_t *token,
+                  const int8_t *type, Py_ssize_t count);
+int64_t count_token(const int64_t *ids, int64_t count, int64_t token);
+int any_equal(const char *ids, Py_ssize_t itemsize, Py_ssize_t count, int64_t value);
+void marked_video(const char *ids, Py_ssize_t itemsize, int8_t *types, Py_ssize_t begin, Py_ssize_t end,
+                  int64_t opens, int64_t closes);
+PyObject *token_types(PyObject *module, PyObject *args);
+extern const char token_types_doc[];
+
+/* ---- runs.c ------------------------------------------------------------------------------ */
+
+typedef struct {
+    int64_t *start, *length, *sample;
+    int8_t *type;
+    Py_ssize_t size, capacity;
+} Runs;
+
+int runs_append(Runs *runs, int64_t start, int64_t length, int8_t type, int64_t sample);
+int runs_scan(const int8_t *types, Py_ssize_t begin, Py_ssize_t end, int64_t row_start, int64_t sample, Runs *runs);
+int runs_join(Runs *joined, Runs *parts, Py_ssize_t count);
+
+/* ---- temporal.c -------------------------------------------------------------------------- */
+
+enum { PRECISION_FLOAT32, PRECISION_FLOAT64, PRECISION_INT64 };
+
+/* How a frame's temporal id comes from its index, the seconds per grid and the positions per
+ * second: (frame * seconds) * per_second or frame * (seconds * per_second), in float32, float64
+ * or int64 arithmetic (int64: seconds truncated to whole seconds, per_second whole), and
+ * truncated toward zero or not. */
+typedef struct {
+    double per_second;
+    int frame_first, precision, truncate, whole_seconds;
+} TemporalRule;
+
+/* A rule applied to one grid's seconds. */
+typedef struct {
+    int frame_first, precision, truncate;
+    float seconds32, per_second32, scale32;
+    double seconds64, per_second64, scale64;
+    int64_t scale_int;
+} TemporalScale;
+
+int temporal_scale(const TemporalRule *rule, double seconds, TemporalScale *scale);
+int temporal_truncated(const TemporalScale *scale, int64_t frame, int64_t *id);
+
+/* The product before truncation, in the rule's arithmetic (inline: placing takes it per frame). */
+static inline double
+temporal_product(const TemporalScale *s, int64_t frame)
+{
+    switch (s->precision) {
+    case PRECISION_INT64:
+        return (double)(frame * s->scale_int);
+    case PRECISION_FLOAT32:
+        return s->frame_first ? (double)(((float)frame * s->seconds32) * s->per_second32)
+                              : (double)((float)frame * s->scale32);
+    default:
+        return s->frame_first ? ((double)frame * s->seconds64) * s->per_second64 : (double)frame * s->scale64;
+    }
+}
+
+/* Frame `frame`'s temporal id as positions take it: truncated toward zero under a truncating
+ * rule (values beyond int64 are left as they are: reading refuses them). */
+static inline double
+temporal_position(const TemporalScale *s, int64_t frame)
+{
+    const double value = temporal_product(s, frame);
+    if (!s->truncate || s->precision == PRECISION_INT64 || !(value > -9.2e18 && value < 9.2e18))
+        return value;
+    return (double)(int64_t)value;
+}
+
+/* ---- media: the tokens a grid or a sequence of frames takes --------------------------------- */
+
+#define MAX_STEPS 4
+
+/* Tokens of a sequence of `length` frames (an audio's): the frames left after whole windows of
+ * `window` frames (each giving `per_window` tokens) pass strided layers, each taking n frames to
+ * (n - drop) // stride + 1; no layer and no window: the length is the tokens. */
+typedef struct {
+    int steps;
+    int64_t drop[MAX_STEPS], stride[MAX_STEPS];
+    int shift[MAX_STEPS];  /* log2 of a stride that is a power of two (a shift floors as // does), else -1 */
+    int64_t window, per_window;
+} SequenceRule;
+
+/* t * (h / merge) * (w / merge); -1 where it overflows int64 (no row holds that many tokens). */
+static inline int64_t
+grid_tokens(const int64_t *grid, int64_t merge)
+{
+    int64_t area, tokens;
+    if (__builtin_mul_overflow(grid[1] / merge, grid[2] / merge, &area) || __builtin_mul_overflow(grid[0], area, &tokens))
+        return -1;
+    return tokens;
+}
+
+/* The tokens of `length` frames under `rule` (Python's floor division); -1 beyond any row. */
+static inline int64_t
+sequence_tokens(const SequenceRule *rule, int64_t length)
+{
+    if (length > ((int64_t)1 << 56))  /* beyond any row; the sums below stay in range */
+        return -1;
+    int64_t whole = 0, rest = length;
+    if (rule->window > 0) {
+        whole = floor_div(length, rule->window);
+        rest = length - whole * rule->window;
+    }
+    for (int k = 0; k < rule->steps; k++)
+        rest = (rule->shift[k] >= 0 ? (rest - rule->drop[k]) >> rule->shift[k]
+                                    : floor_div(rest - rule->drop[k], rule->stride[k])) + 1;
+    return rest + whole * rule->per_window;
+}
+
+/* ---- blocks.c ---------------------------------------------------------------------------- */
+
+void fill(int64_t *out, Py_ssize_t count, int64_t value);
+void ramp(int64_t *out, Py_ssize_t count, int64_t value);
+
+/* Positions in float32 (sums rounded to float32 as the reference's are) or int64; values are
+ * kept as doubles, which hold every float32 and every int64 position of a batch exactly. */
+static inline double
+values_add(int float32, double a, double b)
+{
+    return float32 ? (double)((float)a + (float)b) : a + b;
+}
+
+static inline double
+values_max(double a, double b)
+{
+    return a > b ? a : b;
+}
+
+void fill_f32(float *out, Py_ssize_t count, float value);
+void ramp_f32(float *out, int32_t count, int32_t first, float start);
+
+/* `count` values from token `at` on (inline: placing calls them per run of a few tokens). */
+static inline void
+values_fill(int float32, char *row, int64_t at, int64_t count, double value)
+{
+    if (float32)
+        fill_f32((float *)row + at, count, (float)value);
+    else
+        fill((int64_t *)row + at, count, (int64_t)value);
+}
+
+/* (first + i) + start, i = 0 .. count - 1 */
+static inline void
+values_ramp(int float32, char *row, int64_t at, int64_t count, int64_t first, double start)
+{
+    if (float32)
+        ramp_f32((float *)row + at, (int32_t)count, (int32_t)first, (float)start);
+    else
+        ramp((int64_t *)row + at, count, first + (int64_t)start);
+}
+
+/* The same on the three (t, h, w) rows. */
+static inline void
+values_ramp3(int float32, char *const row[3], int64_t at, int64_t count, int64_t first, double start)
+{
+    for (int r = 0; r < 3; r++)
+        values_ramp(float32, row[r], at, count, first, start);
+}
+
+static inline void
+values_fill3(int float32, char *const row[3], int64_t at, int64_t count, double value)
+{
+    for (int r = 0; r < 3; r++)
+        values_fill(float32, row[r], at, count, value);
+}
+
+/* A grid of merged patches placed from `start`: its frames' temporal ids by `scale`. */
+typedef struct {
+    int64_t frames, height, width;
+    TemporalScale scale;
+    double start;
+    int64_t pattern;  /* where its first frame's height and width rows were written, or -1 */
+} GridBlock;
+
+/* Frame `frame`'s temporal id, counted from the grid's start. */
+static inline double
+grid_temporal(const GridBlock *g, int64_t frame)
+{
+    return temporal_position(&g->scale, frame);
+}
+
+/* Its largest position on any axis (it includes its last token). */
+static inline double
+grid_largest(int float32, const GridBlock *g)
+{
+    const double last_line = (double)(g->height - 1), last_column = (double)(g->width - 1);
+    return values_add(float32, values_max(grid_temporal(g, g->frames - 1), values_max(last_line, last_column)),
+                      g->start);
+}
+
+void grid_frame(int float32, char *const row[3], int64_t at, GridBlock *g, int64_t frame);
+void grid_range(int float32, char *const row[3], int64_t at, GridBlock *g, int64_t from, int64_t to);
+
+/* ---- interleave.c ------------------------------------------------------------------------ */
+
+enum { INTERLEAVE_NONE, INTERLEAVE_TIME, INTERLEAVE_CHUNKS, INTERLEAVE_GROUPS };
+
+double interleave(int rule, int64_t chunk, int float32, char *const row[3], int64_t at, GridBlock *g,
+                  int64_t sequence_tokens);
+
+/* ---- rows.c ------------------------------------------------------------------------------ */
+
+/* Samples and the media runs in them, in reading order, as rows.c writes them. */
+typedef struct {
+    const int64_t *first, *count;  /* samples: flat index of the first token, number of tokens */
+    Py_ssize_t samples;
+    const int64_t *start, *length, *height, *width, *frames;  /* runs, in reading order */
+    const int64_t *temporal;  /* each frame's temporal id, run after run */
+    /* worked out by lay_out: */
+    int64_t *position;  /* each run's first position */
+    int64_t *frame_start;  /* where each run's temporal ids begin in `temporal` */
+    Py_ssize_t *first_run;  /* the runs of sample s: first_run[s] to first_run[s + 1] */
+    int past_frames;  /* text after a run resumes past its largest position on any axis */
+} RunLayout;
+
+int lay_out(RunLayout *layout, Py_ssize_t runs, const int64_t *run_sample, Py_ssize_t frames_given, Py_ssize_t batch,
+            Py_ssize_t length, int64_t *deltas);
+void write_rows(int64_t *out, const RunLayout *layout, Py_ssize_t batch, Py_ssize_t length, int text_row, int threads);
+
+/* ---- items.c, place.c: media items between markers, placed by a layout given as data ---- */
+
+#define MAX_LAYOUT_MEDIA 8
+#define MAX_KINDS 16
+#define MAX_KEY 4
+#define MAX_CLOSING 4
+#define SPECIAL_BITS 4096
+
+enum { MEDIA_GRID, MEDIA_SEQUENCE };
+/* What reading and placing return: placed, or why not. */
+enum { ITEMS_PLACED, ITEMS_MISMATCH, ITEMS_PADDING_INSIDE, ITEMS_BAD_MEDIA, ITEMS_EMPTY_SAMPLE };
+
+/* One medium, whose items come in the batch's order: grids of (t, h, w) patches merged `merge`
+ * a side (timed: seconds per grid given, else 1 each), or sequences of frames. */
+typedef struct {
+    int type;
+    int64_t merge;
+    int timed;
+    SequenceRule rule;
+} MediumSpec;
+
+/* One kind of item: its `key` tokens open it (the first `opening` are markers), then its media's
+ * placeholders (two media: a grid's and a sequence's, interleaved by `interleave`), then its
+ * closing markers. Placed: `lead` tokens count on (or share one position) before its media
+ * block, the rest after it, from one past the block's largest position (or that of the part
+ * placed last). */
+typedef struct {
+    int64_t key[MAX_KEY];
+    int key_length, opening;
+    int media_count;
+    int medium[2];
+    int64_t placeholder[2];
+    int64_t closing[MAX_CLOSING];
+    int closing_length;
+    int has_first;
+    int64_t first;  /* the token its media must begin with */
+    int share_markers, lead, interleave, resume_after_last;
+    int64_t chunk;
+    uint32_t exclusive;  /* kinds that may not share a sample with it */
+} KindSpec;
+
+typedef struct {
+    MediumSpec medium[MAX_LAYOUT_MEDIA];
+    int media_count;
+    KindSpec kind[MAX_KINDS];
+    int kind_count;
+    TemporalRule temporal;
+    int float32;  /* positions in float32, else int64 */
+    double padding;  /* what padding holds */
+    int padding_in_largest, text_only, refuse_empty;
+    int64_t special_low;  /* the tokens that may open an item or be a placeholder lie in [low, low + span] */
+    uint64_t special_span;
+    /* which of them do, a bit each, where the span is below SPECIAL_BITS: one test a token */
+    uint64_t special[SPECIAL_BITS / 64];
+} ItemLayout;
+
+typedef struct {
+    int64_t start, tokens;  /* its first token among its sample's, and all its tokens */
+    int64_t media[2], media_tokens[2];  /* each medium's item (in that medium's order) and its tokens */
+    int kind;
+} Item;
+
+typedef struct {
+    const ItemLayout *layout;
+    const int64_t *ids;
+    const int64_t *first, *count;  /* samples: flat index of the first token, number of tokens */
+    Py_ssize_t samples;
+    uint32_t enabled;  /* kinds that may occur; another kind's key is a mismatch */
+    const int64_t *media[MAX_LAYOUT_MEDIA];  /* grids (N, 3) or lengths (N,) */
+    Py_ssize_t given[MAX_LAYOUT_MEDIA];
+    const float *seconds[MAX_LAYOUT_MEDIA];  /* timed grids' seconds */
+    Item *items;
+    Py_ssize_t capacity;
+    Py_ssize_t *first_item;  /* the items of sample s: first_item[s] to first_item[s + 1] */
+    Py_ssize_t failed_sample;  /* where reading stopped, or -1 */
+    int64_t failed_token;
+} ItemRead;
+
+ItemLayout *layout_of(PyObject *capsule);
+int items_media(ItemRead *read, PyObject *media, PyObject *seconds);
+int items_media_fit(const ItemRead *read);
+int items_read(ItemRead *read);
+int items_scale(const ItemRead *read, int medium, int64_t index, TemporalScale *scale);
+
+/* ---- module functions ------------------------------------------------------------------- */
+
+PyObject *positions(PyObject *module, PyObject *args);
+PyObject *compile_layout(PyObject *module, PyObject *args);
+PyObject *place_items(PyObject *module, PyObject *args);
+PyObject *find_items(PyObject *module, PyObject *args);
+PyObject *mrope_fused(PyObject *module, PyObject *args);
+extern const char positions_doc[], compile_layout_doc[], place_items_doc[], find_items_doc[], mrope_fused_doc[];
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
+
+#endif

@@ -1,0 +1,195 @@
+"""What a layout of media items is made of: its media, its kinds of items and its temporal rule.
+Each checks itself when built, so a plugin's mistake shows where it is made."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Literal
+
+#: What placing a batch returns: placed, or why not (see :meth:`ItemLayout.place`).
+PLACED, MISMATCH, PADDING_INSIDE, BAD_MEDIA, EMPTY_SAMPLE = range(5)
+
+#: mmrope_core.media.MAX_SECONDS_PER_GRID: temporal ids of any grid a row holds fit int64.
+MAX_SECONDS = 2.0**20
+MAX_KEY, MAX_CLOSING, MAX_MEDIA, MAX_KINDS, MAX_STEPS = 4, 4, 8, 16, 4
+_LIMIT = 2**20
+
+
+def _tokens(owner: str, field: str, value: object, most: int, least: int = 0) -> tuple[int, ...]:
+    if not isinstance(value, tuple) or not least <= len(value) <= most or not all(
+            type(token) is int and -(2**63) <= token < 2**63 for token in value):
+        raise ValueError(f"{owner}.{field} must be a tuple of {least} to {most} token ids (ints), got {value!r}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class GridMedia:
+    """Media whose items are ``(t, h, w)`` grids of patches (images, videos): an item takes
+    ``t * (h / merge) * (w / merge)`` placeholder tokens and is placed frame by frame, its tokens
+    on ``(temporal id, line, column)`` from where it starts.
+
+    Attributes:
+        name: what kinds and messages call it, e.g. ``"video"``.
+        merge: patches merged per side.
+        timed: each grid comes with its seconds per grid, which scale its temporal ids (see
+            :class:`TemporalRule`); untimed grids count one second each.
+    """
+
+    name: str
+    merge: int = 1
+    timed: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"GridMedia.name must be a non-empty string, got {self.name!r}")
+        if type(self.merge) is not int or not 1 <= self.merge <= _LIMIT:
+            raise ValueError(f"GridMedia {self.name!r}: merge must be an int from 1 to 2**20, got {self.merge!r}")
+        if not isinstance(self.timed, bool):
+            raise ValueError(f"GridMedia {self.name!r}: timed must be a bool")
+
+
+@dataclasses.dataclass(frozen=True)
+class SequenceMedia:
+    """Media whose items are sequences of frames (audio): an item of ``n`` frames takes the
+    tokens an encoder leaves of them, one position each from where it starts.
+
+    The frames left after whole windows of ``window`` frames (each giving ``per_window`` tokens)
+    pass the strided ``steps``, each taking ``n`` frames to ``(n - drop) // stride + 1``. Without
+    steps and windows, the lengths given are the tokens.
+
+    Attributes:
+        name: what kinds and messages call it, e.g. ``"audio"``.
+        steps: ``((drop, stride), ...)``, at most four.
+        window, per_window: frames of a window, and the tokens it gives (at most 64 a frame).
+
+    Example: a convolution of stride 2 then a pooling of 2, ``((1, 2), (2, 2))``.
+    """
+
+    name: str
+    steps: tuple[tuple[int, int], ...] = ()
+    window: int = 0
+    per_window: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"SequenceMedia.name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.steps, tuple) or len(self.steps) > MAX_STEPS or not all(
+                isinstance(step, tuple) and len(step) == 2 and all(type(v) is int for v in step)
+                and 0 <= step[0] <= _LIMIT and 1 <= step[1] <= _LIMIT for step in self.steps):
+            raise ValueError(f"SequenceMedia {self.name!r}: steps must be up to {MAX_STEPS} (drop, stride) pairs of "
+                             f"ints, drop from 0 and stride from 1 to 2**20, got {self.steps!r}")
+        if not (type(self.window) is int and type(self.per_window) is int and 0 <= self.window <= _LIMIT
+                and 0 <= self.per_window <= 64 * self.window):
+            raise ValueError(f"SequenceMedia {self.name!r}: window and per_window must be ints with window up to "
+                             f"2**20 and 0 <= per_window <= 64 * window, got {self.window!r} and {self.per_window!r}")
+
+    def tokens(self, lengths: Any) -> Any:
+        """The tokens of each of ``lengths`` (an int64 numpy array or torch tensor)."""
+        whole, rest = (lengths // self.window, lengths % self.window) if self.window else (0, lengths)
+        for drop, stride in self.steps:
+            rest = (rest - drop) // stride + 1
+        return rest + whole * self.per_window
+
+
+Media = GridMedia | SequenceMedia
+
+
+@dataclasses.dataclass(frozen=True)
+class TemporalRule:
+    """How a grid's frame ``f`` gets its temporal id from its seconds per grid ``s`` and the
+    positions per second ``p``: ``(f * s) * p`` (``order="frame_first"``) or ``f * (s * p)``
+    (``"scale_first"``), in float32 or float64, truncated toward zero or not. Each family's
+    reference fixes all four; untimed grids take ``s = 1``.
+
+    Example: ``TemporalRule(25.0, "frame_first", "float32", truncate=False)`` keeps fractions.
+    """
+
+    per_second: float = 1.0
+    order: Literal["frame_first", "scale_first"] = "scale_first"
+    precision: Literal["float32", "float64"] = "float64"
+    truncate: bool = True
+
+    def __post_init__(self) -> None:
+        if type(self.per_second) not in (int, float) or not (math.isfinite(self.per_second) and self.per_second >= 0):
+            raise ValueError(f"TemporalRule.per_second must be a finite number, not negative, got {self.per_second!r}")
+        if self.order not in ("frame_first", "scale_first"):
+            raise ValueError(f"TemporalRule.order must be 'frame_first' or 'scale_first', got {self.order!r}")
+        if self.precision not in ("float32", "float64"):
+            raise ValueError(f"TemporalRule.precision must be 'float32' or 'float64', got {self.precision!r}")
+        if not isinstance(self.truncate, bool):
+            raise ValueError("TemporalRule.truncate must be a bool")
+
+
+INTERLEAVES = {None: 0, "time": 1, "chunks": 2, "groups": 3}
+
+
+@dataclasses.dataclass(frozen=True)
+class ItemKind:
+    """One kind of media item: the tokens that open it, its media's placeholders, the markers
+    that close it, and how it is placed.
+
+    Reading: an item opens where its ``key`` tokens stand (markers, then possibly its first
+    placeholder), takes the next item of each of its ``media`` (in the batch's order), whose
+    placeholders follow its opening markers (as many as the media take, in any order), then its
+    ``closing`` markers. A placeholder outside any item is a mismatch.
+
+    Placing: text counts on to it; ``lead`` tokens of its opening count on (``markers="count"``)
+    or share one position (``"share"``); its media block starts one past them: a grid frame by
+    frame, a sequence one position a token, or both merged by ``interleave``; the tokens after the
+    block (its closing markers) count on (or share one position) from one past the block's
+    largest position (``resume="largest"``) or that of the part placed last (``"last"``); the
+    next text or item goes on from there.
+
+    Attributes:
+        name: shown in messages, e.g. ``"video with its audio"``.
+        key: one to four tokens that open it.
+        media: one medium's name, or a grid's and a sequence's to interleave.
+        placeholders: each medium's placeholder token.
+        closing: up to four closing markers.
+        begins_with: the placeholder its media must begin with, if any.
+        markers, lead, resume: how its markers are placed (``lead``: tokens of its key before its
+            media block; by default its opening markers).
+        interleave: ``"time"`` (each frame at its temporal id, the sequence's tokens before the
+            frames they precede, the frame first on a tie), ``"chunks"`` (both cut into chunks of
+            ``chunk`` positions, the grid's chunk then the sequence's) or ``"groups"`` (frames
+            grouped by temporal id // ``chunk``, each group then the next ``chunk`` tokens).
+    """
+
+    name: str
+    key: tuple[int, ...]
+    media: tuple[str, ...]
+    placeholders: tuple[int, ...]
+    closing: tuple[int, ...] = ()
+    begins_with: int | None = None
+    markers: Literal["count", "share"] = "count"
+    lead: int | None = None
+    interleave: Literal["time", "chunks", "groups"] | None = None
+    chunk: int = 0
+    resume: Literal["largest", "last"] = "largest"
+
+    def __post_init__(self) -> None:
+        owner = f"ItemKind {self.name!r}"
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"ItemKind.name must be a non-empty string, got {self.name!r}")
+        _tokens(owner, "key", self.key, MAX_KEY, 1)
+        _tokens(owner, "closing", self.closing, MAX_CLOSING)
+        _tokens(owner, "placeholders", self.placeholders, 2, 1)
+        if not isinstance(self.media, tuple) or len(self.media) != len(self.placeholders) or not all(
+                isinstance(name, str) for name in self.media):
+            raise ValueError(f"{owner}: media must name one medium per placeholder, got {self.media!r}")
+        if self.begins_with is not None and self.begins_with not in self.placeholders:
+            raise ValueError(f"{owner}: begins_with must be one of its placeholders, got {self.begins_with!r}")
+        if self.markers not in ("count", "share") or self.resume not in ("largest", "last"):
+            raise ValueError(f"{owner}: markers is 'count' or 'share', resume 'largest' or 'last'")
+        if self.lead is not None and not (type(self.lead) is int and 0 <= self.lead <= self.opening):
+            raise ValueError(f"{owner}: lead must be an int from 0 to its {self.opening} opening markers")
+        if self.interleave not in INTERLEAVES or (self.interleave is None) != (len(self.media) == 1):
+            raise ValueError(f"{owner}: two media are interleaved by 'time', 'chunks' or 'groups'; one is not")
+        if type(self.chunk) is not int or (self.interleave in ("chunks", "groups") and not 1 <= self.chunk <= _LIMIT):
+            raise ValueError(f"{owner}: interleave={self.interleave!r} needs a chunk from 1 to 2**20")
+
+    @property
+    def opening(self) -> int:
+        """The key's markers: its tokens before the first of its placeholders."""
+        return next((k for k, token in enumerate(self.key) if token in self.placeholders), len(self.key))
