@@ -28,6 +28,7 @@ it for the others (a prefill of the whole sequence for tokens after the last run
 
 from __future__ import annotations
 
+import argparse
 import ast
 import dataclasses
 import importlib.util
@@ -45,10 +46,16 @@ DEFAULT_SOURCE = "anchors/sglang-0.5.23"  # relative to the working directory
 _ROPE_INDEX = "sglang/srt/layers/rotary_embedding/mrope_rope_index.py"
 _FORWARD_BATCH = "sglang/srt/model_executor/forward_batch_info.py"
 _QWEN_VL_PROCESSOR = "sglang/srt/multimodal/processors/qwen_vl.py"
+_GLM_IMAGE_PROCESSOR = "sglang/srt/multimodal/processors/glm_image.py"
+_MINICPMV4_7_PROCESSOR = "sglang/srt/multimodal/processors/minicpmv4_7.py"
 
-#: the config ``model_type`` SGLang dispatches on, per family (Qwen3.5 takes Qwen3-VL's branches)
+#: the config ``model_type`` SGLang dispatches on, per family (Qwen3.5 takes Qwen3-VL's branches);
+#: transformers' model types that SGLang runs through ``get_rope_index`` by their own names
 MODEL_TYPES = {"Qwen2-VL": "qwen2_vl", "Qwen2.5-VL": "qwen2_5_vl", "Qwen3-VL": "qwen3_vl", "Qwen3.5": "qwen3_5",
-               "GLM-4V": "glm4v", "Qwen3-Omni": "qwen3_omni_moe"}
+               "GLM-4V": "glm4v", "Qwen3-Omni": "qwen3_omni_moe",
+               **{name: name for name in ("paddleocr_vl", "qwen4_exp", "cosmos3_omni", "cosmos3_edge")}}
+#: families whose SGLang processor is ``Glm4vImageProcessor`` (``get_rope_index_glm4v``)
+GLM4V = ("GLM-4V", "glm_ocr")
 
 
 @dataclasses.dataclass
@@ -96,7 +103,7 @@ class SglangAnchor:
         ids = torch.tensor([list(sample.input_ids)], dtype=torch.long)
         images = _grids(sample.image_grid_thw)
         videos = _grids(sample.video_grid_thw)
-        if family == "GLM-4V":
+        if family in GLM4V:
             positions, delta = self.rope_index.get_rope_index_glm4v(
                 input_ids=ids, hf_config=config, image_grid_thw=images, video_grid_thw=videos,
                 attention_mask=torch.ones_like(ids))
@@ -135,6 +142,49 @@ class SglangAnchor:
         positions, delta = found
         return positions.squeeze(1), delta
 
+    def glm_image_processor(self, config: Any) -> Any:
+        """``positions(input_ids (L,), image_grid_thw)``: GLM-Image's prompt positions and delta as
+        its processor computes them (``GlmImageProcessor._compute_glm_image_mrope_positions``: the
+        prompt's, then the target grids' decode positions, which decoding looks up by index)."""
+        method = self._methods(_GLM_IMAGE_PROCESSOR, "GlmImageProcessor", ("_compute_glm_image_mrope_positions",),
+                               {"torch": torch})._compute_glm_image_mrope_positions
+        processor = types.SimpleNamespace(IMAGE_START_TOKEN_ID=config.image_start_token_id,
+                                          IMAGE_END_TOKEN_ID=config.image_end_token_id)
+        return lambda input_ids, image_grid_thw: method(processor, input_ids, image_grid_thw)
+
+    def minicpmv4_7_processor(self, config: Any) -> Any:
+        """``positions(input_ids, target_sizes)``: MiniCPM-V 4.7's prompt positions and delta as its
+        processor computes them (``MiniCPMV4_7MultimodalProcessor.compute_mrope_positions``) for a
+        checkpoint that declares the canvas (``mrope_mode``), its structural ids from the config;
+        one item per crop (each run of placeholders), with the crop's patch grid, as
+        ``MiniCPMV4_6MultimodalProcessor._build_items`` makes them."""
+        source = (self.source / _MINICPMV4_7_PROCESSOR).read_text()
+        scope: dict[str, Any] = {"torch": torch, "math": __import__("math"), "List": list, "Tuple": tuple,
+                                 "Optional": Any, "logger": types.SimpleNamespace(warning=print)}
+        tree = ast.parse(source)
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) or (isinstance(node, ast.Assign) and all(
+                    isinstance(target, ast.Name) and target.id.startswith("_") for target in node.targets)):
+                exec(compile(ast.fix_missing_locations(ast.Module([_without_annotations(node)]
+                                                                  if isinstance(node, ast.FunctionDef) else [node], [])),
+                             str(self.source / _MINICPMV4_7_PROCESSOR), "exec"), scope)
+        methods = self._methods(_MINICPMV4_7_PROCESSOR, "MiniCPMV4_7MultimodalProcessor",
+                                ("compute_mrope_positions", "_canvas_positions"), scope)
+        ids = {name: getattr(config, attribute) for name, attribute in (
+            ("im_start_id", "image_start_id"), ("im_end_id", "image_end_id"), ("slice_start_id", "slice_start_id"),
+            ("slice_end_id", "slice_end_id"), ("newline_id", "newline_id"))}
+        processor = types.SimpleNamespace(canvas_token_ids=ids)
+        processor._canvas_positions = types.MethodType(methods._canvas_positions, processor)
+        image = config.image_token_id
+
+        def positions(input_ids, target_sizes):
+            runs = _token_runs(torch.tensor(list(input_ids)), image)
+            items = [types.SimpleNamespace(offsets=[(start, end - 1)], tgt_size=[torch.tensor(size)])
+                     for (start, end), size in zip(runs, target_sizes)]
+            return methods.compute_mrope_positions(processor, list(input_ids), items)
+
+        return positions
+
     # -- the forward passes of one request ---------------------------------------------------------
 
     def extend(self, positions: torch.Tensor, delta: torch.Tensor, length: int) -> torch.Tensor:
@@ -154,6 +204,8 @@ class SglangAnchor:
         batch = types.SimpleNamespace(multimodal_inputs=[request])
         lengths = torch.tensor([sequence_length])
         forward = types.SimpleNamespace(seq_lens_cpu=lengths, seq_lens=lengths)
+        # positions computed beforehand (GLM-Image's target grids) are looked up by this one
+        forward._expand_mrope_from_input = types.MethodType(self.forward_batch._expand_mrope_from_input, forward)
         self.forward_batch._compute_mrope_positions_decode(forward, types.SimpleNamespace(device="cpu"), batch)
         return forward.mrope_positions
 
@@ -231,6 +283,26 @@ class SglangAnchor:
                          str(self.source / path), "exec"), scope)
             methods[name] = scope[name]
         return types.SimpleNamespace(**methods)
+
+
+def add_anchor_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--source`` (SGLang's wheel) and ``--vllm-source`` (vLLM's, or 'none'), for :func:`anchors`."""
+    parser.add_argument("--source", help="the unzipped SGLang wheel (default: SGLANG_SOURCE, else anchors/sglang-0.5.23)")
+    parser.add_argument("--vllm-source", help="the unzipped vLLM wheel (default: VLLM_SOURCE, else "
+                                              "anchors/vllm-0.33.0); 'none' leaves vLLM out")
+
+
+def anchors(args: argparse.Namespace) -> tuple[SglangAnchor, Any]:
+    """SGLang's anchor and vLLM's (None where ``--vllm-source none``), with a line saying which."""
+    sglang = SglangAnchor(args.source)
+    vllm = None
+    if args.vllm_source != "none":
+        from vllm_anchor import Anchor
+
+        vllm = Anchor(args.vllm_source)
+    print(f"SGLang {sglang.version} from {sglang.source}; "
+          f"{f'vLLM {vllm.version} from {vllm.source}' if vllm else 'no vLLM'}; ", end="")
+    return sglang, vllm
 
 
 def _request(positions: torch.Tensor, delta: torch.Tensor) -> Any:

@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 from samples import Omni, built_family, vl_random_sample, vl_timing_batches
-from sglang_anchor import Sample, SglangAnchor
+from sglang_anchor import Sample, SglangAnchor, add_anchor_arguments, anchors
 from timing import engine, environment, timed
 
 FAMILIES = ("Qwen2-VL", "Qwen2.5-VL", "Qwen3-VL", "Qwen3.5", "GLM-4V", "GLM-4.6V", "Qwen3-Omni")
@@ -57,9 +57,7 @@ ANCHOR_FAMILY = {"GLM-4.6V": "GLM-4V"}
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--source", help="the unzipped SGLang wheel (default: SGLANG_SOURCE, else anchors/sglang-0.5.23)")
-    parser.add_argument("--vllm-source", help="the unzipped vLLM wheel (default: VLLM_SOURCE, else "
-                                              "anchors/vllm-0.33.0); 'none' leaves vLLM out")
+    add_anchor_arguments(parser)
     parser.add_argument("--samples", type=int, default=240)
     parser.add_argument("--rollouts", type=int, default=120)
     parser.add_argument("--repeat", type=int, default=3)
@@ -68,14 +66,8 @@ def main() -> None:
     parser.add_argument("--cases", help="write short cases computed by SGLang to this JSON file")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    anchor = SglangAnchor(args.source)
-    vllm = None
-    if args.vllm_source != "none":
-        from vllm_anchor import Anchor
-
-        vllm = Anchor(args.vllm_source)
-    print(f"SGLang {anchor.version} from {anchor.source}; "
-          f"{f'vLLM {vllm.version} from {vllm.source}' if vllm else 'no vLLM'}; {environment()}\n")
+    anchor, vllm = anchors(args)
+    print(f"{environment()}\n")
     sides = [Side(name, anchor, vllm) for name in args.families]
     if args.cases:
         families = [f"{json.dumps(side.name)}: [\n" + ",\n".join(json.dumps(case, separators=(",", ":"))

@@ -72,6 +72,7 @@ import functools
 import importlib
 import importlib.machinery
 import importlib.util
+import logging
 import os
 import sys
 import types
@@ -92,12 +93,22 @@ _PLAIN_IMPORTS = ("numpy", "torch", "typing", "collections", "itertools", "funct
 
 @dataclasses.dataclass(frozen=True)
 class Family:
-    module: str
+    module: str  # under vllm/model_executor/models, or a path from the wheel's root ending in .py
     model_class: str
-    fields: tuple[str, str]  # (module, factory) of the model's multimodal field config
+    fields: tuple[str, str] = ("qwen2_vl", "_create_qwen2vl_field_factory")  # (module, factory) of its field config
     thinker: bool = False
     # (multimodal processor class, its method) laying out a video's tokens with its audio
     audio_in_video: tuple[str, str] | None = None
+    # where the placeholder ranges are (see _placeholder_ranges): a family's name whose layout it
+    # shares, "runs" (each run of placeholders, as many as its grid has merged patches) or "any
+    # runs" (each run of placeholders, whatever its length)
+    layout: str | None = None
+    # attributes the model's __init__ sets, which the caller sets on the model object
+    instance: tuple[str, ...] = ()
+
+    @property
+    def path(self) -> str:
+        return self.module if self.module.endswith(".py") else f"{_MODELS}/{self.module}.py"
 
 
 FAMILIES = {
@@ -113,6 +124,21 @@ FAMILIES = {
     "Qwen3-Omni": Family("qwen3_omni_moe_thinker", "Qwen3OmniMoeThinkerForConditionalGeneration",
                          ("qwen2_5_omni_thinker", "create_qwen2_5_omni_thinker_field_factory"), thinker=True,
                          audio_in_video=("Qwen3OmniMoeThinkerMultiModalProcessor", "get_updates_use_audio_in_video")),
+    # model types of transformers' own that vLLM has a model of (mmrope-transformers binds them)
+    "paddleocr_vl": Family("paddleocr_vl", "PaddleOCRVLForConditionalGeneration", layout="runs"),
+    "qwen4_exp": Family("vllm/models/qwen4_exp/nvidia/model.py", "Qwen4ExpForConditionalGeneration",
+                        layout="Qwen3-VL"),
+    "cosmos3_omni": Family("cosmos3", "Cosmos3ForConditionalGeneration", layout="Qwen3-VL"),
+    "cosmos3_edge": Family("cosmos3_edge", "Cosmos3EdgeForConditionalGeneration", layout="Qwen3-VL"),
+    "cohere_compass": Family("cohere_compass", "CohereCompassForConditionalGeneration", layout="Qwen3-VL"),
+    "glm_ocr": Family("glm_ocr", "GlmOcrForConditionalGeneration", layout="GLM-4V"),
+    "minicpmv4_7": Family("minicpmv4_7", "MiniCPMV4_7ForConditionalGeneration", layout="any runs",
+                          instance=("_canvas_special_ids", "_uses_canvas_mrope")),
+    # vLLM's Transformers modeling backend, which serves a checkpoint whose architecture vLLM has
+    # no model of: positions from the transformers model's own get_rope_index (its object is the
+    # caller's, set as ``model.model``); the placeholder layout is the caller's to name
+    "transformers backend": Family("transformers/multimodal", "MultiModalMixin",
+                                   instance=("model", "_get_rope_index_kwarg_names")),
 }
 
 
@@ -176,9 +202,32 @@ class Anchor:
     def qwen3_omni(self, sample: Sample, config: Any, tokens: Tokens) -> tuple[torch.Tensor, int]:
         return self.positions("Qwen3-Omni", sample, config, tokens)
 
-    def positions(self, family: str, sample: Sample, config: Any, tokens: Tokens) -> tuple[torch.Tensor, int]:
+    def positions(self, family: str, sample: Sample, config: Any, tokens: Tokens, *, layout: str | None = None,
+                  **instance: Any) -> tuple[torch.Tensor, int]:
+        """vLLM's positions and delta of ``sample``; ``layout`` names the placeholder layout where
+        the family has none of its own (the Transformers backend), ``instance`` sets the attributes
+        of ``FAMILIES[family].instance``."""
         model = self.model(family, config, tokens)
-        return model.get_mrope_input_positions(list(sample.input_ids), self.features(family, sample, config, tokens))
+        for name, value in instance.items():
+            setattr(model, name, value)
+        features = self.features(family, sample, config, tokens, layout=layout)
+        return model.get_mrope_input_positions(list(sample.input_ids), features)
+
+    def minicpmv4_7_positions(self, sample: Sample, config: Any, tokens: Tokens, target_sizes: Sequence[Sequence[int]],
+                              **instance: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """MiniCPM-V 4.7's positions and delta: one feature per crop (each run of placeholders, in
+        order), holding the crop's patch grid as ``tgt_sizes``, which the position code reads in
+        the features' order (the features' grouping into images does not change them)."""
+        model = self.model("minicpmv4_7", config, tokens)
+        for name, value in instance.items():
+            setattr(model, name, value)
+        ids = torch.as_tensor(list(sample.input_ids))
+        features = [types.SimpleNamespace(data={"tgt_sizes": types.SimpleNamespace(data=torch.tensor([list(size)]))},
+                                          mm_position=self.inputs.PlaceholderRange(start, end - start),
+                                          modality="image")
+                    for (start, end), size in zip(_token_runs(ids, tokens.image), target_sizes)]
+        positions, delta = model.get_mrope_input_positions(list(sample.input_ids), features)
+        return torch.as_tensor(positions), torch.tensor([[int(delta)]])
 
     def decode(self, delta: int, context_len: int, count: int) -> torch.Tensor:
         """The ``(3, count)`` positions of ``count`` tokens decoded after ``context_len`` tokens of
@@ -210,7 +259,7 @@ class Anchor:
         if spec.audio_in_video is None:
             raise LookupError(f"{family} lays out no video with its audio")
         class_name, method = spec.audio_in_video
-        cls = self._code.model_class(f"{_MODELS}/{spec.module}.py", class_name, roots=(method,))
+        cls = self._code.model_class(spec.path, class_name, roots=(method,))
         if second_per_grid is None:
             second_per_grid = 2.0 if family == "Qwen3-Omni" else 1.0
         else:
@@ -221,19 +270,23 @@ class Anchor:
         return [int(token) for token in updates]
 
     def model(self, family: str, config: Any, tokens: Tokens) -> Any:
-        """The model object vLLM calls, with only its position methods and ``config``."""
+        """The model object vLLM calls, with only its position methods and ``config`` (and the
+        attributes of ``FAMILIES[family].instance`` for the caller to set)."""
         spec = FAMILIES[family]
-        cls = self._code.model_class(f"{_MODELS}/{spec.module}.py", spec.model_class)
+        cls = self._code.model_class(spec.path, spec.model_class, instance=spec.instance)
         model = object.__new__(cls)
         model.config = _hf_config(config, tokens, spec.thinker)
         return model
 
-    def features(self, family: str, sample: Sample, config: Any, tokens: Tokens) -> list[Any]:
-        """``mm_features`` as vLLM's input processor hands them to the model runner."""
+    def features(self, family: str, sample: Sample, config: Any, tokens: Tokens, *, layout: str | None = None,
+                 extra: Mapping[str, Any] | None = None) -> list[Any]:
+        """``mm_features`` as vLLM's input processor hands them to the model runner (``extra``:
+        further processor outputs, batched per image)."""
         spec = FAMILIES[family]
         hf_config = _hf_config(config, tokens, spec.thinker)
-        merge = int(hf_config.vision_config.spatial_merge_size)
-        hf_inputs, placeholders = self._processor_outputs(family, sample, tokens, merge)
+        merge = int(getattr(hf_config.vision_config, "spatial_merge_size", 1) or 1)
+        hf_inputs, placeholders = self._processor_outputs(family, sample, tokens, merge,
+                                                          layout or spec.layout or family)
         factory = self._code.function(f"{_MODELS}/{spec.fields[0]}.py", spec.fields[1])
         fields = dict(factory(merge)(hf_inputs))
         if family == "Qwen2.5-VL":  # Qwen2_5_VLMultiModalProcessor._get_mm_fields_config adds it
@@ -246,11 +299,11 @@ class Anchor:
             for modality, index in self.argsort_mm_positions(placeholders)
         ]
 
-    def _processor_outputs(self, family: str, sample: Sample, tokens: Tokens, merge: int):
+    def _processor_outputs(self, family: str, sample: Sample, tokens: Tokens, merge: int, layout: str):
         from transformers.feature_extraction_utils import BatchFeature
 
         ids = torch.as_tensor(list(sample.input_ids))
-        ranges = _placeholder_ranges(family, ids, sample, tokens, merge)
+        ranges = _placeholder_ranges(layout, ids, sample, tokens, merge)
         range_class = self.inputs.PlaceholderRange
         placeholders = {modality: [range_class(offset, length, is_embed) for offset, length, is_embed in found]
                         for modality, found in ranges.items() if found}
@@ -290,7 +343,8 @@ def _hf_config(config: Any, tokens: Tokens, thinker: bool) -> Any:
 
 
 def _placeholder_ranges(family: str, ids: torch.Tensor, sample: Sample, tokens: Tokens, merge: int):
-    """``modality -> [(offset, length, is_embed)]`` where vLLM's prompt updates put each item."""
+    """``modality -> [(offset, length, is_embed)]`` where vLLM's prompt updates put each item
+    (``family``: the layout, see :class:`Family`)."""
     per_grid = [int(torch.tensor(g).prod()) // merge**2 for g in sample.image_grid_thw]
     per_video = [int(torch.tensor(g).prod()) // merge**2 for g in sample.video_grid_thw]
     found: dict[str, list] = {"image": [], "video": [], "audio": []}
@@ -310,7 +364,7 @@ def _placeholder_ranges(family: str, ids: torch.Tensor, sample: Sample, tokens: 
             taken, frames = frames[:grid[0]], frames[grid[0]:]
             offset, end = taken[0][0] - 1, taken[-1][1] + 1  # first frame's vision start .. last vision end
             found["video"].append((offset, end - offset, ids[offset:end] == tokens.video))
-    elif FAMILIES[family].thinker and sample.use_audio_in_video and len(sample.video_grid_thw):
+    elif family in FAMILIES and FAMILIES[family].thinker and sample.use_audio_in_video and len(sample.video_grid_thw):
         found["image"] = [(a, b - a, None) for a, b in _token_runs(ids, tokens.image)]
         for offset, end in _runs(ids, tokens.audio_start, tokens.audio_end):
             if offset == 0 or int(ids[offset - 1]) != tokens.vision_start:
@@ -324,7 +378,7 @@ def _placeholder_ranges(family: str, ids: torch.Tensor, sample: Sample, tokens: 
             if token is not None:
                 found[modality] = [(a, b - a, None) for a, b in _token_runs(ids, token)]
     for modality, sizes in (("image", per_grid), ("video", per_video)):
-        if family in ("Qwen3-VL", "GLM-4V") and modality == "video":
+        if (family in ("Qwen3-VL", "GLM-4V") and modality == "video") or family == "any runs":
             continue
         got = [int(length if embed is None else embed.sum()) for _, length, embed in found[modality]]
         if got != sizes:
@@ -403,14 +457,16 @@ class _Extractor:
         return namespace[name]
 
     @functools.cache
-    def model_class(self, path: str, name: str, roots: tuple[str, ...] = ("get_mrope_input_positions",)) -> type:
+    def model_class(self, path: str, name: str, roots: tuple[str, ...] = ("get_mrope_input_positions",),
+                    instance: tuple[str, ...] = ()) -> type:
         """A class named ``name`` holding the position methods of ``path``'s class of that name:
-        ``roots`` and every method they reach through ``self``/the class."""
+        ``roots`` and every method they reach through ``self``/the class, but for ``instance``:
+        attributes its ``__init__`` sets (the caller sets them on the object)."""
         methods: dict[str, Any] = {}
         wanted = list(roots)
         while wanted:
             method = wanted.pop()
-            if method in methods:
+            if method in methods or method in instance:
                 continue
             where, node = self._method(path, name, method)
             namespace = self._namespace(where)
@@ -470,9 +526,29 @@ class _Extractor:
         for free in sorted(_names_of(node) - set(dir(builtins)) - set(namespace)):
             if free == class_name:
                 namespace[free] = _PENDING  # bound to the rebuilt class once it exists
+            elif (where := self._class_defined(path, free)) is not None:
+                # another model's class whose static methods this one calls (Cosmos3-Edge: Qwen3-VL's)
+                namespace[free] = self.model_class(where, free, roots=tuple(_attributes_of(node, (free,))))
             elif (value := self._resolve(path, free)) is not _MISSING:
                 namespace[free] = value
         exec(compile(ast.fix_missing_locations(ast.Module([node], [])), str(self.source / path), "exec"), namespace)
+
+    def _class_defined(self, path: str, name: str) -> str | None:
+        """The source file of the class ``name`` seen from ``path``, or None where it names no class."""
+        for node in self._tree(path).body:
+            if isinstance(node, ast.ImportFrom) and node.module in self.modules and any(
+                    (alias.asname or alias.name) == name for alias in node.names):
+                return None  # a vLLM module loaded as it is
+        where = self._defined_in(path, name)
+        if where is None:
+            return None
+        try:
+            node = self._top_level(where, name)
+        except LookupError:
+            return None
+        if not isinstance(node, ast.ClassDef) or _is_record(node):
+            return None
+        return where
 
     def _resolve(self, path: str, name: str) -> Any:
         """What ``name`` means in ``path``: a plain import, a vLLM module we load, or a function of
@@ -480,6 +556,17 @@ class _Extractor:
         for node in self._tree(path).body:
             if isinstance(node, ast.FunctionDef) and node.name == name:
                 return self.function(path, name)
+            if isinstance(node, ast.ClassDef) and node.name == name and _is_record(node):
+                return self._record(path, node)
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+                if name == "logger":  # init_logger(__name__), vLLM's
+                    return logging.getLogger(path)
+                scope: dict[str, Any] = {"__builtins__": builtins}
+                for free in _names_of(node.value) - set(dir(builtins)):
+                    if (value := self._resolve(path, free)) is not _MISSING:
+                        scope[free] = value
+                exec(compile(ast.fix_missing_locations(ast.Module([node], [])), str(self.source / path), "exec"), scope)
+                return scope[name]
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     if (alias.asname or alias.name.split(".")[0]) == name:
@@ -501,6 +588,21 @@ class _Extractor:
                         return self.function(where, alias.name)
                     raise ImportError(f"{path}: the position code uses {name} from {module}, not loaded")
         return _MISSING
+
+
+    @functools.cache
+    def _record(self, path: str, node: ast.ClassDef) -> type:
+        """A ``NamedTuple`` class of the wheel, executed as it is (its fields are its annotations)."""
+        scope: dict[str, Any] = {"__builtins__": builtins, "__name__": path.removesuffix(".py").replace("/", ".")}
+        for free in _names_of(node) - set(dir(builtins)):
+            if (value := self._resolve(path, free)) is not _MISSING:
+                scope[free] = value
+        exec(compile(ast.fix_missing_locations(ast.Module([node], [])), str(self.source / path), "exec"), scope)
+        return scope[node.name]
+
+
+def _is_record(node: ast.ClassDef) -> bool:
+    return any(isinstance(base, ast.Name) and base.id == "NamedTuple" for base in node.bases)
 
 
 _MISSING = object()

@@ -26,9 +26,9 @@ from .errors import (
     RopeIndexUnavailableError,
     SegmentCutError,
 )
-from .inputs import ReadOnlyInputs, as_batch, read_generated_mask
+from .inputs import ReadOnlyInputs, read_batch, read_generated_mask, require_mappings
 from .manager import PluginInfo, PluginManager, get_plugin_manager
-from .media import read_media, require_string_keys, require_values
+from .media import read_media, require_string_keys
 from .options import EngineOptions
 from .packing import PackedLayout
 from .positions import one_d_positions
@@ -189,9 +189,9 @@ class RopeEngine:
             ``clip(cumsum(mask) - 1, 0)``. The dtype is :attr:`position_dtype`. Packed rows restart
             at 0 in every segment and hold 0 (row 0: 1) outside segments.
         """
-        _require_mappings(multi_modal_inputs, mm_processor_kwargs)
+        require_mappings(multi_modal_inputs, mm_processor_kwargs)
         mrope = self.binding.kind == "mrope"
-        ids, mask, layout = _read_batch(input_ids, attention_mask, cu_seqlens, segment_ids, mrope=mrope)
+        ids, mask, layout = read_batch(input_ids, attention_mask, cu_seqlens, segment_ids, mrope=mrope)
         generated = None if generated_mask is None else read_generated_mask(generated_mask, ids, mask, layout)
         if not mrope:
             return one_d_positions(ids, mask) if layout is None else layout.offsets()
@@ -224,7 +224,7 @@ class RopeEngine:
                 f"Use engine.compute_position_ids, which returns (B, L) positions"
             )
         inputs.pop("mm_token_type_ids", None)
-        ids, mask, layout = _read_batch(input_ids, attention_mask, cu_seqlens, segment_ids, mrope=True)
+        ids, mask, layout = read_batch(input_ids, attention_mask, cu_seqlens, segment_ids, mrope=True)
         generated = None if generated_mask is None else read_generated_mask(generated_mask, ids, mask, layout)
         return self._positions(ids, mask, layout, inputs, four_rows=False, generated=generated)
 
@@ -233,7 +233,7 @@ class RopeEngine:
         self, multi_modal_inputs: Mapping[str, Any] | None, mm_processor_kwargs: Mapping[str, Any] | None = None
     ) -> dict[str, Any]:
         """The keyword arguments the plugins derive from one batch's inputs, merged."""
-        _require_mappings(multi_modal_inputs, mm_processor_kwargs)
+        require_mappings(multi_modal_inputs, mm_processor_kwargs)
         if multi_modal_inputs is not None:
             multi_modal_inputs = read_media(multi_modal_inputs)
         if mm_processor_kwargs is not None:
@@ -377,39 +377,6 @@ class RopeEngine:
         else:
             relaxed.validate_inputs = functools.partial(policy.validate, relaxed)
         return relaxed
-
-
-def _read_batch(input_ids: Any, attention_mask: Any, cu_seqlens: Any, segment_ids: Any, *,
-                mrope: bool) -> tuple[torch.Tensor, torch.Tensor | None, PackedLayout | None]:
-    """The checked ``(B, L)`` ids and mask, and the packed layout when the batch is packed."""
-    packed = cu_seqlens is not None or segment_ids is not None
-    for key, value in (("cu_seqlens", cu_seqlens), ("segment_ids", segment_ids)):
-        if isinstance(value, torch.Tensor):
-            require_values(key, value)
-    ids, mask = as_batch(input_ids, attention_mask, tokens_in_every_row=mrope and not packed)
-    if not packed:
-        return ids, mask, None
-    if cu_seqlens is not None and segment_ids is not None:
-        raise InvalidInputError("pass either cu_seqlens or segment_ids, not both")
-    if cu_seqlens is not None:
-        if mask is not None and not bool(mask.all()):
-            raise InvalidInputError("with cu_seqlens every token belongs to a segment: attention_mask must be all 1 "
-                                    "or None; mark padding with segment_ids instead")
-        return ids, None, PackedLayout.from_cu_seqlens(cu_seqlens, (ids.shape[0], ids.shape[1]), ids.device)
-    layout = PackedLayout.from_segment_ids(segment_ids, (ids.shape[0], ids.shape[1]))
-    if mask is not None and not torch.equal(mask, layout.valid()):
-        raise InvalidInputError("attention_mask disagrees with segment_ids: a token is valid exactly when its "
-                                "segment id is not 0; keep the mask 0/1 and the segments in segment_ids")
-    return ids, None, layout
-
-
-def _require_mappings(multi_modal_inputs: Any, mm_processor_kwargs: Any) -> None:
-    for key, value in (("multi_modal_inputs", multi_modal_inputs), ("mm_processor_kwargs", mm_processor_kwargs)):
-        if value is not None and not isinstance(value, Mapping):
-            raise InvalidInputError(f"{key} must be a dict of the processor's outputs (or None), got "
-                                    f"{type(value).__name__}")
-        if value is not None:
-            require_string_keys(key, value)
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ import torch
 from ._compiled import native
 from ._names import nearest, resembles
 from .errors import InvalidInputError, UnknownInputKeyError
-from .media import require_values
+from .media import require_string_keys, require_values
 from .packing import PackedLayout
 
 
@@ -313,3 +313,37 @@ def _beyond_one(values: torch.Tensor) -> bool:
         host = values.numpy()
         return bool((host.view(host.dtype.str.replace("i", "u")) > 1).any())
     return bool(((values < 0) | (values > 1)).any())
+
+
+def read_batch(input_ids: Any, attention_mask: Any, cu_seqlens: Any, segment_ids: Any, *,
+                mrope: bool) -> tuple[torch.Tensor, torch.Tensor | None, PackedLayout | None]:
+    """The checked ``(B, L)`` ids and mask, and the packed layout when the batch is packed."""
+    packed = cu_seqlens is not None or segment_ids is not None
+    for key, value in (("cu_seqlens", cu_seqlens), ("segment_ids", segment_ids)):
+        if isinstance(value, torch.Tensor):
+            require_values(key, value)
+    ids, mask = as_batch(input_ids, attention_mask, tokens_in_every_row=mrope and not packed)
+    if not packed:
+        return ids, mask, None
+    if cu_seqlens is not None and segment_ids is not None:
+        raise InvalidInputError("pass either cu_seqlens or segment_ids, not both")
+    if cu_seqlens is not None:
+        if mask is not None and not bool(mask.all()):
+            raise InvalidInputError("with cu_seqlens every token belongs to a segment: attention_mask must be all 1 "
+                                    "or None; mark padding with segment_ids instead")
+        return ids, None, PackedLayout.from_cu_seqlens(cu_seqlens, (ids.shape[0], ids.shape[1]), ids.device)
+    layout = PackedLayout.from_segment_ids(segment_ids, (ids.shape[0], ids.shape[1]))
+    if mask is not None and not torch.equal(mask, layout.valid()):
+        raise InvalidInputError("attention_mask disagrees with segment_ids: a token is valid exactly when its "
+                                "segment id is not 0; keep the mask 0/1 and the segments in segment_ids")
+    return ids, None, layout
+
+
+def require_mappings(multi_modal_inputs: Any, mm_processor_kwargs: Any) -> None:
+    """Refuse a ``multi_modal_inputs`` or ``mm_processor_kwargs`` that is no mapping of names."""
+    for key, value in (("multi_modal_inputs", multi_modal_inputs), ("mm_processor_kwargs", mm_processor_kwargs)):
+        if value is not None and not isinstance(value, Mapping):
+            raise InvalidInputError(f"{key} must be a dict of the processor's outputs (or None), got "
+                                    f"{type(value).__name__}")
+        if value is not None:
+            require_string_keys(key, value)

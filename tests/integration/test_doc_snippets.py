@@ -90,7 +90,20 @@ def checkpoint(tmp_path, monkeypatch):
     return {"processor": processor, "path": str(tmp_path), "AutoConfig": AutoConfig, "RopeEngine": RopeEngine}
 
 
-SETUPS = {"qwen2_5_vl": qwen2_5_vl, "packing": packing, "checkpoint": checkpoint, "": lambda *_: {}}
+def rollout(tmp_path, monkeypatch):
+    """A checkpoint directory of a model type the transformers plugin binds (GLM-OCR), and its processor."""
+    from transformers import AutoConfig
+
+    from mmrope_transformers import examples
+
+    processor, config = examples.build(examples.spec_of("glm_ocr"))
+    processor.save_pretrained(tmp_path)
+    config.save_pretrained(tmp_path)
+    return {"processor": processor, "path": str(tmp_path), "AutoConfig": AutoConfig, "RopeEngine": RopeEngine}
+
+
+SETUPS = {"qwen2_5_vl": qwen2_5_vl, "packing": packing, "checkpoint": checkpoint, "rollout": rollout,
+          "": lambda *_: {}}
 #: what each page's snippets leave behind, checked after they ran
 LEFT = {"README.md": {"position_ids": (4, 2, None), "positions": (3, 2, None)},
         "packing.md": {"position_ids": (2, 4, None)}, "parity.md": {"position_ids": (2, 4, None)}}

@@ -159,6 +159,7 @@ TRIGGERS = {
                                                             plugin_manager=manager(), convention="vllm-0.1"),
     "convention-not-offered": lambda: RopeEngine.from_processor(
         engine("Qwen2.5-Omni").processor, engine("Qwen2.5-Omni").config, plugin_manager=manager(), convention="sglang"),
+    "convention-no-videos": lambda: cohere_compass_video(),
     "generated-first-token": lambda: engine("Qwen2-VL").get_rope_index(torch.tensor([[1, 2, 3]]),
                                                                        generated_mask=torch.tensor([[1, 1, 0]])),
     "generated-padding": lambda: engine("Qwen2-VL").get_rope_index(torch.tensor([[0, 2, 3]]), torch.tensor([[0, 1, 1]]),
@@ -189,6 +190,18 @@ TRIGGERS = {
     "misspelt-keyword": lambda: engine("Qwen2-VL").compute_position_ids(*qwen_ids("tt"), cu_seqlen=torch.tensor([0, 2])),
     "pretrained-missing": lambda: RopeEngine.from_pretrained("/models/Qwen2.5-VL-7B-Instruct"),
 }
+
+
+def cohere_compass_video():
+    """vLLM's Cohere-Compass takes images only: its convention refuses a sample holding a video."""
+    from mmrope_transformers import examples
+
+    processor, config = examples.build(examples.spec_of("cohere_compass"))
+    vllm = RopeEngine.from_processor(processor, config, convention="vllm",
+                                     plugin_manager=PluginManager(env={"MMROPE_LOAD_PLUGINS": "transformers"}))
+    tokens = processor.tokenizer.convert_tokens_to_ids(["cat", "<|VISION_START|>", "<|VIDEO_PAD|>", "<|VISION_END|>"])
+    ids = torch.tensor([[tokens[0], tokens[1], tokens[2], tokens[3], tokens[0]]])
+    return vllm.get_rope_index(ids, video_grid_thw=torch.tensor([[1, 2, 2]]))
 
 
 def test_the_catalogue_and_the_triggers_name_the_same_inputs():

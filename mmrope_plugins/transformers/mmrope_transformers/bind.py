@@ -19,6 +19,7 @@ from mmrope_core.reference import ReferenceKernel
 from .fast import Candidate, candidates, probed_kernel
 from .models import Decision, decide, model_classes, sees_images
 from .reference import _SUPPLIED, TransformersReference, media_token_ids, processor_token_types
+from .rollouts import bind_convention
 
 IMPLEMENTATIONS = ("fast", "reference")
 
@@ -91,6 +92,7 @@ def bind(processor: Any, config: Any, options: Mapping[str, Any]) -> RopeBinding
         raise InvalidInputError(f"implementation={implementation!r} is not an implementation of {decision.model_type}; "
                                 f"use one of {IMPLEMENTATIONS}")
     binding, reference = _mrope(processor, decision, implementation)
+    binding = bind_convention(binding, decision.model_type, config, options)
     _remember(processor, Bound(frozenset(reference.takes - _SUPPLIED), varlen))
     return dataclasses.replace(binding, mixes_segments=_mixes_segments(config))
 
