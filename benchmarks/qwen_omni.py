@@ -155,9 +155,10 @@ def many_items(processor, thinker, rows=32, length=8192, seed=0, with_audio=True
     return batch(samples, length)
 
 
-def packed_samples(processor, thinker, rows=32, length=8192, seed=2):
+def packed_samples(processor, thinker, rows=32, length=8192, seed=2, with_audio=True):
     """Each row packed with several samples of 3 to 5 items each (``segment_ids``, padded at its
-    end); returns the packed batch and each sample alone, as the reference takes it."""
+    end; videos with their audio, or alone); returns the packed batch and each sample alone, as
+    the reference takes it."""
     rng = random.Random(seed)
     ids = torch.zeros(rows, length, dtype=torch.long)
     segments = torch.zeros(rows, length, dtype=torch.long)
@@ -166,7 +167,7 @@ def packed_samples(processor, thinker, rows=32, length=8192, seed=2):
         column, k = 0, 0
         while True:
             sample = random_items(Sample(processor, thinker), rng, (3, 5), side=12, frames=4, frame_side=10,
-                                  audio_frames=1000)
+                                  audio_frames=1000, with_audio=with_audio)
             if column + len(sample.row) > length:
                 break
             k += 1
@@ -174,7 +175,7 @@ def packed_samples(processor, thinker, rows=32, length=8192, seed=2):
             segments[r, column:column + len(sample.row)] = k
             column += len(sample.row)
             alone.append(batch([sample], len(sample.row)))
-    kwargs: dict = {"use_audio_in_video": True}
+    kwargs: dict = {"use_audio_in_video": with_audio}
     for key in ("image_grid_thw", "video_grid_thw", "second_per_grids", "audio_seqlens"):
         parts = [one[2][key] for one in alone if key in one[2]]
         if parts:
@@ -293,28 +294,49 @@ def main() -> None:
         in_fresh_processes(__file__, ["kernel", "engine", "position_ids"])
 
 
+def left_padded(ids, mask):
+    """The rows of a right-padded batch with their padding moved to the left."""
+    ids, mask = ids.clone(), mask.clone()
+    for row in range(ids.shape[0]):
+        shift = int((mask[row] == 0).sum())
+        ids[row], mask[row] = ids[row].roll(shift), mask[row].roll(shift)
+    return ids, mask
+
+
 def rollouts(processor, config, repeat) -> None:
     """The rollout engines' conventions against the transformers one, on the engine, with videos
     alone (SGLang computes no video with its audio): vLLM's integer positions, SGLang's truncated
     ones, and SGLang's with half the tokens of every row in generated runs of 64 (where its
-    decoded tokens sit elsewhere than a prefill puts them)."""
+    decoded tokens sit elsewhere than a prefill puts them); padded on either side and packed."""
     thinker = config.thinker_config
     engines = {convention: engine(processor, config, "qwen3_omni", convention=convention)
                for convention in ("transformers", "vllm", "sglang")}
     header = f"{'case (engine.get_rope_index)':<46}{'tf':>10}{'vllm/tf':>10}{'sglang/tf':>11}{'generated/tf':>14}"
     print(header)
     print("-" * len(header))
-    for name, (ids, mask, kwargs) in [("1 x 4096, 2 images, audio, video", single_sample(processor, thinker)),
-                                      ("32 x 8192, 10-14 items a row, videos alone",
-                                       many_items(processor, thinker, with_audio=False))]:
+    ids, mask, kwargs = many_items(processor, thinker, with_audio=False)
+    packed_ids, segments, packed_kwargs, _ = packed_samples(processor, thinker, with_audio=False)
+    cases = [("1 x 4096, 2 images, audio, video", (*single_sample(processor, thinker), {})),
+             ("32 x 8192, 10-14 items a row, videos alone", (ids, mask, kwargs, {})),
+             ("32 x 8192, the same padded on the left", (*left_padded(ids, mask), kwargs, {})),
+             ("32 x 8192 packed, videos alone (segment_ids)", (packed_ids, None, packed_kwargs,
+                                                               {"segment_ids": segments}))]
+    word = processor.tokenizer.convert_tokens_to_ids("cat")
+    for name, (ids, mask, kwargs, packed) in cases:
         valid = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
-        generated = (torch.arange(ids.shape[1]) // 64 % 2 == 1) & (ids == ids[0, -1]) & valid  # text, in runs
-        generated[:, 0] = False
+        if packed:
+            valid = packed["segment_ids"] > 0
+        generated = (torch.arange(ids.shape[1]) // 64 % 2 == 1) & (ids == word) & valid  # text, in runs
+        starts = valid & ~torch.nn.functional.pad(valid, (1, 0))[:, :-1]
+        if packed:  # (each segment's first token)
+            starts |= valid & (packed["segment_ids"] != packed["segment_ids"].roll(1, dims=1))
+        generated &= ~starts
+        inputs = {**kwargs, **packed}
         t = timed({
-            "tf": lambda: engines["transformers"].get_rope_index(ids, mask, **kwargs),
-            "vllm": lambda: engines["vllm"].get_rope_index(ids, mask, **kwargs),
-            "sglang": lambda: engines["sglang"].get_rope_index(ids, mask, **kwargs),
-            "generated": lambda: engines["sglang"].get_rope_index(ids, mask, generated_mask=generated, **kwargs),
+            "tf": lambda: engines["transformers"].get_rope_index(ids, mask, **inputs),
+            "vllm": lambda: engines["vllm"].get_rope_index(ids, mask, **inputs),
+            "sglang": lambda: engines["sglang"].get_rope_index(ids, mask, **inputs),
+            "generated": lambda: engines["sglang"].get_rope_index(ids, mask, generated_mask=generated, **inputs),
         }, repeat * (8 if ids.shape[0] == 1 else 1))
         print(f"{name:<46}{t['tf'] * 1e3:>8.3f}ms{t['vllm'] / t['tf']:>9.2f}x{t['sglang'] / t['tf']:>10.2f}x"
               f"{t['generated'] / t['tf']:>13.2f}x")

@@ -12,7 +12,8 @@ place from a prefill of the whole sequence and the tokens the rollout generated.
 
 The work is a pass over the prefill's positions (their truncation, and the largest of each stretch
 between a sample's start and a run's) and what is per run or per generated token, in numpy on
-the host: no Python runs per token, run or sample.
+the host: no Python runs per token, run or sample. A kernel of media items
+(:class:`mmrope_core.items.ItemKernel`) writes the same positions in its own pass.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def decoded_positions(prefill: torch.Tensor, generated: torch.Tensor | None, att
         positions[:, flat // generated.shape[1], flat % generated.shape[1]] = decoded
     if deltas is not None:
         at = np.searchsorted(tokens, runs.last).clip(max=tokens.size - 1)
-        ended = tokens[at] == runs.last  # samples whose last token was generated
+        ended = (tokens[at] == runs.last) & (runs.last >= runs.first)  # samples whose last token was generated
         deltas[torch.from_numpy(ended), 0] = torch.from_numpy(run_delta[runs.run[at[ended]]])
     return positions, deltas
 
@@ -131,7 +132,8 @@ class _Runs:
         if self.counted is not None:  # what padding holds does not count (no position is below 0)
             assert self.valid is not None
             values = np.where(self.valid.reshape(1, -1), values, 0)
-        bounds = np.sort(np.concatenate((self.first, self.start)))  # (no run starts where its sample does)
+        # (no run starts where its sample does; samples without tokens at the end start past the positions)
+        bounds = np.sort(np.concatenate((self.first[self.first < values.shape[1]], self.start)))
         stretch = np.maximum.reduceat(values, bounds, axis=1).max(0)
         sample = np.searchsorted(self.first, bounds, side="right") * _SAMPLE_SHIFT  # restarts the maximum there
         floats = stretch.dtype.kind == "f"

@@ -12,6 +12,7 @@
  * - interleave.c: merging a grid's frames and a sequence's tokens by time;
  * - rows.c: writing positions from runs, row by row;
  * - place.c: placing media items by a layout given as data (composing the above);
+ * - decode.c: generated tokens placed where a rollout engine decodes them;
  * - fused.c: the run-based kernel's common case in one call;
  * - module.c: the module's functions.
  * Buffers are acquired and checked with the GIL held; the loops run without it, on threads
@@ -196,15 +197,29 @@ sequence_tokens(const SequenceRule *rule, int64_t length)
 
 /* ---- blocks.c ---------------------------------------------------------------------------- */
 
+/* How positions are summed and written: int64 sums written as int64; float32 sums (rounded as
+ * the reference rounds them) written as float32, or as int64 truncated toward zero (what
+ * `.to(torch.int64)` makes of them). Values are kept as doubles, which hold every float32 and
+ * every int64 position of a batch exactly. */
+enum { FORM_INT64, FORM_FLOAT32, FORM_TRUNCATED };
+
+/* The bytes of one written position. */
+static inline size_t
+form_size(int form)
+{
+    return form == FORM_FLOAT32 ? 4 : 8;
+}
+
 void fill(int64_t *out, Py_ssize_t count, int64_t value);
 void ramp(int64_t *out, Py_ssize_t count, int64_t value);
+void fill_f32(float *out, Py_ssize_t count, float value);
+void ramp_f32(float *out, int32_t count, int32_t first, float start);
+void ramp_truncated(int64_t *out, int32_t count, int32_t first, float start);
 
-/* Positions in float32 (sums rounded to float32 as the reference's are) or int64; values are
- * kept as doubles, which hold every float32 and every int64 position of a batch exactly. */
 static inline double
-values_add(int float32, double a, double b)
+values_add(int form, double a, double b)
 {
-    return float32 ? (double)((float)a + (float)b) : a + b;
+    return form != FORM_INT64 ? (double)((float)a + (float)b) : a + b;
 }
 
 static inline double
@@ -213,42 +228,41 @@ values_max(double a, double b)
     return a > b ? a : b;
 }
 
-void fill_f32(float *out, Py_ssize_t count, float value);
-void ramp_f32(float *out, int32_t count, int32_t first, float start);
-
 /* `count` values from token `at` on (inline: placing calls them per run of a few tokens). */
 static inline void
-values_fill(int float32, char *row, int64_t at, int64_t count, double value)
+values_fill(int form, char *row, int64_t at, int64_t count, double value)
 {
-    if (float32)
+    if (form == FORM_FLOAT32)
         fill_f32((float *)row + at, count, (float)value);
     else
-        fill((int64_t *)row + at, count, (int64_t)value);
+        fill((int64_t *)row + at, count, (int64_t)value);  /* (a float32 value truncated toward zero) */
 }
 
 /* (first + i) + start, i = 0 .. count - 1 */
 static inline void
-values_ramp(int float32, char *row, int64_t at, int64_t count, int64_t first, double start)
+values_ramp(int form, char *row, int64_t at, int64_t count, int64_t first, double start)
 {
-    if (float32)
+    if (form == FORM_FLOAT32)
         ramp_f32((float *)row + at, (int32_t)count, (int32_t)first, (float)start);
+    else if (form == FORM_TRUNCATED)
+        ramp_truncated((int64_t *)row + at, (int32_t)count, (int32_t)first, (float)start);
     else
         ramp((int64_t *)row + at, count, first + (int64_t)start);
 }
 
 /* The same on the three (t, h, w) rows. */
 static inline void
-values_ramp3(int float32, char *const row[3], int64_t at, int64_t count, int64_t first, double start)
+values_ramp3(int form, char *const row[3], int64_t at, int64_t count, int64_t first, double start)
 {
     for (int r = 0; r < 3; r++)
-        values_ramp(float32, row[r], at, count, first, start);
+        values_ramp(form, row[r], at, count, first, start);
 }
 
 static inline void
-values_fill3(int float32, char *const row[3], int64_t at, int64_t count, double value)
+values_fill3(int form, char *const row[3], int64_t at, int64_t count, double value)
 {
     for (int r = 0; r < 3; r++)
-        values_fill(float32, row[r], at, count, value);
+        values_fill(form, row[r], at, count, value);
 }
 
 /* A grid of merged patches placed from `start`: its frames' temporal ids by `scale`. */
@@ -268,21 +282,21 @@ grid_temporal(const GridBlock *g, int64_t frame)
 
 /* Its largest position on any axis (it includes its last token). */
 static inline double
-grid_largest(int float32, const GridBlock *g)
+grid_largest(int form, const GridBlock *g)
 {
     const double last_line = (double)(g->height - 1), last_column = (double)(g->width - 1);
-    return values_add(float32, values_max(grid_temporal(g, g->frames - 1), values_max(last_line, last_column)),
+    return values_add(form, values_max(grid_temporal(g, g->frames - 1), values_max(last_line, last_column)),
                       g->start);
 }
 
-void grid_frame(int float32, char *const row[3], int64_t at, GridBlock *g, int64_t frame);
-void grid_range(int float32, char *const row[3], int64_t at, GridBlock *g, int64_t from, int64_t to);
+void grid_frame(int form, char *const row[3], int64_t at, GridBlock *g, int64_t frame);
+void grid_range(int form, char *const row[3], int64_t at, GridBlock *g, int64_t from, int64_t to);
 
 /* ---- interleave.c ------------------------------------------------------------------------ */
 
 enum { INTERLEAVE_NONE, INTERLEAVE_TIME, INTERLEAVE_CHUNKS, INTERLEAVE_GROUPS };
 
-double interleave(int rule, int64_t chunk, int float32, char *const row[3], int64_t at, GridBlock *g,
+double interleave(int rule, int64_t chunk, int form, char *const row[3], int64_t at, GridBlock *g,
                   int64_t sequence_tokens);
 
 /* ---- rows.c ------------------------------------------------------------------------------ */
@@ -351,7 +365,7 @@ typedef struct {
     KindSpec kind[MAX_KINDS];
     int kind_count;
     TemporalRule temporal;
-    int float32;  /* positions in float32, else int64 */
+    int form;  /* how positions are summed and written (FORM_*) */
     double padding;  /* what padding holds */
     int padding_in_largest, text_only, refuse_empty;
     int64_t special_low;  /* the tokens that may open an item or be a placeholder lie in [low, low + span] */
@@ -387,6 +401,51 @@ int items_media(ItemRead *read, PyObject *media, PyObject *seconds);
 int items_media_fit(const ItemRead *read);
 int items_read(ItemRead *read);
 int items_scale(const ItemRead *read, int medium, int64_t index, TemporalScale *scale);
+
+/* ---- decode.c: generated tokens where a rollout engine decodes them ------------------------ */
+
+/* A sample's runs of generated tokens, by their first token and one past their last, and the
+ * delta each is decoded with: its tokens sit at their index in the sample plus the delta, on
+ * every row. The delta is the largest position before the run + 1 - the run's first index,
+ * summed as the positions are, truncated toward zero; placing settles it where it passes the
+ * token before the run, and writes the run where it places text (elsewhere, over what it
+ * placed: decoding_write). */
+typedef struct {
+    int64_t start, end, delta;
+    int64_t written;  /* its tokens from `start` to here are written where they are decoded */
+} DecodedRun;
+
+typedef struct {
+    DecodedRun *run;
+    Py_ssize_t runs, capacity;
+    Py_ssize_t settled;  /* the runs before it have their delta */
+    Py_ssize_t current;  /* the runs before it end before the text being placed */
+} Decoding;
+
+int decoding_find(Decoding *d, const uint8_t *generated, int64_t count);
+void decoding_settle_next(Decoding *d, int form, double before);
+void decoding_settle(Decoding *d, int form, int64_t at, int64_t n, double first, int counts_on, double largest);
+void decoding_ramp(Decoding *d, int form, char *const row[3], int64_t at, int64_t n, double first, double largest);
+int decoding_write(const Decoding *d, char *const row[3], int64_t count, int64_t *last_delta);
+void decoding_free(Decoding *d);
+
+/* Whether a run not yet settled starts at or before token `end` (its token before lies before `end`). */
+static inline int
+decoding_due(const Decoding *d, int64_t end)
+{
+    return d != NULL && d->settled < d->runs && d->run[d->settled].start <= end;
+}
+
+/* Whether text tokens [at, end) meet a run, or settle the one starting at `end`. */
+static inline int
+decoding_meets(Decoding *d, int64_t at, int64_t end)
+{
+    if (d == NULL)
+        return 0;
+    while (d->current < d->runs && d->run[d->current].end <= at)
+        d->current++;
+    return d->current < d->runs && d->run[d->current].start <= end;
+}
 
 /* ---- module functions ------------------------------------------------------------------- */
 

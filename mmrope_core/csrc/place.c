@@ -108,7 +108,8 @@ const char compile_layout_doc[] =
 "kinds: ((key, opening, media, placeholders, closing, first or None, share_markers, lead,\n"
 "        interleave 0 none / 1 time / 2 chunks / 3 groups, chunk, resume_after_last, exclusive), ...);\n"
 "temporal: (per_second, frame_first, precision 0 float32 / 1 float64, truncate);\n"
-"values: (float32, padding, padding_in_largest, text_only, refuse_empty).";
+"values: (form 0 int64 / 1 float32 / 2 float32 written truncated to int64, padding, padding_in_largest,\n"
+"         text_only, refuse_empty).";
 
 PyObject *
 compile_layout(PyObject *module, PyObject *args)
@@ -117,16 +118,16 @@ compile_layout(PyObject *module, PyObject *args)
     ItemLayout *l = PyMem_Calloc(1, sizeof(ItemLayout));
     if (!l)
         return PyErr_NoMemory();
-    if (!PyArg_ParseTuple(args, "O!O!(dpip)(pdppp):compile_layout", &PyTuple_Type, &media, &PyTuple_Type, &kinds,
+    if (!PyArg_ParseTuple(args, "O!O!(dpip)(idppp):compile_layout", &PyTuple_Type, &media, &PyTuple_Type, &kinds,
                           &l->temporal.per_second, &l->temporal.frame_first, &l->temporal.precision,
-                          &l->temporal.truncate, &l->float32, &l->padding, &l->padding_in_largest, &l->text_only,
+                          &l->temporal.truncate, &l->form, &l->padding, &l->padding_in_largest, &l->text_only,
                           &l->refuse_empty))
         goto failed;
     l->media_count = (int)PyTuple_GET_SIZE(media);
     l->kind_count = (int)PyTuple_GET_SIZE(kinds);
     if (l->media_count > MAX_LAYOUT_MEDIA || l->kind_count > MAX_KINDS || !isfinite(l->temporal.per_second) ||
         (l->temporal.precision != PRECISION_FLOAT32 && l->temporal.precision != PRECISION_FLOAT64) ||
-        (!l->float32 && !l->temporal.truncate)) {
+        l->form < FORM_INT64 || l->form > FORM_TRUNCATED || (l->form == FORM_INT64 && !l->temporal.truncate)) {
         PyErr_SetString(PyExc_ValueError, "compile_layout: too many media or kinds, or a rule out of range");
         goto failed;
     }
@@ -300,28 +301,44 @@ typedef struct {
     const ItemLayout *layout;
     const ItemRead *read;
     Py_ssize_t batch, length;
-    int text_row, one_per_row;
+    int text_row, one_per_row, form;
     char *out, *deltas;
+    const uint8_t *generated;  /* (B, L): 1 where a rollout engine generated the token; or NULL */
 } Placing;
 
 /* `n` marker tokens at `at` from `*cursor`, counting on or sharing one position; opening
  * markers move the cursor past them in one sum, closing ones one past the last. */
 static inline void
-place_markers(int float32, int share, int closing, char *const row[3], int64_t at, int64_t n, double *cursor,
-              double *largest)
+place_markers(int form, int share, int closing, char *const row[3], int64_t at, int64_t n, double *cursor,
+              double *largest, Decoding *d)
 {
     if (n <= 0)
         return;
+    if (decoding_due(d, at + n))
+        decoding_settle(d, form, at, n, *cursor, !share, *largest);
     if (share) {
-        values_fill3(float32, row, at, n, *cursor);
+        values_fill3(form, row, at, n, *cursor);
         *largest = values_max(*largest, *cursor);
-        *cursor = values_add(float32, *cursor, 1);
+        *cursor = values_add(form, *cursor, 1);
         return;
     }
-    values_ramp3(float32, row, at, n, 0, *cursor);
-    const double last = values_add(float32, (double)(n - 1), *cursor);
+    values_ramp3(form, row, at, n, 0, *cursor);
+    const double last = values_add(form, (double)(n - 1), *cursor);
     *largest = values_max(*largest, last);
-    *cursor = closing ? values_add(float32, last, 1) : values_add(float32, *cursor, (double)n);
+    *cursor = closing ? values_add(form, last, 1) : values_add(form, *cursor, (double)n);
+}
+
+/* `n` text tokens at `at` counting on from `*cursor` (those of runs of generated tokens where
+ * they are decoded). */
+static inline void
+place_text(int form, char *const row[3], int64_t at, int64_t n, double *cursor, double *largest, Decoding *d)
+{
+    if (decoding_meets(d, at, at + n))
+        decoding_ramp(d, form, row, at, n, *cursor, *largest);
+    else
+        values_ramp3(form, row, at, n, 0, *cursor);
+    *largest = values_max(*largest, values_add(form, (double)(n - 1), *cursor));
+    *cursor = values_add(form, *cursor, (double)n);
 }
 
 /* An item's media from `start`: `block` receives their largest position. Returns the largest
@@ -331,84 +348,135 @@ place_media(const Placing *p, const Item *item, char *const row[3], int64_t at, 
 {
     const ItemLayout *l = p->layout;
     const KindSpec *kind = &l->kind[item->kind];
-    const int float32 = l->float32, first = kind->medium[0];
+    const int form = p->form, first = kind->medium[0];
     if (l->medium[first].type == MEDIA_SEQUENCE) {
         const int64_t tokens = item->media_tokens[0];
-        values_ramp3(float32, row, at, tokens, 0, start);
-        return *block = values_add(float32, (double)(tokens - 1), start);
+        values_ramp3(form, row, at, tokens, 0, start);
+        return *block = values_add(form, (double)(tokens - 1), start);
     }
     const int64_t *grid = p->read->media[first] + 3 * item->media[0], merge = l->medium[first].merge;
     GridBlock g = {grid[0], grid[1] / merge, grid[2] / merge, {0}, start, -1};
     items_scale(p->read, first, item->media[0], &g.scale);  /* the reading checked it */
-    *block = grid_largest(float32, &g);
+    *block = grid_largest(form, &g);
     if (kind->media_count == 1) {
-        grid_range(float32, row, at, &g, 0, g.frames * g.height * g.width);
+        grid_range(form, row, at, &g, 0, g.frames * g.height * g.width);
         return *block;
     }
     const int64_t tokens = item->media_tokens[1];
-    *block = values_max(*block, values_add(float32, (double)(tokens - 1), start));
-    return interleave(kind->interleave, kind->chunk, float32, row, at, &g, tokens);
+    *block = values_max(*block, values_add(form, (double)(tokens - 1), start));
+    return interleave(kind->interleave, kind->chunk, form, row, at, &g, tokens);
 }
 
-/* Sample s's positions on its three rows; returns its largest. Each item is placed one past
- * where the one before left off, text counting on between them. */
-static double
-place_sample(const Placing *p, Py_ssize_t s, char *const row[3])
+/* The largest position of an item's media block (placed from `start`) before its token `until`,
+ * where a run of generated tokens starts inside it: the block placed again, apart, in the
+ * layout's sums. 0, or -1 without memory. */
+static int
+block_largest_before(const Placing *p, const Item *item, double start, int64_t until, double *largest)
+{
+    Placing apart = *p;
+    apart.form = p->form == FORM_INT64 ? FORM_INT64 : FORM_FLOAT32;
+    const size_t size = form_size(apart.form);
+    const int64_t tokens = item->media_tokens[0] + item->media_tokens[1];
+    char *scratch = PyMem_RawMalloc((size_t)(3 * tokens) * size);
+    if (!scratch)
+        return -1;
+    char *const row[3] = {scratch, scratch + tokens * size, scratch + 2 * tokens * size};
+    double block;
+    place_media(&apart, item, row, 0, start, &block);
+    for (int r = 0; r < 3; r++)
+        for (int64_t i = 0; i < until; i++)
+            *largest = values_max(*largest, apart.form == FORM_FLOAT32 ? (double)((float *)row[r])[i]
+                                                                       : (double)((int64_t *)row[r])[i]);
+    PyMem_RawFree(scratch);
+    return 0;
+}
+
+/* Settle the runs of generated tokens that start inside an item's media block (tokens [at, at +
+ * tokens), placed from `start`, its largest `block`) or just after it. 0, or -1 without memory. */
+static int
+settle_in_block(const Placing *p, const Item *item, Decoding *d, int64_t at, int64_t tokens, double start,
+                double block, double largest)
+{
+    while (decoding_due(d, at + tokens)) {
+        const int64_t inside = d->run[d->settled].start - at;
+        double before = values_max(largest, block);
+        if (inside < tokens) {
+            before = largest;
+            if (block_largest_before(p, item, start, inside, &before) < 0)
+                return -1;
+        }
+        decoding_settle_next(d, p->form, before);
+    }
+    return 0;
+}
+
+/* Sample s's positions on its three rows into `*largest` (its largest position); `d`: its runs
+ * of generated tokens, whose deltas are settled on the way (or NULL). 0, or -1 without memory. */
+static int
+place_sample(const Placing *p, Py_ssize_t s, char *const row[3], Decoding *d, double *largest)
 {
     const ItemLayout *l = p->layout;
     const ItemRead *r = p->read;
-    const int float32 = l->float32;
+    const int form = p->form;
     const int64_t count = r->count[s];
+    double cursor = 0;
+    *largest = -1;
+    if (decoding_due(d, 0))  /* a run from the sample's first token: nothing before it */
+        decoding_settle_next(d, form, -1);
     if (l->text_only) {
-        values_ramp3(float32, row, 0, count, 0, 0.0);
-        return count ? (double)(count - 1) : -1.0;
+        if (decoding_meets(d, 0, count))
+            decoding_ramp(d, form, row, 0, count, 0.0, -1);
+        else
+            values_ramp3(form, row, 0, count, 0, 0.0);
+        *largest = count ? (double)(count - 1) : -1.0;
+        return 0;
     }
-    double cursor = 0, largest = -1;
     int64_t at = 0;
     for (Py_ssize_t i = r->first_item[s]; i < r->first_item[s + 1]; i++) {
         const Item *item = &r->items[i];
         const KindSpec *kind = &l->kind[item->kind];
         const int64_t text = item->start - at;
         /* int64 sums are exact: markers that count on continue the text's ramp in one write */
-        const int64_t joined = !float32 && !kind->share_markers ? kind->lead : 0;
+        const int64_t joined = form == FORM_INT64 && !kind->share_markers ? kind->lead : 0;
         if (text + joined) {
-            values_ramp3(float32, row, at, text + joined, 0, cursor);
-            largest = values_max(largest, values_add(float32, (double)(text + joined - 1), cursor));
-            cursor = values_add(float32, cursor, (double)(text + joined));
+            place_text(form, row, at, text + joined, &cursor, largest, d);
             at += text + joined;
         }
-        place_markers(float32, kind->share_markers, 0, row, at, kind->lead - joined, &cursor, &largest);
+        place_markers(form, kind->share_markers, 0, row, at, kind->lead - joined, &cursor, largest, d);
         at += kind->lead - joined;
         double block;
         const double last = place_media(p, item, row, at, cursor, &block);
-        largest = values_max(largest, block);
-        cursor = values_add(float32, kind->resume_after_last ? last : block, 1);
-        at += item->media_tokens[0] + item->media_tokens[1];
-        place_markers(float32, kind->share_markers, 1, row, at, item->start + item->tokens - at, &cursor, &largest);
+        const int64_t tokens = item->media_tokens[0] + item->media_tokens[1];
+        if (decoding_due(d, at + tokens) && settle_in_block(p, item, d, at, tokens, cursor, block, *largest) < 0)
+            return -1;
+        *largest = values_max(*largest, block);
+        cursor = values_add(form, kind->resume_after_last ? last : block, 1);
+        at += tokens;
+        place_markers(form, kind->share_markers, 1, row, at, item->start + item->tokens - at, &cursor, largest, d);
         at = item->start + item->tokens;
     }
-    if (at < count) {
-        values_ramp3(float32, row, at, count - at, 0, cursor);
-        largest = values_max(largest, values_add(float32, (double)(count - at - 1), cursor));
-    }
-    return largest;
+    if (at < count)
+        place_text(form, row, at, count - at, &cursor, largest, d);
+    return 0;
 }
 
 typedef struct {
     const Placing *p;
     Py_ssize_t first_sample, end_sample;
+    int failed;  /* out of memory */
 } PlaceWork;
 
 static void *
 place_samples(void *argument)
 {
-    const PlaceWork *work = argument;
+    PlaceWork *work = argument;
     const Placing *p = work->p;
     const ItemLayout *l = p->layout;
     const ItemRead *r = p->read;
-    const int float32 = l->float32;
-    const size_t size = float32 ? 4 : 8;
+    const int form = p->form;
+    const size_t size = form_size(form);
     const Py_ssize_t length = p->length, rows = p->text_row ? 4 : 3;
+    Decoding decoding = {0};
     for (Py_ssize_t s = work->first_sample; s < work->end_sample; s++) {
         const int64_t first = r->first[s], count = r->count[s];
         /* an empty sample ending the rows lies at the end of the last one */
@@ -420,55 +488,72 @@ place_samples(void *argument)
         char *at_sample[3];
         for (int k = 0; k < 3; k++)
             at_sample[k] = positions[k] + column * size;
-        double largest = place_sample(p, s, at_sample);
+        Decoding *d = NULL;
+        if (p->generated) {
+            const int found = decoding_find(&decoding, p->generated + first, count);
+            work->failed = found < 0;
+            d = found > 0 ? &decoding : NULL;
+        }
+        double largest;
+        if (work->failed || place_sample(p, s, at_sample, d, &largest) < 0) {
+            work->failed = 1;
+            break;
+        }
         if (p->text_row)
-            values_ramp(float32, row[0], column, count, 0, 0.0);
+            values_ramp(form, row[0], column, count, 0, 0.0);
         if (p->one_per_row) {
             for (Py_ssize_t k = 0; k < rows; k++) {
                 const double value = p->text_row && k == 0 ? 1 : l->padding;
-                values_fill(float32, row[k], 0, column, value);
-                values_fill(float32, row[k], column + count, length - column - count, value);
+                values_fill(form, row[k], 0, column, value);
+                values_fill(form, row[k], column + count, length - column - count, value);
             }
             if (l->padding_in_largest && count < length)
                 largest = values_max(largest, l->padding);
         }
-        const double delta = values_add(float32, values_add(float32, largest, 1), (double)-count);
-        if (float32)
+        const double delta = values_add(form, values_add(form, largest, 1), (double)-count);
+        int64_t decoded_delta;
+        if (d && decoding_write(d, at_sample, count, &decoded_delta))  /* it ends in a decoded run */
+            ((int64_t *)p->deltas)[s] = decoded_delta;
+        else if (form == FORM_FLOAT32)
             ((float *)p->deltas)[s] = (float)delta;
         else
             ((int64_t *)p->deltas)[s] = (int64_t)delta;
     }
+    decoding_free(&decoding);
     return NULL;
 }
 
 const char place_items_doc[] =
 "place_items(layout, out, text_row, batch, length, ids, mask, first, count, media, seconds, deltas,\n"
-"            enabled, threads) -> status\n\n"
+"            enabled, threads, generated=None) -> status\n\n"
 "Positions of a batch's media items by `layout` (compile_layout), written into `out` (float32 or\n"
-"int64 by the layout; (3, B, L), or (B, 4, L) with `text_row`, whose row 0 counts each sample's\n"
-"tokens from 0 and holds 1 at padding), and each sample's largest position + 1 - its tokens\n"
-"into `deltas` (same dtype). `ids`: int64 (B, L). Samples: `first` (flat index) and `count`\n"
-"(int64), covering the rows back to back; or, both None, one per row: its valid tokens in `mask`\n"
-"(bool, or None: all). `media`: per medium, int64 (N, 3) grids or (N,) lengths, or None;\n"
-"`seconds`: per timed medium, float32 (N,) seconds per grid, else None. `enabled`: a bit per kind\n"
-"that may occur. Returns 0 when written; 1 where tokens and media disagree, 2 for padding\n"
-"inside a row, 3 for media that cannot be placed, 4 for a sample without tokens.";
+"int64 by the layout's form; (3, B, L), or (B, 4, L) with `text_row`, whose row 0 counts each\n"
+"sample's tokens from 0 and holds 1 at padding), and each sample's largest position + 1 - its\n"
+"tokens into `deltas` (same dtype). `ids`: int64 (B, L). Samples: `first` (flat index) and\n"
+"`count` (int64), covering the rows back to back; or, both None, one per row: its valid tokens\n"
+"in `mask` (bool, or None: all). `media`: per medium, int64 (N, 3) grids or (N,) lengths, or\n"
+"None; `seconds`: per timed medium, float32 (N,) seconds per grid, else None. `enabled`: a bit\n"
+"per kind that may occur. `generated`: None, or bool (B, L), 1 where a rollout engine generated\n"
+"the token (int64 forms only): each run of them at its index in the sample plus the delta of\n"
+"what precedes it; a sample ending in one has that delta. Returns 0 when written; 1 where\n"
+"tokens and media disagree, 2 for padding inside a row, 3 for media that cannot be placed, 4 for\n"
+"a sample without tokens.";
 
 PyObject *
 place_items(PyObject *module, PyObject *args)
 {
-    PyObject *capsule, *out_obj, *ids, *mask, *first, *count, *media, *seconds, *deltas_obj;
+    PyObject *capsule, *out_obj, *ids, *mask, *first, *count, *media, *seconds, *deltas_obj, *generated_obj = Py_None;
     int text_row, threads;
     Py_ssize_t batch, length;
     unsigned int enabled;
-    if (!PyArg_ParseTuple(args, "OOpnnOOOOOOOIi:place_items", &capsule, &out_obj, &text_row, &batch, &length, &ids,
-                          &mask, &first, &count, &media, &seconds, &deltas_obj, &enabled, &threads))
+    if (!PyArg_ParseTuple(args, "OOpnnOOOOOOOIi|O:place_items", &capsule, &out_obj, &text_row, &batch, &length, &ids,
+                          &mask, &first, &count, &media, &seconds, &deltas_obj, &enabled, &threads, &generated_obj))
         return NULL;
     const ItemLayout *l = layout_of(capsule);
     if (!l)
         return NULL;
-    const Py_ssize_t value_size = l->float32 ? 4 : 8, rows = text_row ? 4 : 3;
-    Py_buffer out, deltas;
+    const Py_ssize_t value_size = (Py_ssize_t)form_size(l->form), rows = text_row ? 4 : 3;
+    Py_buffer out, deltas, generated = {0};
     if (acquire(out_obj, &out, 1, value_size, "out") < 0)
         return NULL;
     if (acquire(deltas_obj, &deltas, 1, value_size, "deltas") < 0) {
@@ -477,22 +562,28 @@ place_items(PyObject *module, PyObject *args)
     }
     Reading c = {0};
     PyObject *result = NULL;
-    int status = reading(&c, l, ids, batch, length, mask, first, count, media, seconds, enabled);
+    int status = -1;
+    if (generated_obj != Py_None && acquire(generated_obj, &generated, 0, 1, "generated") < 0)
+        goto release;
+    status = reading(&c, l, ids, batch, length, mask, first, count, media, seconds, enabled);
     if (status < 0)
         goto release;
-    if (out.len / value_size != rows * batch * length || deltas.len / value_size != c.read.samples) {
-        PyErr_Format(PyExc_ValueError, "place_items: out and deltas do not fit a batch of %zd x %zd", batch, length);
+    if (out.len / value_size != rows * batch * length || deltas.len / value_size != c.read.samples ||
+        (generated.buf && (generated.len != batch * length || l->form == FORM_FLOAT32))) {
+        PyErr_Format(PyExc_ValueError, "place_items: out, deltas or generated do not fit a batch of %zd x %zd (or "
+                     "generated with float32 positions)", batch, length);
         goto release;
     }
     if (status == ITEMS_PLACED) {
-        const Placing p = {l, &c.read, batch, length, text_row, c.one_per_row, out.buf, deltas.buf};
+        const Placing p = {l, &c.read, batch, length, text_row, c.one_per_row, l->form, out.buf, deltas.buf,
+                           generated.buf};
         const Py_ssize_t samples = c.read.samples, tokens = batch * length;
         const Py_ssize_t workers = worker_count(rows * tokens, samples, threads);
         PlaceWork work[MAX_THREADS];
         Py_ssize_t s = 0;
         for (Py_ssize_t w = 0; w < workers; w++) {  /* each worker the samples of about an equal share of tokens */
             const int64_t until = tokens * (w + 1) / workers;
-            work[w] = (PlaceWork){&p, s, s};
+            work[w] = (PlaceWork){&p, s, s, 0};
             while (work[w].end_sample < samples && (w == workers - 1 || c.read.first[work[w].end_sample] < until))
                 work[w].end_sample++;
             s = work[w].end_sample;
@@ -500,10 +591,17 @@ place_items(PyObject *module, PyObject *args)
         Py_BEGIN_ALLOW_THREADS
         run_workers(place_samples, work, sizeof(PlaceWork), workers);
         Py_END_ALLOW_THREADS
+        for (Py_ssize_t w = 0; w < workers; w++)
+            if (work[w].failed) {
+                PyErr_NoMemory();
+                goto release;
+            }
     }
     result = PyLong_FromLong(status);
 release:
     reading_release(&c);
+    if (generated.buf)
+        PyBuffer_Release(&generated);
     PyBuffer_Release(&deltas);
     PyBuffer_Release(&out);
     return result;

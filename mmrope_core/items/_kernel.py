@@ -28,7 +28,9 @@ class ItemKernel(RopeKernel):
     grid medium: its grids' keyword and its seconds'). ``switches``: other keywords a family's
     reference takes, which :meth:`layout_for` reads. A family whose reference changes its layout
     with the inputs (no grids given, a flag) overrides :meth:`layout_for`; one with messages of
-    its own overrides :meth:`explain`.
+    its own overrides :meth:`explain`. ``reads_generated_mask``: :meth:`rope_index` and
+    :meth:`position_ids` take ``generated_mask`` and place the runs of generated tokens where a
+    rollout engine decodes them (see :meth:`ItemLayout.place`; int64 positions only).
 
     Example::
 
@@ -39,9 +41,14 @@ class ItemKernel(RopeKernel):
     places_packed_rows = True
 
     def __init__(self, layout: ItemLayout, keys: Mapping[str, str | Sequence[str]], *,
-                 switches: Collection[str] = (), position_dtype: torch.dtype | None = None) -> None:
+                 switches: Collection[str] = (), position_dtype: torch.dtype | None = None,
+                 reads_generated_mask: bool = False) -> None:
+        if reads_generated_mask and layout.out_dtype != torch.int64:
+            raise ValueError("ItemKernel(reads_generated_mask=True) places generated tokens in int64 positions: the "
+                             "layout must write int64 (dtype=torch.int64, or truncated=True)")
         self.layout = layout
-        self.position_dtype = layout.dtype if position_dtype is None else position_dtype
+        self.reads_generated_mask = reads_generated_mask
+        self.position_dtype = layout.out_dtype if position_dtype is None else position_dtype
         self._media: list[tuple[bool, str, str | None, str]] = []
         for medium in layout.media:
             given = keys.get(medium.name)
@@ -59,17 +66,19 @@ class ItemKernel(RopeKernel):
         self._known = frozenset(self.keys)
 
     def rope_index(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
-                   cu_seqlens: torch.Tensor | None = None, **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+                   cu_seqlens: torch.Tensor | None = None, generated_mask: torch.Tensor | None = None,
+                   **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """``(3, B, L)`` positions and ``(B, 1)`` deltas; with ``cu_seqlens`` (``(K + 1,)``
         boundaries from 0 to L) one packed ``(1, L)`` row of K samples, each placed as it is
         alone, and ``(K, 1)`` deltas."""
-        return self.placed(False, input_ids, attention_mask, cu_seqlens, inputs)
+        return self.placed(False, input_ids, attention_mask, cu_seqlens, inputs, generated_mask)
 
     def position_ids(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
-                     cu_seqlens: torch.Tensor | None = None, **inputs: Any) -> torch.Tensor:
+                     cu_seqlens: torch.Tensor | None = None, generated_mask: torch.Tensor | None = None,
+                     **inputs: Any) -> torch.Tensor:
         """The engine's ``(B, 4, L)`` layout written in the same pass: row 0 counts each sample's
         (segment's) valid tokens from 0, 1 at padding; rows 1 to 3 are :meth:`rope_index`'s."""
-        positions, _ = self.placed(True, input_ids, attention_mask, cu_seqlens, inputs)
+        positions, _ = self.placed(True, input_ids, attention_mask, cu_seqlens, inputs, generated_mask)
         return positions if positions.dtype == self.position_dtype else positions.to(self.position_dtype)
 
     def layout_for(self, inputs: Mapping[str, Any]) -> tuple[ItemLayout, int]:
@@ -77,16 +86,18 @@ class ItemKernel(RopeKernel):
         return self.layout, self.layout.enabled()
 
     def placed(self, text_row: bool, input_ids: Any, attention_mask: torch.Tensor | None, cu_seqlens: Any,
-               inputs: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+               inputs: Mapping[str, Any], generated_mask: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Positions and deltas for a call: ``(B, 4, L)`` with ``text_row``, else ``(3, B, L)``."""
-        if not self._known.issuperset(inputs):
-            unknown = sorted(set(inputs) - self._known)
+        if not self._known.issuperset(inputs) or (generated_mask is not None and not self.reads_generated_mask):
+            unknown = sorted(set(inputs) - self._known) or ["generated_mask"]
             raise InvalidInputError(f"get_rope_index got {', '.join(map(repr, unknown))}, which this kernel does not "
                                     f"take; it takes {', '.join(map(repr, self.keys))}")
         layout, enabled = self.layout_for(inputs)
         media, seconds = self.media_arrays(inputs)
         ids, mask = host_batch(input_ids, attention_mask)
-        positions, deltas = self._placed(text_row, ids, mask, cu_seqlens, layout, enabled, media, seconds, inputs)
+        generated = None if generated_mask is None else _generated(generated_mask, ids.shape)
+        positions, deltas = self._placed(text_row, ids, mask, cu_seqlens, layout, enabled, media, seconds, inputs,
+                                         generated)
         if input_ids.device.type != "cpu":
             return positions.to(input_ids.device), deltas.to(input_ids.device)
         return positions, deltas
@@ -108,31 +119,36 @@ class ItemKernel(RopeKernel):
         return tuple(media), tuple(seconds)
 
     def _placed(self, text_row: bool, ids: torch.Tensor, mask: torch.Tensor | None, cu_seqlens: Any,
-                layout: ItemLayout, enabled: int, media: Arrays, seconds: Arrays,
-                inputs: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+                layout: ItemLayout, enabled: int, media: Arrays, seconds: Arrays, inputs: Mapping[str, Any],
+                generated: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         batch, length = ids.shape
         first = count = None
         if cu_seqlens is not None:
             first, count = packed_segments(cu_seqlens, (batch, length), mask)
             mask = None
         # numpy allocates in a third of torch.empty's time on a single sample; torch shares the memory
-        dtype = np.float32 if layout.float32 else np.int64
+        dtype = np.float32 if layout.out_dtype == torch.float32 else np.int64
         out = np.empty((batch, 4, length) if text_row else (3, batch, length), dtype=dtype)
         deltas = np.empty((batch if first is None else first.size, 1), dtype=dtype)
         status = layout.place(out, text_row, ids.numpy(), None if mask is None else mask.numpy(), first, count, media,
-                              seconds, deltas, enabled, torch.get_num_threads())
+                              seconds, deltas, enabled, torch.get_num_threads(), generated)
         if status == PADDING_INSIDE:
-            return self._compacted(text_row, ids, mask, layout, enabled, media, seconds, inputs)
+            return self._compacted(text_row, ids, mask, layout, enabled, media, seconds, inputs, generated)
         if status != PLACED:
             self.refuse(layout, enabled, ids, mask, first, count, media, seconds, inputs)
         return torch.from_numpy(out), torch.from_numpy(deltas)
 
-    def _compacted(self, text_row: bool, ids: torch.Tensor, mask: Any, *rest: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def _compacted(self, text_row: bool, ids: torch.Tensor, mask: Any, layout: ItemLayout, enabled: int,
+                   media: Arrays, seconds: Arrays, inputs: Mapping[str, Any],
+                   generated: np.ndarray | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Positions for masks with padding inside a sample: computed with each sample's valid
         tokens moved to the front, in order, then put back (the padding goes where padding was)."""
         order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)
         valid = torch.arange(mask.shape[1]) < mask.sum(dim=1, keepdim=True)
-        compact, deltas = self._placed(text_row, ids.gather(1, order), valid, None, *rest)
+        if generated is not None:
+            generated = np.take_along_axis(generated, order.numpy(), axis=1)
+        compact, deltas = self._placed(text_row, ids.gather(1, order), valid, None, layout, enabled, media, seconds,
+                                       inputs, generated)
         order = order.unsqueeze(1 if text_row else 0).expand_as(compact)
         return torch.empty_like(compact).scatter_(2, order, compact), deltas
 
@@ -198,6 +214,14 @@ def packed_segments(cu_seqlens: Any, shape: tuple[int, int], mask: torch.Tensor 
     if bounds.size < 2 or bounds[0] != 0 or bounds[-1] != shape[1] or count.min() <= 0:
         raise InvalidInputError(f"cu_seqlens must increase from 0 to the row length {shape[1]}, got {bounds.tolist()}")
     return np.ascontiguousarray(bounds[:-1]), count
+
+
+def _generated(value: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """``generated_mask`` as a host bool array shaped like the ids."""
+    if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(shape):
+        raise InvalidInputError(f"generated_mask must be a tensor shaped like input_ids {tuple(shape)}, got "
+                                f"{type(value).__name__} {tuple(getattr(value, 'shape', ()))}")
+    return _host(value if value.dtype == torch.bool else value != 0, torch.bool)
 
 
 def _grid(key: str, value: Any) -> np.ndarray:

@@ -11,8 +11,8 @@ import numpy as np
 import torch
 
 from .. import compiled
-from . import _place, _read
-from ._spec import INTERLEAVES, MAX_KINDS, MAX_MEDIA, GridMedia, ItemKind, Media, SequenceMedia, TemporalRule
+from . import _decode, _place, _read
+from ._spec import FORMS, INTERLEAVES, MAX_KINDS, MAX_MEDIA, GridMedia, ItemKind, Media, SequenceMedia, TemporalRule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +26,8 @@ class ItemLayout:
         temporal: how grids' frames get their temporal ids.
         dtype: ``torch.int64``, or ``torch.float32`` where the reference keeps fractions (sums are
             then rounded to float32 as the reference rounds them).
+        truncated: float32 positions (and deltas) are written as int64, each truncated toward
+            zero, as ``.to(torch.int64)`` truncates the reference's (a rollout engine's cast).
         padding: what positions hold at padding.
         padding_in_largest: a sample's delta counts the padding's value as a position.
         text_only: items are read and checked, but every token counts on as text (a reference's
@@ -38,6 +40,7 @@ class ItemLayout:
     kinds: tuple[ItemKind, ...]
     temporal: TemporalRule = dataclasses.field(default_factory=TemporalRule)
     dtype: torch.dtype = torch.int64
+    truncated: bool = False
     padding: float = 0
     padding_in_largest: bool = False
     text_only: bool = False
@@ -68,6 +71,8 @@ class ItemLayout:
             raise ValueError(f"ItemLayout.dtype must be torch.int64 or torch.float32, got {self.dtype}")
         if self.dtype == torch.int64 and not self.temporal.truncate:
             raise ValueError("int64 positions need truncated temporal ids: TemporalRule(truncate=True)")
+        if not isinstance(self.truncated, bool) or (self.truncated and self.dtype != torch.float32):
+            raise ValueError("ItemLayout.truncated is a bool, True only with dtype=torch.float32")
         if type(self.padding) not in (int, float) or not -(2**24) <= self.padding <= 2**24:
             raise ValueError(f"ItemLayout.padding must be a number of magnitude at most 2**24, got {self.padding!r}")
         for pair in self.exclusive:
@@ -102,11 +107,18 @@ class ItemLayout:
 
     @property
     def float32(self) -> bool:
+        """Positions are summed in float32."""
         return self.dtype == torch.float32
+
+    @property
+    def out_dtype(self) -> torch.dtype:
+        """What positions and deltas are written in: int64 where :attr:`truncated`, else :attr:`dtype`."""
+        return torch.int64 if self.truncated else self.dtype
 
     def place(self, out: np.ndarray, text_row: bool, ids: np.ndarray, mask: np.ndarray | None,
               first: np.ndarray | None, count: np.ndarray | None, media: Sequence[np.ndarray | None],
-              seconds: Sequence[np.ndarray | None], deltas: np.ndarray, enabled: int, threads: int = 1) -> int:
+              seconds: Sequence[np.ndarray | None], deltas: np.ndarray, enabled: int, threads: int = 1,
+              generated: np.ndarray | None = None) -> int:
         """Write a batch's positions: one read of its tokens finds and checks its items, then each
         position is written once. On the compiled loops where they are loaded, else in numpy,
         with the same results.
@@ -114,7 +126,7 @@ class ItemLayout:
         Arrays are C-contiguous numpy arrays on the host.
 
         Args:
-            out: written, in :attr:`dtype`: ``(3, B, L)``, or ``(B, 4, L)`` with ``text_row``,
+            out: written, in :attr:`out_dtype`: ``(3, B, L)``, or ``(B, 4, L)`` with ``text_row``,
                 whose row 0 counts each sample's tokens from 0 and holds 1 at padding.
             ids: int64 ``(B, L)`` token ids.
             mask: bool ``(B, L)``, one sample per row, its valid tokens; None: every token.
@@ -124,9 +136,15 @@ class ItemLayout:
             media: per medium, in :attr:`media`'s order: int64 ``(N, 3)`` grids or ``(N,)``
                 sequence lengths, or None.
             seconds: per medium: float32 ``(N,)`` seconds per grid of a timed grid medium, else None.
-            deltas: written, ``(S,)`` in :attr:`dtype`: each sample's largest position + 1 - its tokens.
+            deltas: written, ``(S,)`` in :attr:`out_dtype`: each sample's largest position + 1 - its tokens.
             enabled: the kinds that may occur (:meth:`enabled`).
             threads: at most this many threads share the work.
+            generated: bool ``(B, L)``, True at the tokens a rollout engine generated (never at a
+                sample's first token), or None; int64 :attr:`out_dtype` only. Each run of them is
+                one request's decode, after a prompt of every token before it in its sample: its
+                tokens sit at their index in the sample plus the request's delta (the largest
+                position before the run + 1 - the run's first index, summed as positions are,
+                truncated toward zero) on every row; a sample ending in one has its delta.
 
         Returns:
             :data:`PLACED`; else ``out`` and ``deltas`` hold nothing to read and the status says
@@ -139,12 +157,17 @@ class ItemLayout:
             ValueError: arrays whose sizes do not fit the batch, or samples that do not cover it
                 back to back.
         """
+        if generated is not None and self.out_dtype != torch.int64:
+            raise ValueError("ItemLayout.place: generated tokens are placed in int64 positions only")
         native = compiled.native
         if native is None:
-            return _place.place(self, out, text_row, ids, mask, first, count, media, seconds, deltas, enabled)
+            if not self.truncated and generated is None:
+                return _place.place(self, out, text_row, ids, mask, first, count, media, seconds, deltas, enabled)
+            return _decode.place_decoded(self, out, text_row, ids, mask, first, count, media, seconds, deltas,
+                                         enabled, generated)
         layout = self._compiled if self._compiled is not None else self._compile(native)
         status: int = native.place_items(layout, out, text_row, ids.shape[0], ids.shape[1], ids, mask, first, count,
-                                         tuple(media), tuple(seconds), deltas, enabled, threads)
+                                         tuple(media), tuple(seconds), deltas, enabled, threads, generated)
         return status
 
     def find(self, ids: np.ndarray, mask: np.ndarray | None, first: np.ndarray | None, count: np.ndarray | None,
@@ -187,7 +210,8 @@ class ItemLayout:
         layout = native.compile_layout(
             media, tuple(specs), (float(rule.per_second), rule.order == "frame_first", int(rule.precision == "float64"),
                                   rule.truncate),
-            (self.float32, float(self.padding), self.padding_in_largest, self.text_only, not self.empty_samples))
+            (FORMS[self.float32, self.truncated], float(self.padding), self.padding_in_largest, self.text_only,
+             not self.empty_samples))
         object.__setattr__(self, "_compiled", layout)
         return layout
 

@@ -122,6 +122,8 @@ class TemporalRule:
 
 
 INTERLEAVES = {None: 0, "time": 1, "chunks": 2, "groups": 3}
+#: the compiled loops' forms of positions, by (summed in float32, written truncated to int64)
+FORMS = {(False, False): 0, (True, False): 1, (True, True): 2}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,7 +20,7 @@ from .audio import VLLM_AUDIO_RULES
 from .families import Family
 from .fast import FastRopeIndex
 from .reference import ReferenceRopeIndex
-from .sglang import SGLANG_AUDIO_RULE, SglangRopeIndex
+from .sglang import SGLANG_AUDIO_RULE
 
 IMPLEMENTATIONS = ("fast", "reference")
 #: The conventions each generation offers, and why it lacks one.
@@ -50,11 +50,8 @@ def bind(family: Family, processor: Any, config: Any, options: Mapping[str, Any]
                 f"{convention!r}"
             )
         # no probe: there is no vLLM or SGLang here to agree with (the tests and benchmarks compare with their code)
-        if convention == SGLANG_0_5_23:
-            bound: Any = SglangRopeIndex(kernel(family, thinker, markers, SGLANG_AUDIO_RULE))
-        else:
-            bound = kernel(family, thinker, markers, VLLM_AUDIO_RULES[family.float_positions], convention=convention)
-        return RopeBinding("mrope", bound, "fast",
+        engine_rule = SGLANG_AUDIO_RULE if convention == SGLANG_0_5_23 else VLLM_AUDIO_RULES[family.float_positions]
+        return RopeBinding("mrope", kernel(family, thinker, markers, engine_rule, convention=convention), "fast",
                            f"{family.name}, {name}{why}{conventions.described(conventions.asked(options))}")
     dtype = torch.float32 if family.float_positions and not integer else torch.int64
     note = ", integer positions (fractional positions truncated)" if family.float_positions and integer else ""

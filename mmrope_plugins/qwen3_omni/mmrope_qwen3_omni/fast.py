@@ -1,7 +1,7 @@
 """The batched kernel: every sample and media item of a batch placed in one read of its tokens and
 one write, by the family's layout as data (:mod:`.placing`) on the core's compiled primitives
-(:mod:`mmrope_core.items`; numpy where they are missing), packed rows and the engine's four
-rows included."""
+(:mod:`mmrope_core.items`; numpy where they are missing), packed rows, the engine's four rows and
+SGLang's truncated positions and decoded tokens included."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from .families import Family
 from .inputs import refuse_unknown, seconds_tensor
 from .kernel import Kernel
 from .placing import SILENT_VIDEOS, VIDEOS_WITH_AUDIO, omni_layout, text_layout
+from .sglang import refuse_audio_in_video
 
 _KEYS = {"image": "image_grid_thw", "video": ("video_grid_thw", "second_per_grids"), "audio": "audio_seqlens"}
 
@@ -32,44 +33,47 @@ class FastRopeIndex(ItemKernel, Kernel):
 
     :meth:`rope_index` (also the instance's call) has the reference ``get_rope_index``'s
     arguments and results, and takes ``cu_seqlens`` for one packed ``(1, L)`` row;
-    :meth:`position_ids` gives the engine's ``(B, 4, L)`` layout in the same pass."""
+    :meth:`position_ids` gives the engine's ``(B, 4, L)`` layout in the same pass. In SGLang's
+    convention both take ``generated_mask`` and place the tokens SGLang decoded where it decoded
+    them (:mod:`.sglang`), in the same pass."""
 
     def __init__(self, family: Family, thinker: Any, markers: Mapping[str, int], audio_rule: str,
                  position_dtype: torch.dtype | None = None, convention: str = TRANSFORMERS) -> None:
         Kernel.__init__(self, family, thinker, markers, audio_rule, position_dtype, convention)
         try:
             layout = omni_layout(family, self.tokens, self.merge, audio_media(family, self._window), self._per_second,
-                                 self._chunk, self.vllm)
+                                 self._chunk, self.vllm, truncated=self.sglang)
         except ValueError as exc:  # sizes no processor uses
             raise InvalidInputError(f"the {family.name} config's sizes cannot be placed ({exc}); pass the model's "
                                     f"config") from exc
-        ItemKernel.__init__(self, layout, _KEYS, switches=("use_audio_in_video",), position_dtype=self.position_dtype)
+        ItemKernel.__init__(self, layout, _KEYS, switches=("use_audio_in_video",), position_dtype=self.position_dtype,
+                            reads_generated_mask=self.sglang)
         self._without_grids = text_layout(layout, self.vllm)
         self._enabled = {False: layout.enabled(SILENT_VIDEOS), True: layout.enabled(VIDEOS_WITH_AUDIO)}
 
     def rope_index(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                    cu_seqlens: torch.Tensor | None = None, image_grid_thw=None, video_grid_thw=None,
                    audio_seqlens=None, second_per_grids=None, use_audio_in_video: bool = False,
-                   **unknown: Any) -> tuple[torch.Tensor, torch.Tensor]:
+                   generated_mask: torch.Tensor | None = None, **unknown: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """``(3, B, L)`` positions and ``(B, 1)`` deltas, as the reference returns them; with
         ``cu_seqlens`` (``(K + 1,)`` boundaries from 0 to L) one packed ``(1, L)`` row of K
         samples, each placed as it is alone, and ``(K, 1)`` deltas."""
         refuse_unknown(unknown)
         return self.placed(False, input_ids, attention_mask, cu_seqlens, self._inputs(
-            image_grid_thw, video_grid_thw, audio_seqlens, second_per_grids, use_audio_in_video))
+            image_grid_thw, video_grid_thw, audio_seqlens, second_per_grids, use_audio_in_video), generated_mask)
 
     __call__ = rope_index
 
     def position_ids(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                      cu_seqlens: torch.Tensor | None = None, image_grid_thw=None, video_grid_thw=None,
                      audio_seqlens=None, second_per_grids=None, use_audio_in_video: bool = False,
-                     **unknown: Any) -> torch.Tensor:
+                     generated_mask: torch.Tensor | None = None, **unknown: Any) -> torch.Tensor:
         """The engine's ``(B, 4, L)`` layout, ``(1, 4, L)`` with ``cu_seqlens``: row 0 counts each
         sample's (segment's) valid tokens from 0, 1 at padding; rows 1 to 3 are
         :meth:`rope_index`'s positions, in ``position_dtype``. Written in the same pass."""
         refuse_unknown(unknown)
         positions, _ = self.placed(True, input_ids, attention_mask, cu_seqlens, self._inputs(
-            image_grid_thw, video_grid_thw, audio_seqlens, second_per_grids, use_audio_in_video))
+            image_grid_thw, video_grid_thw, audio_seqlens, second_per_grids, use_audio_in_video), generated_mask)
         return positions if positions.dtype == self.position_dtype else positions.to(self.position_dtype)
 
     def _inputs(self, image_grid_thw, video_grid_thw, audio_seqlens, second_per_grids,
@@ -81,6 +85,8 @@ class FastRopeIndex(ItemKernel, Kernel):
     def layout_for(self, inputs: Mapping[str, Any]) -> tuple[ItemLayout, int]:
         """Without image and video grids the reference counts every token on (after checking
         the items); ``use_audio_in_video`` says which kind a video is."""
+        if self.sglang:
+            refuse_audio_in_video(inputs)
         grids = inputs["image_grid_thw"] is not None or inputs["video_grid_thw"] is not None
         return self.layout if grids else self._without_grids, self._enabled[bool(inputs["use_audio_in_video"])]
 

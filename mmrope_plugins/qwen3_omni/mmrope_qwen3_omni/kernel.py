@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from mmrope_core import InvalidInputError, RopeKernel
-from mmrope_core.conventions import TRANSFORMERS, VLLM_0_33
+from mmrope_core.conventions import SGLANG_0_5_23, TRANSFORMERS, VLLM_0_33
 from mmrope_core.media import read_grid
 
 from .audio import audio_window
@@ -31,8 +31,9 @@ class Implementation(RopeKernel):
         self.merge = int(thinker.vision_config.spatial_merge_size)
         self.convention = convention
         self.vllm = convention == VLLM_0_33
-        # the reference's; vLLM's positions are int64 in both generations
-        self.dtype = torch.float32 if family.float_positions and not self.vllm else torch.int64
+        self.sglang = convention == SGLANG_0_5_23
+        # the reference's; vLLM's positions are int64 in both generations, SGLang's truncated to int64
+        self.dtype = torch.float32 if family.float_positions and convention == TRANSFORMERS else torch.int64
         self.position_dtype = self.dtype if position_dtype is None else position_dtype
         # Qwen2.5-Omni's reference finds a video with its audio by its first video token;
         # vLLM reads no token inside the video's markers

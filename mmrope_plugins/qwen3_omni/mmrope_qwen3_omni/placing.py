@@ -1,6 +1,6 @@
 """Qwen2.5-Omni's and Qwen3-Omni's layouts as data (:mod:`mmrope_core.items`), in transformers'
-convention and vLLM 0.33's: what their ``get_rope_index`` does with markers, placeholders,
-grids and audio, composed of the core's primitives."""
+convention, vLLM 0.33's and SGLang 0.5.23's: what their ``get_rope_index`` does with markers,
+placeholders, grids and audio, composed of the core's primitives."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ SILENT_VIDEOS, VIDEOS_WITH_AUDIO = (IMAGE, AUDIO, VIDEO), (IMAGE, AUDIO, VIDEO_W
 
 
 def omni_layout(family: Family, tokens: Tokens, merge: int, audio: SequenceMedia, per_second: float, chunk: int,
-                vllm: bool) -> ItemLayout:
+                vllm: bool, truncated: bool = False) -> ItemLayout:
     """The layout of batches with grids.
 
     Each item (an image, audio or video between its markers, or a video with its audio, whose
@@ -31,7 +31,8 @@ def omni_layout(family: Family, tokens: Tokens, merge: int, audio: SequenceMedia
     temporal ids are float64 products truncated, Qwen2.5-Omni's block of a video with its audio
     starts one token early (at its audio start marker) and merges by groups of frames; the text
     after a block goes on past its largest position, and an audio of its own may not share a
-    sample with a video with its audio."""
+    sample with a video with its audio. ``truncated``: transformers' float32 positions written
+    truncated to int64 (SGLang's cast)."""
     qwen3 = family.float_positions
     markers: Literal["count", "share"] = "count" if qwen3 or vllm else "share"
     resume: Literal["largest", "last"] = "largest" if vllm else "last"
@@ -54,7 +55,8 @@ def omni_layout(family: Family, tokens: Tokens, merge: int, audio: SequenceMedia
         media=(GridMedia(IMAGE, merge), GridMedia(VIDEO, merge, timed=True), audio),
         kinds=(alone(IMAGE, t.vision_start, t.image, t.vision_end), alone(AUDIO, t.audio_start, t.audio, t.audio_end),
                alone(VIDEO, t.vision_start, t.video, t.vision_end), with_audio),
-        temporal=temporal, dtype=torch.float32 if qwen3 and not vllm else torch.int64, padding=0 if qwen3 else 1,
+        temporal=temporal, dtype=torch.float32 if qwen3 and not vllm else torch.int64, truncated=truncated,
+        padding=0 if qwen3 else 1,
         exclusive=((AUDIO, VIDEO_WITH_AUDIO),) if vllm else ())
 
 

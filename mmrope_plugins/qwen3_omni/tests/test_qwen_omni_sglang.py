@@ -15,7 +15,6 @@ from test_qwen_omni import as_processor_outputs, built, generated, ids_of, split
 
 from mmrope_core import InvalidInputError, PluginManager, RopeEngine, UnknownConventionError, _native, compiled
 from mmrope_qwen3_omni.fast import FastRopeIndex
-from mmrope_qwen3_omni.sglang import SglangRopeIndex
 
 CASES = json.loads(Path(__file__).with_name("sglang_cases.json").read_text())["Qwen3-Omni"]
 
@@ -41,9 +40,9 @@ def place(request, manager, monkeypatch):
     def placed(ids, mask=None, **kwargs):
         if request.param == "engine":
             return engine.get_rope_index(ids, mask, **kwargs)
-        inner = engine.binding.kernel.kernel
+        bound = engine.binding.kernel
         markers = {"vision_end": ids_of(engine.processor)["vision_eos"], "audio_end": ids_of(engine.processor)["audio_eos"]}
-        kernel = SglangRopeIndex(FastRopeIndex(inner.family, inner.config, markers, inner.audio_rule))
+        kernel = FastRopeIndex(bound.family, bound.config, markers, bound.audio_rule, convention=bound.convention)
         if kwargs.get("generated_mask") is not None:
             kwargs["generated_mask"] = kwargs["generated_mask"].bool()
         if request.param == "numpy":
