@@ -97,6 +97,16 @@ def packed_row_support(engine: Any) -> PackedRowSupport:
             model, f"its positions have {rows} rows, and transformers finds packed segments from a text row only above "
                    f"three (t, h, w) rows", f"To train it, {pad}")
     texts = list(text_configs(config))
+    if not texts:
+        return PackedRowSupport(
+            model, "the engine has no model config, so mmrope cannot tell whether the model's layers keep the "
+                   "segments apart", "Build the engine with the model's config (RopeEngine.from_pretrained(path), or "
+                   f"RopeEngine.from_processor(processor, config)), or {pad}")
+    if not any(_attention_heads(text) for text in texts):
+        return PackedRowSupport(
+            model, "its config describes no attention layers (no num_attention_heads): layers that are not "
+                   "attention, such as recurrent ones, carry state along the row from one segment into the next",
+            f"To train it, {pad}")
     if any(getattr(text, "is_encoder_decoder", False) for text in texts):
         return PackedRowSupport(
             model, "it is an encoder-decoder model: its encoder attends both ways over the row, and its decoder "
@@ -140,8 +150,8 @@ def packed_row_support(engine: Any) -> PackedRowSupport:
 
 
 def text_configs(config: Any) -> Iterator[Any]:
-    """The configs of ``config`` that describe language-model layers: itself, its ``thinker_config``
-    (Omni) and their ``text_config``."""
+    """The configs of ``config`` that describe language-model layers: itself, its sub-models that
+    hold a language model of their own (:func:`nested_language_models`) and their ``text_config``."""
     seen: list[Any] = []
     pending = [config]
     while pending:
@@ -150,7 +160,14 @@ def text_configs(config: Any) -> Iterator[Any]:
             continue
         seen.append(current)
         yield current
-        pending += [getattr(current, key, None) for key in ("thinker_config", "text_config")]
+        pending += [*nested_language_models(current), getattr(current, "text_config", None)]
+
+
+def nested_language_models(config: Any) -> list[Any]:
+    """The sub-configs of ``config`` that hold a language model of their own (a ``text_config``),
+    in the config's order: an Omni model's thinker, for example."""
+    return [value for value in vars(config).values()
+            if value is not config and hasattr(value, "to_dict") and hasattr(value, "text_config")]
 
 
 def mask_overlay_mixes_segments(model_class: type) -> str:
@@ -211,6 +228,12 @@ def media_by_rows_mixes_segments(model_class: type) -> str:
 
 #: A loop over the rows of a batch, as model code writes it.
 _ROW_LOOP = re.compile(r"\bfor \w+ in range\((?:batch_size|bsz|input_ids\.shape\[0\]|inputs_embeds\.shape\[0\])\)")
+
+
+def _attention_heads(text: Any) -> bool:
+    """Whether ``text`` describes attention layers: transformers' attention configs count their heads."""
+    heads = getattr(text, "num_attention_heads", None)
+    return isinstance(heads, int) and heads > 0
 
 
 def _bidirectional_text(text: Any) -> str:

@@ -363,7 +363,10 @@ def test_a_key_that_is_not_a_string_is_refused_naming_it_and_the_sample(toy_mana
     from mmrope_core.collators import PackedCollator, PaddedCollator
     from mmrope_core.media import read_media
 
-    engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager)
+    from transformers import LlamaConfig  # (packed rows need the model's config)
+
+    engine = RopeEngine.from_processor(toy.ToyProcessor(), LlamaConfig(num_attention_heads=2),
+                                       plugin_manager=toy_manager)
     ids = torch.ones(1, 3, dtype=torch.long)
     named = rf"has the key {re.escape(repr(key))} \({type(key).__name__}\); keys must be strings"
     calls = {

@@ -83,17 +83,32 @@ def test_what_the_binding_says_comes_first():
     assert found.mixes == "its image tokens attend both ways" and "PaddedCollator" in found.advice
 
 
-def test_a_mask_overlay_in_the_models_code_is_found():
-    """Gemma3's code overlays its image masks where the installed transformers builds them with
-    ``or_mask_function``; Qwen2-VL's builds none."""
-    from transformers import Gemma3Model, Qwen2VLModel
-    from transformers.models.gemma3 import modeling_gemma3
+def test_a_mask_overlay_in_the_models_code_is_found(tmp_path, monkeypatch):
+    """A modeling module that builds its masks with ``or_mask_function`` mixes segments; Qwen2-VL's
+    builds none. (tests/models measures the answer for Gemma3 at the model, per release.)"""
+    from transformers import Qwen2VLModel
+
+    (tmp_path / "modeling_overlaid.py").write_text(
+        "def create_causal_mask(**kwargs):\n    return kwargs\n\n\n"
+        "class OverlaidModel:\n    def forward(self, mask):\n"
+        "        return create_causal_mask(or_mask_function=mask)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from modeling_overlaid import OverlaidModel
 
     assert mask_overlay_mixes_segments(Qwen2VLModel) == ""
-    import inspect
+    assert mask_overlay_mixes_segments(OverlaidModel).startswith("OverlaidModel builds its attention masks with an "
+                                                                 "overlay (or_mask_function")
 
-    overlay = "or_mask_function=" in inspect.getsource(modeling_gemma3)
-    assert bool(mask_overlay_mixes_segments(Gemma3Model)) == overlay
+
+def test_a_model_whose_layers_mmrope_cannot_see_is_refused():
+    """Without a config nothing says what the layers are; a config without attention heads
+    describes recurrent or state-space layers (RWKV, Mamba, xLSTM), which carry state along the row."""
+    assert "the engine has no model config" in support(None).mixes
+    assert "RopeEngine.from_pretrained(path)" in support(None).advice
+    for model_type in ("rwkv", "mamba", "mamba2", "xlstm", "falcon_mamba"):
+        if model_type in CONFIG_MAPPING:
+            found = support(transformers.AutoConfig.for_model(model_type))
+            assert "its config describes no attention layers" in found.mixes, model_type
 
 
 #: Model types whose processors do not build offline, and what their default configs say.

@@ -98,8 +98,10 @@ def _model_class(config: Any) -> tuple[type, Any] | None:
 
     from transformers.models.auto import modeling_auto
 
-    for candidate in (getattr(config, "thinker_config", None), config):  # the thinker computes an Omni model's
-        for name in _MAPPINGS if candidate is not None else ():
+    from ..segments import nested_language_models
+
+    for candidate in (*nested_language_models(config), config):  # (an Omni model's thinker computes its positions)
+        for name in _MAPPINGS:
             mapping = getattr(modeling_auto, name, None)
             if mapping is None or type(candidate) not in mapping:
                 continue
