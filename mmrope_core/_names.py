@@ -6,10 +6,10 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, TypeVar
 
-from .errors import UnknownKeywordError
+from .errors import UnknownInputKeyError, UnknownKeywordError
 
 _Function = TypeVar("_Function", bound=Callable[..., Any])
 _KEYWORD_KINDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
@@ -34,6 +34,26 @@ def checked_keywords(function: _Function) -> _Function:
         return function(*args, **kwargs)
 
     return checked  # type: ignore[return-value]
+
+
+def refuse_misspelt_keywords(function: str, given: Iterable[Any], own: Sequence[str], reads: Collection[str],
+                             skipped: Collection[str] = ()) -> None:
+    """Refuse a keyword of ``function`` that is neither its ``own`` nor one its kernel ``reads``
+    but resembles one of them (``cu_seqlen``, ``second_per_grid_t``): an
+    :class:`~mmrope_core.UnknownKeywordError` or :class:`~mmrope_core.UnknownInputKeyError` naming
+    both. Keywords that resemble none (and ``skipped``) pass, as the family's reference lets them."""
+    for key in given:
+        if not isinstance(key, str) or key in own or key in reads or key in skipped:
+            continue
+        meant = nearest(key, [candidate for candidate in own if resembles(key, candidate)])
+        if meant:
+            raise UnknownKeywordError(f"{function}() got an unknown keyword argument {key!r}; did you mean "
+                                      f"{meant[0]!r}? It takes {', '.join(own)} and the family's inputs")
+        meant = nearest(key, [candidate for candidate in reads if resembles(key, candidate)])
+        if meant:
+            raise UnknownInputKeyError(f"{function}() got {key!r}, which the family's kernel does not read: did you "
+                                       f"mean {' or '.join(map(repr, meant))}? Name it as the family's get_rope_index "
+                                       f"does, or leave it out")
 
 
 def closest(name: str, known: Iterable[str]) -> str | None:

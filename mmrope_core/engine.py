@@ -14,7 +14,7 @@ import torch
 
 from . import _guard
 from ._binding import bind, expect, read_mask_options
-from ._names import checked_keywords
+from ._names import checked_keywords, refuse_misspelt_keywords
 from .collate import batch_processor_outputs
 from .collate import collate as _collate
 from .conventions import ALIASES, asked
@@ -26,7 +26,7 @@ from .errors import (
     RopeIndexUnavailableError,
     SegmentCutError,
 )
-from .inputs import ReadOnlyInputs, read_batch, read_generated_mask, require_mappings
+from .inputs import MODEL_INPUTS, ReadOnlyInputs, read_batch, read_generated_mask, require_mappings
 from .manager import PluginInfo, PluginManager, get_plugin_manager
 from .media import read_media, require_string_keys
 from .options import EngineOptions
@@ -36,6 +36,8 @@ from .types import STRICT, RopeBinding, ValidationPolicy
 
 _TEXT_ONLY = RopeBinding(kind="1d", implementation="mask", description="no processor: 1-D positions")
 _OUTSIDE_TEXT_ROW = 1  # what tokens outside every segment hold in the text row (0 in the others)
+#: get_rope_index's own keywords, besides the family's inputs
+_OWN_KEYWORDS = ("attention_mask", "cu_seqlens", "segment_ids", "generated_mask")
 _KERNEL_ADVICE = "Check the inputs against the processor's output, or try implementation='reference'"
 
 
@@ -224,6 +226,8 @@ class RopeEngine:
                 f"Use engine.compute_position_ids, which returns (B, L) positions"
             )
         inputs.pop("mm_token_type_ids", None)
+        refuse_misspelt_keywords("get_rope_index", inputs, _OWN_KEYWORDS,
+                                 getattr(self.binding.kernel, "input_keys", ()), MODEL_INPUTS)
         ids, mask, layout = read_batch(input_ids, attention_mask, cu_seqlens, segment_ids, mrope=True)
         generated = None if generated_mask is None else read_generated_mask(generated_mask, ids, mask, layout)
         return self._positions(ids, mask, layout, inputs, four_rows=False, generated=generated)

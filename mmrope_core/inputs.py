@@ -197,7 +197,7 @@ class ReadOnlyInputs(Mapping[str, Any]):
         if not missing:
             return
         for key in self._source:
-            if key in self._asked or key in _MODEL_INPUTS:
+            if key in self._asked or key in MODEL_INPUTS:
                 continue
             meant = nearest(key, [candidate for candidate in missing if resembles(key, candidate)])
             if meant:
@@ -208,7 +208,7 @@ class ReadOnlyInputs(Mapping[str, Any]):
 
 
 #: What processors return and models take besides the media: never a misspelt media key.
-_MODEL_INPUTS = frozenset({"input_ids", "attention_mask", "labels", "position_ids", "token_type_ids",
+MODEL_INPUTS = frozenset({"input_ids", "attention_mask", "labels", "position_ids", "token_type_ids",
                            "mm_token_type_ids", "pixel_values", "pixel_values_videos"})
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -67,6 +68,9 @@ class RopeKernel(abc.ABC):
     #: whole sequence (SGLang's Qwen3-Omni decodes at ``index + trunc(delta)``): :meth:`rope_index`
     #: and :meth:`position_ids` take ``generated_mask`` (see the class docstring).
     reads_generated_mask: bool = False
+    #: The keyword inputs :meth:`rope_index` reads (grids, seconds, switches), so that
+    #: ``engine.get_rope_index`` can name a misspelt one; empty where a kernel does not say.
+    input_keys: Collection[str] = ()
 
     @abc.abstractmethod
     def rope_index(

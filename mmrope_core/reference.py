@@ -99,6 +99,7 @@ class ReferenceKernel(RopeKernel):
         named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
         parameters = inspect.signature(model_class.get_rope_index).parameters.values()  # type: ignore[attr-defined]
         self.takes = frozenset(parameter.name for parameter in parameters if parameter.kind in named) - {"self"}
+        self.input_keys = self.takes - {"input_ids", "attention_mask", "mm_token_type_ids"}
         if "mm_token_type_ids" in self.takes and token_types is None:
             raise TypeError(f"{model_class.__name__}.get_rope_index takes mm_token_type_ids: pass token_types")
 

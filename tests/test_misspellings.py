@@ -63,6 +63,24 @@ def test_a_misspelt_media_key_is_named_with_the_key_meant(name, key):
             engine.compute_position_ids(ids, mask, given)
 
 
+@pytest.mark.parametrize("name", [name for name in FAMILIES if family(name)[0].rope_kind == "mrope"])
+def test_a_misspelt_keyword_of_get_rope_index_is_named_with_the_input_meant(name):
+    """The model's own get_rope_index keywords, as a caller passes them: a misspelt one is named,
+    never dropped to give other positions."""
+    engine, ids, mask, outputs = family(name)
+    kwargs = engine.rope_index_kwargs(outputs)
+    expected = engine.get_rope_index(ids, mask, **kwargs)
+    read = [key for key in kwargs if key in engine.binding.kernel.input_keys]
+    assert read, "the kernel says which inputs it reads"
+    for key in read:
+        for typo in [typo for typo in typos(key) if typo not in kwargs]:
+            given = {typo if k == key else k: v for k, v in kwargs.items()}
+            with pytest.raises(UnknownInputKeyError, match=rf"get_rope_index\(\) got {typo!r}, .* did you mean "
+                                                           rf"(.* or )?{key!r}"):
+                engine.get_rope_index(ids, mask, **given)
+    assert all(torch.equal(a, b) for a, b in zip(engine.get_rope_index(ids, mask, **kwargs), expected))
+
+
 def test_the_newcomers_grid_thw_names_both_grids():
     engine, ids, mask, outputs = family("Qwen2-VL")
     given = {"grid_thw": outputs["image_grid_thw"]}
@@ -100,6 +118,8 @@ def test_a_sample_key_that_is_not_a_string_is_an_input_error():
     (lambda engine, ids: engine.compute_position_ids(ids, None, segment_id=None), "segment_id", "segment_ids"),
     (lambda engine, ids: engine.compute_position_ids(ids, attention_masks=None), "attention_masks", "attention_mask"),
     (lambda engine, ids: engine.batch([], padding="left"), "padding", "padding_side"),
+    (lambda engine, ids: engine.get_rope_index(ids, cu_seqlen=torch.tensor([0, 2])), "cu_seqlen", "cu_seqlens"),
+    (lambda engine, ids: engine.get_rope_index(ids, generated_masks=None), "generated_masks", "generated_mask"),
     (lambda engine, ids: PackedCollator(engine, max_len=4), "max_len", "max_length"),
     (lambda engine, ids: PackedCollator(engine, flash_attention_kwargs=True), "flash_attention_kwargs",
      "flash_attn_kwargs"),

@@ -63,7 +63,7 @@ class ItemKernel(RopeKernel):
             self._media.append((isinstance(medium, GridMedia), key, seconds_key, medium.name))
         self.keys = tuple(name for _, key, seconds_key, _ in self._media for name in (key, seconds_key) if name)
         self.keys += tuple(switches)
-        self._known = frozenset(self.keys)
+        self._known = self.input_keys = frozenset(self.keys)
 
     def rope_index(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                    cu_seqlens: torch.Tensor | None = None, generated_mask: torch.Tensor | None = None,

@@ -29,6 +29,7 @@ class MropeKernel(RopeKernel):
     """
 
     places_packed_rows = True
+    input_keys = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
 
     def __init__(self, family: MropeFamily) -> None:
         self.family = family
