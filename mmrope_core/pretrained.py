@@ -40,7 +40,7 @@ def load_pretrained(name_or_path: str | os.PathLike[str], *, revision: str | Non
         processor = AutoProcessor.from_pretrained(path if local else name, **kwargs)
         config = AutoConfig.from_pretrained(path if local else name, **kwargs)
     except (OSError, ValueError, ImportError) as exc:
-        raise PretrainedLoadError(_advice(name, local, revision, exc)) from exc
+        raise PretrainedLoadError(_advice(name, local, revision, cache_dir, exc)) from exc
     return processor, config
 
 
@@ -50,7 +50,8 @@ def _looks_like_a_path(name: str) -> bool:
             or os.path.exists(name))
 
 
-def _advice(name: str, local: bool, revision: str | None, exc: BaseException) -> str:
+def _advice(name: str, local: bool, revision: str | None, cache_dir: str | os.PathLike[str] | None,
+            exc: BaseException) -> str:
     reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
     what = f"the directory {name!r}" if local else f"the hub model {name!r}"
     if "torchvision" in str(exc):
@@ -75,9 +76,10 @@ def _advice(name: str, local: bool, revision: str | None, exc: BaseException) ->
         from huggingface_hub import constants
 
         where = ("the hub is switched off (HF_HUB_OFFLINE=1)" if constants.HF_HUB_OFFLINE
-                 else "the hub cannot be reached")
+                 else "the hub cannot be reached (set HF_HUB_OFFLINE=1 to skip the retries on a machine without it)")
+        cache = os.fspath(cache_dir) if cache_dir is not None else constants.HF_HUB_CACHE
         return (f"the processor and config of the hub model {name!r} are not in the local Hugging Face cache "
-                f"({constants.HF_HUB_CACHE}) and {where}. On a machine with network, fetch them without the "
+                f"({cache}) and {where}. On a machine with network, fetch them without the "
                 f"weights: `hf download {name} --include {' '.join(repr(pattern) for pattern in HUB_FILES)}`, copy "
                 f"that cache here and set HF_HUB_OFFLINE=1; or pass the checkpoint's local directory")
     return f"cannot load a processor and a config for the hub model {name!r} ({reason})"

@@ -81,6 +81,8 @@ def test_what_cannot_be_loaded_is_named_with_what_to_do(name, message, tmp_path)
     with pytest.raises(PretrainedLoadError, match=message) as raised:
         RopeEngine.from_pretrained(name, cache_dir=tmp_path)
     assert isinstance(raised.value, OSError)  # what transformers raises for these: callers' handlers still apply
+    if "not in the local Hugging Face cache" in str(raised.value):
+        assert f"cache ({tmp_path})" in str(raised.value)  # the cache asked for, not the environment's
 
 
 def test_a_directory_without_a_processor_says_what_it_needs(tmp_path):

@@ -13,6 +13,7 @@ import pytest
 import swift_cases as cases
 import torch
 
+from mmrope_core import UnknownConventionError
 from mmrope_core.integrations import swift as drop_in
 
 FAMILIES = list(cases.FAMILIES)
@@ -183,6 +184,31 @@ def test_external_plugins_file_installs_it():
         assert torch.equal(batch["position_ids"], reference)
     finally:
         _uninstall()
+
+
+def test_external_plugins_file_takes_the_convention_from_the_environment(monkeypatch):
+    """``MMROPE_CONVENTION=vllm swift rlhf ... --external_plugins ...``: GRPO with vLLM rollouts
+    trains on vLLM's positions; a convention nobody knows is refused when the template is built."""
+    from swift.utils import import_external_file
+
+    path = subprocess.run([sys.executable, "-m", "mmrope_core.integrations.swift"], check=True, capture_output=True,
+                          text=True).stdout.strip()
+    def load(convention):  # as a fresh ms-swift process does (ms-swift loads a file once per process)
+        monkeypatch.setenv("MMROPE_CONVENTION", convention)
+        sys.modules.pop(import_external_file(path).__name__)
+        import_external_file(path)
+
+    try:
+        load("vllm")
+        assert drop_in.template_engine(cases.template("Qwen2.5-VL")).convention == "vllm-0.34"
+        load("vlm")
+        with pytest.raises(UnknownConventionError, match="'vlm' is unknown"):
+            cases.template("Qwen2.5-VL")
+        load("")
+        assert drop_in.template_engine(cases.template("Qwen2.5-VL")).convention == "transformers"
+    finally:
+        _uninstall()
+        drop_in._settings.update(mm_processor_kwargs={}, convention=None)
 
 
 def test_install_is_idempotent(installed):

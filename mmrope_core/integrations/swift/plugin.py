@@ -3,9 +3,14 @@ ms-swift's templates (:func:`mmrope_core.integrations.swift.install`)::
 
     swift sft ... --external_plugins "$(python -m mmrope_core.integrations.swift)"
 
+``MMROPE_CONVENTION`` in the environment names the position convention (``vllm`` for GRPO with
+vLLM rollouts; see :mod:`mmrope_core.conventions`); unset or empty, transformers'.
+
 ms-swift loads the file by path under a name of its own, so it imports by absolute name.
 """
 
+import os
+
 from mmrope_core.integrations.swift import install
 
-install()
+install(convention=os.environ.get("MMROPE_CONVENTION") or None)
