@@ -16,13 +16,15 @@ from mmrope_core.media import read_grid
 
 from .audio import audio_window
 from .families import Family
-from .inputs import check_seconds
+from .inputs import INPUT_KEYS, check_seconds
 from .layout import Counters, Item, Tokens, check_all_used, read_items, tokens_of
 
 
 class Implementation(RopeKernel):
     """What the reference and both kernels share: the thinker config, the dtypes of the
     convention, and the check of a batch's inputs and layout."""
+
+    input_keys = INPUT_KEYS
 
     def __init__(self, family: Family, thinker: Any, position_dtype: torch.dtype | None = None,
                  convention: str = TRANSFORMERS) -> None:

@@ -435,11 +435,14 @@ def test_a_keyword_the_thinker_does_not_take_is_refused_by_name(manager, monkeyp
     engine = reference if kernel == "reference" else fast
     processor, _ = built("Qwen3-Omni")
     ids = torch.full((1, 4), processor.tokenizer.convert_tokens_to_ids("cat"))
-    for call in (lambda: engine.get_rope_index(ids, second_per_grid_ts=torch.tensor([1.0])),
+    for call in (lambda: engine.get_rope_index(ids, fps=torch.tensor([1.0])),
                  lambda: engine.binding.kernel.position_ids(ids, None, image_grid=torch.ones(1, 3))):
-        with pytest.raises(InvalidInputError, match=r"get_rope_index got '(second_per_grid_ts|image_grid)', which the "
+        with pytest.raises(InvalidInputError, match=r"get_rope_index got '(fps|image_grid)', which the "
                                                     r"Omni thinker's get_rope_index does not take"):
             call()
+    # through the engine, a keyword like one the thinker takes is named with it
+    with pytest.raises(InvalidInputError, match=r"got 'second_per_grid_ts', .* did you mean 'second_per_grids'"):
+        engine.get_rope_index(ids, second_per_grid_ts=torch.tensor([1.0]))
 
 
 class WithoutLoops:
