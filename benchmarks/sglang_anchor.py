@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from vllm_anchor import Tokens, _without_annotations
+from vllm_anchor import Tokens, _without_annotations, prompt_of
 
 DEFAULT_SOURCE = "anchors/sglang-0.5.23"  # relative to the working directory
 _ROPE_INDEX = "sglang/srt/layers/rotary_embedding/mrope_rope_index.py"
@@ -237,32 +237,7 @@ class SglangAnchor:
                 last_delta = int(self.decode(positions, delta, len(ids) + 1)[0, 0]) - len(ids)
         return out, last_delta
 
-    @staticmethod
-    def prompt_of(family: str, sample: Sample, length: int, tokens: Tokens) -> Sample:
-        """The first ``length`` tokens of ``sample`` with the media items they hold (items begin
-        with a start marker; GLM's videos with their begin-of-video marker)."""
-        ids = list(sample.input_ids)[:length]
-        follows = [ids[i + 1] if i + 1 < len(ids) else None for i, token in enumerate(ids)
-                   if token == tokens.vision_start]
-        if tokens.video_start is not None:  # GLM: images outside video markers, videos by their marker
-            inside, images = 0, 0
-            for i, token in enumerate(ids):
-                inside += (token == tokens.video_start) - (token == tokens.video_end)
-                images += token == tokens.image and not inside and (i == 0 or ids[i - 1] != tokens.image)
-            videos = ids.count(tokens.video_start)
-        else:
-            images = follows.count(tokens.image)
-            # Qwen3-VL writes a vision start before every frame of a video
-            runs, videos = follows.count(tokens.video), 0
-            for grid in sample.video_grid_thw:
-                runs -= grid[0] if family in ("Qwen3-VL", "Qwen3.5") else 1
-                if runs < 0:
-                    break
-                videos += 1
-        seconds = None if sample.second_per_grid_ts is None else list(sample.second_per_grid_ts)[:videos]
-        audios = ids.count(tokens.audio_start) if tokens.audio_start is not None else 0
-        return Sample(ids, list(sample.image_grid_thw)[:images], list(sample.video_grid_thw)[:videos], seconds,
-                      list(sample.audio_feature_lengths)[:audios])
+    prompt_of = staticmethod(prompt_of)
 
     # -- loading the wheel's code ------------------------------------------------------------------
 

@@ -44,9 +44,10 @@ import random
 from typing import Any
 
 import torch
-from samples import Omni, built_family, vl_random_sample, vl_timing_batches
+from samples import vl_timing_batches
 from sglang_anchor import Sample, SglangAnchor, add_anchor_arguments, anchors
 from timing import engine, environment, timed
+from trajectories import Trajectories
 
 FAMILIES = ("Qwen2-VL", "Qwen2.5-VL", "Qwen3-VL", "Qwen3.5", "GLM-4V", "GLM-4.6V", "Qwen3-Omni")
 VLLM_FAMILIES = {"Qwen2-VL": "Qwen2-VL", "Qwen2.5-VL": "Qwen2.5-VL", "Qwen3-VL": "Qwen3-VL", "GLM-4V": "GLM-4V",
@@ -93,27 +94,14 @@ def main() -> None:
                 side.time(*case, args.repeat)
 
 
-class Side:
-    """One family: its processor and config, SGLang's and vLLM's functions, mmrope's engines."""
+class Side(Trajectories):
+    """One family: its samples, SGLang's and vLLM's functions, mmrope's engines."""
 
     def __init__(self, name: str, anchor: SglangAnchor, vllm: Any) -> None:
-        self.name, self.anchor, self.vllm = name, anchor, vllm
+        super().__init__(name)
+        self.anchor, self.vllm = anchor, vllm
         self.anchor_family = ANCHOR_FAMILY.get(name, name)
-        self.omni = name == "Qwen3-Omni"
-        processor, config, self.tokens = built_family(name)
-        if self.omni:
-            self.built = Omni(name)
-            self.words, self.pad = self.built.words, self.built.pad
-            merge = int(config.thinker_config.vision_config.spatial_merge_size)
-        else:
-            self.words = processor.tokenizer.convert_tokens_to_ids(["the", "cat", "sat", "on"])
-            self.pad = processor.tokenizer.pad_token_id
-            merge = int(config.vision_config.spatial_merge_size)
-            if self.tokens.video_start is not None:  # GLM's code reads the ids from the config
-                config = copy.copy(config)
-                config.image_token_id, config.video_start_token_id = self.tokens.image, self.tokens.video_start
-                config.video_end_token_id = self.tokens.video_end
-        self.processor, self.config, self.merge = processor, config, merge
+        processor, config = self.processor, self.config
         plugin = "qwen3_omni" if self.omni else "qwen_vl"
         self.transformers = engine(processor, config, plugin)
         self.reference = engine(processor, config, plugin, implementation="reference")
@@ -123,78 +111,21 @@ class Side:
 
     # -- samples ------------------------------------------------------------------------------------
 
-    def prompt(self, rng: random.Random, long: bool = False) -> tuple[list[int], dict[str, list]]:
-        """One generated prompt's tokens and media (lists, in order of appearance); ``long``: for
-        Qwen3-Omni, one of 300 to 1500 tokens whose videos have more tokens per frame than
-        positions (deltas below 0, where SGLang's decode and prefill part)."""
-        if self.omni and long:
-            drawn = self.built.row(rng, rng.randint(300, 1500), False)
-            media = {"image_grid_thw": drawn["image_grid_thw"], "video_grid_thw": drawn["video_grid_thw"],
-                     "seconds": drawn["second_per_grids"], "audio_seqlens": drawn["audio_seqlens"]}
-            return drawn["row"], {key: [list(item) if isinstance(item, tuple) else item for item in value]
-                                  for key, value in media.items()}
-        if self.omni:
-            batch, _ = self.built.random_sample(rng, use_audio_in_video=False)
-            seconds_key = "second_per_grids"
-        else:
-            batch = vl_random_sample(self.processor, rng)
-            seconds_key = "second_per_grid_ts"
-        ids, mask = batch.pop("input_ids"), batch.pop("attention_mask")
-        media = {"image_grid_thw": [], "video_grid_thw": [], "seconds": [], "audio_seqlens": []}
-        for key, value in batch.items():
-            if isinstance(value, torch.Tensor):
-                media["seconds" if key == seconds_key else key] = value.tolist()
-        return ids[0][mask[0].bool()].tolist(), media
-
-    def image(self, grid: tuple[int, int, int]) -> list[int]:
-        t = self.tokens
-        return [t.vision_start] + [t.image] * (grid[0] * grid[1] * grid[2] // self.merge**2) + [t.vision_end]
-
-    def rollout(self, rng: random.Random) -> tuple[list[int], list[int], dict[str, list]]:
-        """A trajectory: a prompt (half of them long, see :meth:`prompt`), then 1 to 3 runs of
-        generated tokens, tool output (text, one in three with an image) between runs and, one
-        time in three, after the last."""
-        row, media = self.prompt(rng, long=rng.random() < 0.5)
-        generated = [0] * len(row)
-        turns = rng.randint(1, 3)
-        for turn in range(turns):
-            run = [rng.choice(self.words) for _ in range(rng.randint(1, 20))]
-            row, generated = row + run, generated + [1] * len(run)
-            if turn + 1 < turns or rng.random() < 1 / 3:
-                tool = [rng.choice(self.words) for _ in range(rng.randint(1, 8))]
-                if rng.random() < 1 / 3:
-                    grid = (1, self.merge * rng.randint(1, 4), self.merge * rng.randint(1, 4))
-                    media["image_grid_thw"].append(list(grid))
-                    tool += self.image(grid) + [rng.choice(self.words)]
-                row, generated = row + tool, generated + [0] * len(tool)
-        return row, generated, media
-
     def sample(self, row: list[int], media: dict[str, list]) -> Sample:
         return Sample(row, media["image_grid_thw"], media["video_grid_thw"], media["seconds"] or None,
                       media["audio_seqlens"])
 
-    def kwargs(self, media: dict[str, list]) -> dict[str, Any]:
-        """mmrope's ``get_rope_index`` keyword arguments for these media."""
-        kwargs: dict[str, Any] = {}
-        for key in ("image_grid_thw", "video_grid_thw"):
-            if media[key]:
-                kwargs[key] = torch.tensor(media[key])
-        if media["video_grid_thw"] and (self.omni or self.name == "Qwen2.5-VL"):
-            kwargs["second_per_grids" if self.omni else "second_per_grid_ts"] = torch.tensor(media["seconds"],
-                                                                                           dtype=torch.float32)
-        if media["audio_seqlens"]:
-            kwargs["audio_seqlens"] = torch.tensor(media["audio_seqlens"])
-        return kwargs
-
     def sglang_prefill(self, row: list[int], media: dict[str, list]) -> tuple[torch.Tensor, torch.Tensor]:
         return self.anchor.prefill(self.anchor_family, self.sample(row, media), self.config, self.tokens)
 
-    def vllm_prefill(self, row: list[int], media: dict[str, list]) -> tuple[torch.Tensor, int]:
+    def vllm_sample(self, row: list[int], media: dict[str, list]) -> Any:
         from vllm_anchor import Sample as VllmSample
 
-        sample = VllmSample(row, media["image_grid_thw"], media["video_grid_thw"], media["seconds"] or None,
-                            media["audio_seqlens"])
-        positions, delta = self.vllm.positions(self.vllm_family, sample, self.config, self.tokens)
+        return VllmSample(row, media["image_grid_thw"], media["video_grid_thw"], media["seconds"] or None,
+                          media["audio_seqlens"])
+
+    def vllm_prefill(self, row: list[int], media: dict[str, list]) -> tuple[torch.Tensor, int]:
+        positions, delta = self.vllm.positions(self.vllm_family, self.vllm_sample(row, media), self.config, self.tokens)
         return torch.as_tensor(positions), int(delta)
 
     # -- (a) prompts --------------------------------------------------------------------------------
@@ -291,21 +222,8 @@ class Side:
         return inputs
 
     def vllm_rollout_matches(self, row, generated, media, kwargs) -> bool:
-        """vLLM's rollout (each run a request: its prompt prefilled, its tokens decoded; the tokens
-        after the last run prefilled with the whole sequence) against convention='vllm'."""
-        want = torch.full((3, len(row)), -1, dtype=torch.int64)
-        starts = [i for i, g in enumerate(generated) if g and (i == 0 or not generated[i - 1])]
-        for start in [*starts, len(row)]:
-            prompt = self.anchor.prompt_of(self.anchor_family, self.sample(row, media), start, self.tokens)
-            media_of = {"image_grid_thw": list(prompt.image_grid_thw), "video_grid_thw": list(prompt.video_grid_thw),
-                        "seconds": list(prompt.second_per_grid_ts or []), "audio_seqlens": list(prompt.audio_feature_lengths)}
-            positions, delta = self.vllm_prefill(row[:start], media_of)
-            want[:, :start] = torch.where(want[:, :start] < 0, positions.to(torch.int64), want[:, :start])
-            end = start
-            while end < len(row) and generated[end]:
-                end += 1
-            if end > start:
-                want[:, start:end] = self.vllm.decode(delta, start, end - start)
+        """vLLM's rollout (:meth:`vllm_anchor.Anchor.rollout`) against convention='vllm' without a mask."""
+        want, _ = self.vllm.rollout(self.vllm_family, self.vllm_sample(row, media), generated, self.config, self.tokens)
         ours, _ = self.vllm_engine.get_rope_index(torch.tensor([row]), **kwargs)
         return torch.equal(ours[:, 0], want)
 
@@ -376,9 +294,7 @@ class Side:
                 length = generated.index(1)
                 prompt = self.anchor.prompt_of(self.anchor_family, self.sample(row, media), length, self.tokens)
                 row, generated = row[:length], [0] * length
-                media = {"image_grid_thw": list(prompt.image_grid_thw), "video_grid_thw": list(prompt.video_grid_thw),
-                         "seconds": list(prompt.second_per_grid_ts or []),
-                         "audio_seqlens": list(prompt.audio_feature_lengths)}
+                media = self.media_of(prompt)
             want, delta = self.anchor.rollout(self.anchor_family, self.sample(row, media), generated, self.config,
                                               self.tokens)
             out.append({"tokens": self.symbols(row), "generated": "".join(map(str, generated)), **media,
@@ -417,14 +333,6 @@ class Side:
         want, delta = self.anchor.rollout(self.anchor_family, self.sample(row, media), generated, config, self.tokens)
         return {"tokens": self.symbols(row), "generated": "".join(map(str, generated)), **media,
                 "positions": want.tolist(), "delta": delta, "tokens_per_second": 25}
-
-    def symbols(self, row: list[int]) -> str:
-        """t (text), [ ] (vision start, end: GLM's begin and end of image), i v a (image, video,
-        audio token), ( ) (audio start, end), { } (GLM's begin and end of video)."""
-        t = self.tokens
-        table = {t.vision_start: "[", t.vision_end: "]", t.image: "i", t.video: "v", t.video_start: "{",
-                 t.video_end: "}", t.audio: "a", t.audio_start: "(", t.audio_end: ")"}
-        return "".join(table.get(token, "t") for token in row)
 
     # -- (c) time -----------------------------------------------------------------------------------
 
@@ -472,8 +380,7 @@ class Side:
         for row in rows:
             sample = self.anchor.prompt_of(self.anchor_family, Sample(row, *self.all_media(kwargs, taken)), len(row),
                                            self.tokens)
-            media = {"image_grid_thw": list(sample.image_grid_thw), "video_grid_thw": list(sample.video_grid_thw),
-                     "seconds": list(sample.second_per_grid_ts or []), "audio_seqlens": list(sample.audio_feature_lengths)}
+            media = self.media_of(sample)
             taken.update({"image_grid_thw": len(media["image_grid_thw"]), "video_grid_thw": len(media["video_grid_thw"]),
                           "audio_seqlens": len(media["audio_seqlens"])})
             out.append(media)

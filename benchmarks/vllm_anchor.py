@@ -249,6 +249,34 @@ class Anchor:
         cls.get_next_input_positions_tensor(out, 0, int(delta), context_len, count)
         return torch.from_numpy(out)
 
+    def rollout(self, family: str, sample: Sample, generated: Sequence[int], config: Any,
+                tokens: Tokens) -> tuple[torch.Tensor, int]:
+        """Every token's ``(3, L)`` position in a rollout of ``sample``'s tokens whose ``generated``
+        ones (1) vLLM sampled: each run of them one request, prompted with every token before it
+        (with the media items there) and decoded (:meth:`decode`); the tokens after the last run
+        as a prefill of the whole sequence places them. And the delta the token after the last
+        would be decoded with. Raises ``ValueError`` where two requests prefill a token at
+        different positions."""
+        ids = list(sample.input_ids)
+        starts = [i for i, flag in enumerate(generated) if flag and (i == 0 or not generated[i - 1])]
+        out = torch.full((3, len(ids)), -1, dtype=torch.long)
+        last_delta = None
+        for start in [*starts, len(ids)]:
+            positions, delta = self.positions(family, prompt_of(family, sample, start, tokens), config, tokens)
+            prefilled = torch.as_tensor(positions).to(torch.long)
+            known = (out[:, :start] >= 0).all(0) & torch.tensor([not g for g in generated[:start]], dtype=torch.bool)
+            if not torch.equal(out[:, :start][:, known], prefilled[:, known]):
+                raise ValueError(f"a request prompted with {start} tokens prefills earlier prompt tokens elsewhere")
+            out[:, :start] = torch.where(out[:, :start] < 0, prefilled, out[:, :start])
+            end = start
+            while end < len(ids) and generated[end]:
+                end += 1
+            if end > start:
+                out[:, start:end] = self.decode(int(delta), start, end - start)
+            if end == len(ids) and last_delta is None:
+                last_delta = int(delta)
+        return out, last_delta
+
     def audio_in_video_tokens(self, family: str, config: Any, tokens: Tokens, audio_tokens: int,
                               grid: Sequence[int], second_per_grid: float | None) -> list[int]:
         """vLLM's own token layout of a video with its audio: what its prompt update puts in place
@@ -320,6 +348,37 @@ class Anchor:
                 data["audio_feature_lengths"] = torch.as_tensor(sample.audio_feature_lengths, dtype=torch.long)
             data["use_audio_in_video"] = torch.tensor(bool(sample.use_audio_in_video))
         return BatchFeature(data), placeholders
+
+
+def prompt_of(family: str, sample: Any, length: int, tokens: Tokens) -> Any:
+    """The first ``length`` tokens of ``sample`` (this module's :class:`Sample` or another
+    dataclass with its fields) with the media items they hold (items begin with a start marker;
+    GLM's videos with their begin-of-video marker, Omni's videos with their audio with an audio
+    start inside the vision start)."""
+    ids = list(sample.input_ids)[:length]
+    follows = [ids[i + 1] if i + 1 < len(ids) else None for i, token in enumerate(ids)
+               if token == tokens.vision_start]
+    if tokens.video_start is not None:  # GLM: images outside video markers, videos by their marker
+        inside, images = 0, 0
+        for i, token in enumerate(ids):
+            inside += (token == tokens.video_start) - (token == tokens.video_end)
+            images += token == tokens.image and not inside and (i == 0 or ids[i - 1] != tokens.image)
+        videos = ids.count(tokens.video_start)
+    else:
+        images = follows.count(tokens.image)
+        # Qwen3-VL writes a vision start before every frame of a video
+        runs = follows.count(tokens.video) + (follows.count(tokens.audio_start) if tokens.audio_start is not None else 0)
+        videos = 0
+        for grid in sample.video_grid_thw:
+            runs -= grid[0] if family in ("Qwen3-VL", "Qwen3.5") else 1
+            if runs < 0:
+                break
+            videos += 1
+    seconds = None if sample.second_per_grid_ts is None else list(sample.second_per_grid_ts)[:videos]
+    audios = ids.count(tokens.audio_start) if tokens.audio_start is not None else 0
+    return dataclasses.replace(sample, input_ids=ids, image_grid_thw=list(sample.image_grid_thw)[:images],
+                               video_grid_thw=list(sample.video_grid_thw)[:videos], second_per_grid_ts=seconds,
+                               audio_feature_lengths=list(sample.audio_feature_lengths)[:audios])
 
 
 def _wheel_version(source: Path) -> str:

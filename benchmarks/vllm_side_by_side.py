@@ -22,6 +22,11 @@ are noisy: compare the ratios, measured in the same run.
 
 ``--convention vllm`` measures mmrope's ``convention="vllm"`` engines against vLLM instead (the
 Omni families; see vllm_convention.py).
+
+``--cases FILE`` writes short prompts and multi-turn rollouts with every token's position computed
+by vLLM's code (the tests' ``vllm_cases.json``; see vllm_cases.py), once per release:
+
+    python benchmarks/vllm_side_by_side.py --source anchors/vllm-0.34.0 --cases FILE [--families ...]
 """
 
 from __future__ import annotations
@@ -47,14 +52,22 @@ def main() -> None:
     parser.add_argument("--source", help="the unzipped wheel (default: VLLM_SOURCE, else anchors/vllm-0.33.0)")
     parser.add_argument("--samples", type=int, default=240)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--families", nargs="*", default=[*VL_FAMILIES, *OMNI_FAMILIES])
+    parser.add_argument("--families", nargs="*", help="default: the Qwen-VL and Omni families "
+                        "(with --cases: also those vLLM runs with their code, see vllm_cases.py)")
     parser.add_argument("--no-timing", action="store_true")
     parser.add_argument("--convention", choices=("transformers", "vllm"), default="transformers",
                         help="vllm: mmrope's convention='vllm' engines against vLLM (Omni families)")
+    parser.add_argument("--cases", help="write short cases computed by vLLM to this JSON file (see vllm_cases.py)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     anchor = Anchor(args.source)
     print(f"vLLM {anchor.version} from {anchor.source}; {environment()}\n")
+    if args.cases:
+        from vllm_cases import FAMILIES, write_cases
+
+        write_cases(anchor, args.families or list(FAMILIES), args.cases)
+        return
+    args.families = args.families or [*VL_FAMILIES, *OMNI_FAMILIES]
     if args.convention == "vllm":
         from vllm_convention import main as convention_main
 

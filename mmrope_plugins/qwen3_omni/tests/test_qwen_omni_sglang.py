@@ -8,12 +8,12 @@ import json
 import random
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from test_qwen_omni import as_processor_outputs, built, generated, ids_of, split, transformers_reference
 
 from mmrope_core import InvalidInputError, PluginManager, RopeEngine, UnknownConventionError, _native, compiled
+from mmrope_core.testing._recorded import Recorded, assert_batches_reproduce
 from mmrope_qwen3_omni.fast import FastRopeIndex
 
 CASES = json.loads(Path(__file__).with_name("sglang_cases.json").read_text())["Qwen3-Omni"]
@@ -53,9 +53,9 @@ def place(request, manager, monkeypatch):
     return placed
 
 
-def inputs_of(case):
+def inputs_of(case, name="Qwen3-Omni"):
     """``(input_ids, generated_mask, get_rope_index keyword arguments)`` of a case, ``(1, L)``."""
-    processor, _ = built("Qwen3-Omni")
+    processor, _ = built(name)
     token = ids_of(processor)
     table = {"t": processor.tokenizer.convert_tokens_to_ids("cat"), "[": token["vision_bos"], "]": token["vision_eos"],
              "(": token["audio_bos"], ")": token["audio_eos"], "i": token["image"], "v": token["video"],
@@ -65,7 +65,25 @@ def inputs_of(case):
     kwargs = {key: torch.tensor(case[key]) for key in ("image_grid_thw", "video_grid_thw", "audio_seqlens") if case[key]}
     if case["seconds"]:
         kwargs["second_per_grids"] = torch.tensor(case["seconds"], dtype=torch.float32)
+    if case.get("use_audio_in_video"):
+        kwargs["use_audio_in_video"] = True
     return ids, generated_mask, kwargs
+
+
+def recorded(cases, name="Qwen3-Omni"):
+    """``(Recorded sequences, get_rope_index keyword arguments of them all, processor outputs,
+    mm_processor_kwargs)`` of cases alike in ``use_audio_in_video``."""
+    rows = [inputs_of(case, name) for case in cases]
+    keys = ("image_grid_thw", "video_grid_thw", "audio_seqlens", "second_per_grids")
+    kwargs = {key: torch.cat([row[2][key] for row in rows if key in row[2]]) for key in keys
+              if any(key in row[2] for row in rows)}
+    flags = {bool(case.get("use_audio_in_video")) for case in cases}
+    assert len(flags) == 1, "one use_audio_in_video for a batch"
+    with_audio = flags.pop()
+    sequences = [Recorded(ids[0].tolist(), generated[0].tolist(), case["positions"], case["delta"])
+                 for (ids, generated, _), case in zip(rows, cases)]
+    return (sequences, kwargs | ({"use_audio_in_video": True} if with_audio else {}), as_processor_outputs(kwargs),
+            {"use_audio_in_video": with_audio})
 
 
 @pytest.mark.differential
@@ -98,35 +116,7 @@ def test_the_generated_mask_moves_decoded_replies_and_only_them(manager):
 
 @pytest.mark.differential
 def test_padded_and_packed_batches_give_each_case_its_own(manager):
-    engine = sglang_engine(manager)
-    rows = [inputs_of(case) for case in CASES]
-    keys = ("image_grid_thw", "video_grid_thw", "audio_seqlens", "second_per_grids")
-    kwargs = {key: torch.cat([row[2][key] for row in rows if key in row[2]]) for key in keys}
-    lengths = [row[0].shape[1] for row in rows]
-    width = max(lengths)
-    for left in (False, True):
-        ids = torch.zeros(len(rows), width, dtype=torch.long)
-        mask, generated_mask = torch.zeros_like(ids), torch.zeros_like(ids)
-        for k, (row, row_generated, _) in enumerate(rows):
-            span = slice(width - lengths[k], width) if left else slice(0, lengths[k])
-            ids[k, span], mask[k, span], generated_mask[k, span] = row[0], 1, row_generated[0]
-        positions, deltas = engine.get_rope_index(ids, mask, generated_mask=generated_mask, **kwargs)
-        four = engine.compute_position_ids(ids, mask, as_processor_outputs(kwargs), generated_mask=generated_mask)
-        for k, case in enumerate(CASES):
-            valid = mask[k].bool()
-            assert positions[:, k, valid].tolist() == case["positions"] and deltas[k, 0] == case["delta"], (left, k)
-            assert four[k, 1:, valid].tolist() == case["positions"], (left, k)
-    joined = torch.cat([row[0] for row in rows], dim=1)
-    joined_generated = torch.cat([row[1] for row in rows], dim=1)
-    bounds = torch.tensor([0, *np.cumsum(lengths)])
-    packed, packed_deltas = engine.get_rope_index(joined, cu_seqlens=bounds, generated_mask=joined_generated, **kwargs)
-    segments = torch.repeat_interleave(torch.arange(1, len(rows) + 1), torch.tensor(lengths))[None]
-    by_segments = engine.compute_position_ids(joined, None, as_processor_outputs(kwargs), segment_ids=segments,
-                                              generated_mask=joined_generated)
-    for k, case in enumerate(CASES):
-        span = slice(int(bounds[k]), int(bounds[k + 1]))
-        assert packed[:, 0, span].tolist() == case["positions"] and packed_deltas[k, 0] == case["delta"], k
-        assert by_segments[0, 1:, span].tolist() == case["positions"], k
+    assert_batches_reproduce(sglang_engine(manager), *recorded(CASES))
 
 
 @pytest.mark.differential

@@ -8,12 +8,12 @@ import json
 import random
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from mmrope_core import InvalidInputError, PluginManager, RopeEngine, UnknownConventionError
 from mmrope_core.mrope._fused import FusedPositions
+from mmrope_core.testing._recorded import Recorded, assert_batches_reproduce
 from mmrope_qwen_vl.examples import build
 from mmrope_qwen_vl.samples import random_batch
 
@@ -74,32 +74,19 @@ def test_each_token_where_sglang_put_it(name, index):
     assert torch.equal(whole, positions) and torch.equal(whole_deltas, deltas)
 
 
-@pytest.mark.differential
-@pytest.mark.parametrize("name", CASES)
-def test_padded_and_packed_batches_give_each_case_its_own(name):
-    cases = [case for case in CASES[name] if "tokens_per_second" not in case]
-    sglang = engine(name)
+def recorded(name, cases):
+    """``(Recorded sequences, get_rope_index keyword arguments of them all)`` of the cases."""
     rows = [inputs_of(name, case) for case in cases]
     kwargs = {key: torch.cat([row[2][key] for row in rows if key in row[2]])
               for key in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts") if any(key in row[2] for row in rows)}
-    lengths = [row[0].shape[1] for row in rows]
-    width = max(lengths)
-    for left in (False, True):
-        ids = torch.zeros(len(rows), width, dtype=torch.long)
-        mask, generated = torch.zeros_like(ids), torch.zeros_like(ids)
-        for k, (row_ids, row_generated, _) in enumerate(rows):
-            span = slice(width - lengths[k], width) if left else slice(0, lengths[k])
-            ids[k, span], mask[k, span], generated[k, span] = row_ids[0], 1, row_generated[0]
-        positions, deltas = sglang.get_rope_index(ids, mask, generated_mask=generated, **kwargs)
-        for k, case in enumerate(cases):
-            assert positions[:, k, mask[k].bool()].tolist() == case["positions"], (left, k)
-            assert deltas[k, 0] == case["delta"]
-    joined = torch.cat([row[0] for row in rows], dim=1)
-    bounds = torch.tensor([0, *np.cumsum(lengths)])
-    packed, packed_deltas = sglang.get_rope_index(joined, cu_seqlens=bounds,
-                                                  generated_mask=torch.cat([row[1] for row in rows], dim=1), **kwargs)
-    for k, case in enumerate(cases):
-        assert packed[:, 0, bounds[k]:bounds[k + 1]].tolist() == case["positions"] and packed_deltas[k, 0] == case["delta"]
+    return [Recorded(ids[0].tolist(), generated[0].tolist(), case["positions"], case["delta"])
+            for (ids, generated, _), case in zip(rows, cases)], kwargs
+
+
+@pytest.mark.differential
+@pytest.mark.parametrize("name", CASES)
+def test_padded_and_packed_batches_give_each_case_its_own(name):
+    assert_batches_reproduce(engine(name), *recorded(name, [case for case in CASES[name] if "tokens_per_second" not in case]))
 
 
 def test_sglang_multiplies_frame_numbers_by_the_seconds_first():
