@@ -165,7 +165,8 @@ def text_configs(config: Any) -> Iterator[Any]:
 
 def nested_language_models(config: Any) -> list[Any]:
     """The sub-configs of ``config`` that hold a language model of their own (a ``text_config``),
-    in the config's order: an Omni model's thinker, for example."""
+    in the config's order: an Omni model's thinker (and Qwen3-Omni's talker, whose layers are
+    checked too: refusing where it would mix segments is the safe answer)."""
     return [value for value in getattr(config, "__dict__", {}).values()
             if value is not config and hasattr(value, "to_dict") and hasattr(value, "text_config")]
 

@@ -169,8 +169,15 @@ def test_a_kernel_that_reads_generated_mask_places_each_sample_as_alone(loops, m
                                               generated_mask=torch.tensor([flags[0] + flags[1]]).bool(), **media)
     assert torch.equal(packed[:, 0], torch.cat([alone[0][0], alone[1][0]], dim=1))
     assert packed_deltas.tolist() == [alone[0][1].tolist(), alone[1][1].tolist()]
-    with pytest.raises(InvalidInputError, match="generated_mask must be a tensor shaped like input_ids"):
+    with pytest.raises(InvalidInputError, match=r"generated_mask has shape \(1, 3\) but input_ids has"):
         kernel.rope_index(joined, generated_mask=torch.zeros(1, 3, dtype=torch.bool), **media)
+    # checked as the engine checks it: a rollout generates after its prompt, never padding
+    second = torch.zeros_like(joined, dtype=torch.bool)
+    second[0, bounds[1]] = True
+    with pytest.raises(InvalidInputError, match="marks the first token of segment 1 as generated"):
+        kernel.rope_index(joined, cu_seqlens=bounds, generated_mask=second, **media)
+    with pytest.raises(InvalidInputError, match="marks sample 0, token 1 as generated, but it is padding"):
+        kernel.rope_index(ids, holes, generated_mask=~holes & (torch.arange(ids.shape[1]) == 1), **media)
     with pytest.raises(InvalidInputError, match="got 'generated_mask', which this kernel does not take"):
         base.rope_index(joined, cu_seqlens=bounds, generated_mask=torch.zeros_like(joined).bool(), **media)
 

@@ -367,46 +367,52 @@ place_media(const Placing *p, const Item *item, char *const row[3], int64_t at, 
     return interleave(kind->interleave, kind->chunk, form, row, at, &g, tokens);
 }
 
-/* The largest position of an item's media block (placed from `start`) before its token `until`,
- * where a run of generated tokens starts inside it: the block placed again, apart, in the
- * layout's sums. 0, or -1 without memory. */
+/* An item's media block placed from `start` again, apart, in the layout's sums, into `*scratch`
+ * (its three rows, `*form` the form they hold): where runs of generated tokens start inside it.
+ * 0, or -1 without memory. */
 static int
-block_largest_before(const Placing *p, const Item *item, double start, int64_t until, double *largest)
+place_block_apart(const Placing *p, const Item *item, double start, char **scratch, char *row[3], int *form)
 {
     Placing apart = *p;
-    apart.form = p->form == FORM_INT64 ? FORM_INT64 : FORM_FLOAT32;
+    apart.form = *form = p->form == FORM_INT64 ? FORM_INT64 : FORM_FLOAT32;
     const size_t size = form_size(apart.form);
     const int64_t tokens = item->media_tokens[0] + item->media_tokens[1];
-    char *scratch = PyMem_RawMalloc((size_t)(3 * tokens) * size);
-    if (!scratch)
+    *scratch = PyMem_RawMalloc((size_t)(3 * tokens) * size);
+    if (!*scratch)
         return -1;
-    char *const row[3] = {scratch, scratch + tokens * size, scratch + 2 * tokens * size};
+    for (int r = 0; r < 3; r++)
+        row[r] = *scratch + (size_t)(r * tokens) * size;
     double block;
     place_media(&apart, item, row, 0, start, &block);
-    for (int r = 0; r < 3; r++)
-        for (int64_t i = 0; i < until; i++)
-            *largest = values_max(*largest, apart.form == FORM_FLOAT32 ? (double)((float *)row[r])[i]
-                                                                       : (double)((int64_t *)row[r])[i]);
-    PyMem_RawFree(scratch);
     return 0;
 }
 
 /* Settle the runs of generated tokens that start inside an item's media block (tokens [at, at +
- * tokens), placed from `start`, its largest `block`) or just after it. 0, or -1 without memory. */
+ * tokens), placed from `start`, its largest `block`) or just after it: those inside from the
+ * largest position before their first token, in one pass over the block placed apart for all of
+ * them. 0, or -1 without memory. */
 static int
 settle_in_block(const Placing *p, const Item *item, Decoding *d, int64_t at, int64_t tokens, double start,
                 double block, double largest)
 {
+    char *scratch = NULL, *row[3];
+    int form = FORM_INT64;
+    int64_t scanned = 0;  /* the block's tokens before it are in `largest` */
     while (decoding_due(d, at + tokens)) {
         const int64_t inside = d->run[d->settled].start - at;
-        double before = values_max(largest, block);
-        if (inside < tokens) {
-            before = largest;
-            if (block_largest_before(p, item, start, inside, &before) < 0)
-                return -1;
+        if (inside >= tokens) {
+            decoding_settle_next(d, p->form, values_max(largest, block));
+            continue;
         }
-        decoding_settle_next(d, p->form, before);
+        if (scratch == NULL && place_block_apart(p, item, start, &scratch, row, &form) < 0)
+            return -1;
+        for (; scanned < inside; scanned++)
+            for (int r = 0; r < 3; r++)
+                largest = values_max(largest, form == FORM_FLOAT32 ? (double)((float *)row[r])[scanned]
+                                                                    : (double)((int64_t *)row[r])[scanned]);
+        decoding_settle_next(d, p->form, largest);
     }
+    PyMem_RawFree(scratch);
     return 0;
 }
 

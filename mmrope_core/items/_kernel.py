@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from ..errors import InvalidInputError, PlaceholderMismatchError, SegmentCutError, counted
+from ..inputs import read_generated_mask
 from ..kernel import RopeKernel
 from ..media import read_audio_lengths, read_grid, read_seconds
 from ._layout import ItemLayout
@@ -95,7 +96,7 @@ class ItemKernel(RopeKernel):
         layout, enabled = self.layout_for(inputs)
         media, seconds = self.media_arrays(inputs)
         ids, mask = host_batch(input_ids, attention_mask)
-        generated = None if generated_mask is None else _generated(generated_mask, ids.shape)
+        generated = None if generated_mask is None else _generated(generated_mask, ids, mask)
         positions, deltas = self._placed(text_row, ids, mask, cu_seqlens, layout, enabled, media, seconds, inputs,
                                          generated)
         if input_ids.device.type != "cpu":
@@ -126,6 +127,10 @@ class ItemKernel(RopeKernel):
         if cu_seqlens is not None:
             first, count = packed_segments(cu_seqlens, (batch, length), mask)
             mask = None
+            if generated is not None and generated.reshape(-1)[first[count > 0]].any():
+                segment = int(np.flatnonzero(generated.reshape(-1)[first] & (count > 0))[0])
+                raise InvalidInputError(f"generated_mask marks the first token of segment {segment} as generated; a "
+                                        f"rollout generates after a prompt: mark the prompt's tokens 0")
         # numpy allocates in a third of torch.empty's time on a single sample; torch shares the memory
         dtype = np.float32 if layout.out_dtype == torch.float32 else np.int64
         out = np.empty((batch, 4, length) if text_row else (3, batch, length), dtype=dtype)
@@ -216,12 +221,11 @@ def packed_segments(cu_seqlens: Any, shape: tuple[int, int], mask: torch.Tensor 
     return np.ascontiguousarray(bounds[:-1]), count
 
 
-def _generated(value: Any, shape: tuple[int, ...]) -> np.ndarray:
-    """``generated_mask`` as a host bool array shaped like the ids."""
-    if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(shape):
-        raise InvalidInputError(f"generated_mask must be a tensor shaped like input_ids {tuple(shape)}, got "
-                                f"{type(value).__name__} {tuple(getattr(value, 'shape', ()))}")
-    return _host(value if value.dtype == torch.bool else value != 0, torch.bool)
+def _generated(value: Any, ids: torch.Tensor, mask: torch.Tensor | None) -> np.ndarray | None:
+    """``generated_mask`` as a host bool array shaped like the host ``ids``, checked as the engine
+    checks it (never at padding nor at a row's first token), or None where it marks no token."""
+    flags = read_generated_mask(value.cpu() if isinstance(value, torch.Tensor) else value, ids, mask)
+    return None if flags is None else _host(flags, torch.bool)
 
 
 def _grid(key: str, value: Any) -> np.ndarray:

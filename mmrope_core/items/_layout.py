@@ -159,6 +159,8 @@ class ItemLayout:
         """
         if generated is not None and self.out_dtype != torch.int64:
             raise ValueError("ItemLayout.place: generated tokens are placed in int64 positions only")
+        if generated is not None and generated.dtype != np.bool_:
+            raise ValueError(f"ItemLayout.place: generated must be a bool array, got {generated.dtype}")
         native = compiled.native
         if native is None:
             if not self.truncated and generated is None:
