@@ -148,7 +148,7 @@ TRIGGERS = {
     "omni-audio-in-video-count": omni("t[(vvv" + "a" * 12 + ")]t", video_grid_thw=torch.tensor([[2, 2, 2]]),
                                       second_per_grids=torch.tensor([1.0]), audio_seqlens=torch.tensor([100]),
                                       use_audio_in_video=True),
-    "omni-unknown-input": omni("t[i]t", image_grid_thw=torch.tensor([[1, 2, 2]]), image_grid=torch.tensor([[1, 2, 2]])),
+    "omni-unknown-input": omni("t[i]t", image_grid_thw=torch.tensor([[1, 2, 2]]), fps=torch.tensor([2.0])),
     "omni-config-ids": lambda: RopeEngine.from_processor(
         engine("Qwen3-Omni").processor, transformers.AutoConfig.for_model("qwen3_omni_moe"), plugin_manager=manager()),
     "unsupported-processor": lambda: RopeEngine.from_processor(MysteryProcessor(), plugin_manager=manager()),
