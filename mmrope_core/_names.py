@@ -45,11 +45,11 @@ def refuse_misspelt_keywords(function: str, given: Iterable[Any], own: Sequence[
     for key in given:
         if not isinstance(key, str) or key in own or key in reads or key in skipped:
             continue
-        meant = nearest(key, [candidate for candidate in own if resembles(key, candidate)])
+        meant = misspelt(key, own)
         if meant:
             raise UnknownKeywordError(f"{function}() got an unknown keyword argument {key!r}; did you mean "
                                       f"{meant[0]!r}? It takes {', '.join(own)} and the family's inputs")
-        meant = nearest(key, [candidate for candidate in reads if resembles(key, candidate)])
+        meant = misspelt(key, reads)
         if meant:
             raise UnknownInputKeyError(f"{function}() got {key!r}, which the family's kernel does not read: did you "
                                        f"mean {' or '.join(map(repr, meant))}? Name it as the family's get_rope_index "
@@ -59,11 +59,16 @@ def refuse_misspelt_keywords(function: str, given: Iterable[Any], own: Sequence[
 def closest(name: str, known: Iterable[str]) -> str | None:
     """The known name ``name`` most resembles (a typo, a missing prefix or suffix), or None."""
     known = list(known)
-    strict = nearest(name, [candidate for candidate in known if resembles(name, candidate)])
+    strict = misspelt(name, known)
     if strict:
         return strict[0]
     loose = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
     return loose[0] if loose else None
+
+
+def misspelt(name: str, known: Iterable[str]) -> list[str]:
+    """The names of ``known`` that ``name`` is probably a misspelling of, fewest edits away."""
+    return nearest(name, [candidate for candidate in known if resembles(name, candidate)])
 
 
 def nearest(name: str, known: Iterable[str]) -> list[str]:

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from ._compiled import native
-from ._names import nearest, resembles
+from ._names import misspelt
 from .errors import InvalidInputError, UnknownInputKeyError
 from .media import require_string_keys, require_values
 from .packing import PackedLayout
@@ -199,7 +199,7 @@ class ReadOnlyInputs(Mapping[str, Any]):
         for key in self._source:
             if key in self._asked or key in MODEL_INPUTS:
                 continue
-            meant = nearest(key, [candidate for candidate in missing if resembles(key, candidate)])
+            meant = misspelt(key, missing)
             if meant:
                 raise UnknownInputKeyError(
                     f"{name} holds {key!r}, which {reader} does not read: did you mean "
