@@ -85,6 +85,12 @@ class CollateError(InvalidInputError):
     """Per-sample multimodal inputs cannot be batched."""
 
 
+class SequenceSplitError(InvalidInputError):
+    """A packed row cannot be split for sequence or context parallel: an unknown scheme, a size or
+    rank out of range, malformed boundaries, or a segment (or row) whose length the scheme cannot
+    cut in equal parts. The message names the segment, its length and the multiple it needs."""
+
+
 class PluginError(MmropeError):
     """A plugin misbehaved: failed to load, broke a hook's contract or raised inside a hook."""
 

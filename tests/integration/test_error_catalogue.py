@@ -12,6 +12,7 @@ import mmrope_core.errors as errors
 from mmrope_core import PluginManager, RopeEngine
 from mmrope_core.collate import collate
 from mmrope_core.collators import PackedCollator, PaddedCollator
+from mmrope_core.parallel import split_index
 
 CATALOGUE = Path(__file__).parents[2] / "docs" / "errors.md"
 ROW = re.compile(r"^\| `([\w-]+)` \| .* \| `(\w+)` \| `(.+)` \| .* \|$")
@@ -189,6 +190,10 @@ TRIGGERS = {
     "misspelt-key": lambda: engine("Qwen2-VL").compute_position_ids(*qwen_ids("t[iiii]t"), {"grid_thw": GRID}),
     "misspelt-keyword": lambda: engine("Qwen2-VL").compute_position_ids(*qwen_ids("tt"), cu_seqlen=torch.tensor([0, 2])),
     "pretrained-missing": lambda: RopeEngine.from_pretrained("/models/Qwen2.5-VL-7B-Instruct"),
+    "split-uneven-segment": lambda: split_index(torch.tensor([0, 8, 13]), scheme="zigzag", size=2, rank=0),
+    "split-unknown-scheme": lambda: split_index(torch.tensor([0, 4]), scheme="ring", size=2, rank=0),
+    "split-rank": lambda: split_index(torch.tensor([0, 4]), scheme="zigzag", size=2, rank=2),
+    "split-boundaries": lambda: split_index(torch.tensor([0, 8, 4]), scheme="zigzag", size=2, rank=0),
 }
 
 
