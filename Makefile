@@ -1,7 +1,8 @@
 # Four environments, each built from nothing: the demo's (.venv-demo: mmrope-core and its plugins,
 # Pillow and tokenizers, nothing else), and the tests': the newest supported transformers (.venv),
 # the oldest (.venv-oldest), and the trainers' (.venv-trainers: verl 0.9.1, LLaMA-Factory 0.9.5,
-# ms-swift 4.6.0, Ray, datasets, on the transformers verl allows). The tests' environments also
+# ms-swift 4.6.0, Megatron-core, Megatron-Bridge, mcore-bridge, Ray, datasets, on the transformers
+# verl allows). The tests' environments also
 # install the third-party example plugins (PaddleOCR-VL's binding would shadow mmrope-transformers').
 PYTHON ?= python3
 FAMILY_PLUGINS := $(patsubst %/pyproject.toml,%,$(wildcard mmrope_plugins/*/pyproject.toml))
@@ -79,7 +80,7 @@ bench: .venv/.installed
 # `<!-- install: NAME -->` blocks); requirements/trainers.txt holds what only the tests need.
 .venv-trainers/.installed: requirements/trainers.txt docs/trainers.md $(INSTALL_FROM_DOCS) $(SOURCES)
 	$(call new_venv,.venv-trainers,requirements/trainers.txt)
-	.venv-trainers/bin/python $(INSTALL_FROM_DOCS) verl llamafactory swift
+	.venv-trainers/bin/python $(INSTALL_FROM_DOCS) verl llamafactory swift megatron
 	.venv-trainers/bin/pip install -q --no-build-isolation $(EDITABLE)
 	touch $@
 

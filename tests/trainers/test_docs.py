@@ -34,8 +34,8 @@ def test_this_environment_holds_the_releases_the_install_commands_pin():
     from install_commands import commands
 
     pins = {}
-    for name in ("verl", "llamafactory", "swift"):
+    for name in ("verl", "llamafactory", "swift", "megatron"):
         for arguments in commands()[name]:
             pins.update(word.split("==") for word in arguments if "==" in word)
-    assert {"verl", "llamafactory", "ms-swift", "transformers"} <= set(pins)
+    assert {"verl", "llamafactory", "ms-swift", "transformers", "megatron-core", "mcore-bridge"} <= set(pins)
     assert {package: importlib.metadata.version(package) for package in pins} == pins
