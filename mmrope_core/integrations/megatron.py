@@ -18,6 +18,7 @@ Importing this module imports no Megatron package: the CP size and rank default 
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -88,7 +89,7 @@ def get_thd_batch_on_this_cp_rank(batch: Mapping[str, Any], cu_seqlens: torch.Te
     ``cu_seqlens_padded`` and ``max_seqlen`` whole, every other tensor cut on dim 1) and
     Megatron-core's ``PackedSeqParams`` for it, as Megatron-core builds them.
     """
-    from megatron.core.packed_seq_params import PackedSeqParams
+    PackedSeqParams = importlib.import_module("megatron.core.packed_seq_params").PackedSeqParams
 
     max_length = int(max_seqlen[0].item())
     params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens,
@@ -119,6 +120,5 @@ def _size_and_rank(cp_group: Any, cp_size: int | None, cp_rank: int | None) -> t
         if not torch.distributed.is_initialized():  # as Megatron-core reads a group before init
             return 1, 0
         return torch.distributed.get_world_size(cp_group), torch.distributed.get_rank(cp_group)
-    from megatron.core import parallel_state
-
+    parallel_state = importlib.import_module("megatron.core.parallel_state")
     return (max(parallel_state.get_context_parallel_world_size(), 1), parallel_state.get_context_parallel_rank())
