@@ -239,44 +239,42 @@ def check_split(split: Any) -> tuple[str, int, int]:
 
 def split_packed_row(batch: dict[str, Any], lengths: Sequence[int], split: tuple[str, int, int], *,
                      pad_token_id: int, token_keys: Sequence[str]) -> dict[str, Any]:
-    """A collator's whole packed row, its segments of ``lengths``, padded so that ``split`` can cut
-    it, then cut for the split's rank.
+    """Rank ``split[2]``'s part of a collator's whole packed row (its segments of ``lengths``),
+    as if the row were first padded so that the scheme can cut it.
 
     Padding goes at the end of each segment (``"zigzag"``) or of the last one (the other schemes):
     ids ``pad_token_id``, labels -100, token types 0, and positions those of text continuing the
     segment (its last real token's plus 1, 2, ... on every row), which no real token attends to.
+    Only the rank's tokens are gathered: the padded row is never built.
     """
     scheme, size, rank = split
-    real = torch.tensor([0, *lengths]).cumsum(0)
-    padded = torch.tensor(lengths)
+    sizes = torch.tensor(lengths)
+    real = torch.cat([sizes.new_zeros(1), sizes.cumsum(0)])
+    padded = sizes.clone()
     if scheme == "zigzag":
         padded = -(-padded // (2 * size)) * (2 * size)
     else:
-        multiple = 2 * size if scheme == "zigzag-row" else size
-        padded[-1] += -int(real[-1]) % multiple
+        padded[-1] += -int(real[-1]) % (2 * size if scheme == "zigzag-row" else size)
     layout = torch.cat([real[:1], padded.cumsum(0)])
-    total, pads = int(layout[-1]), padded - (real[1:] - real[:-1])
-    if int(pads.sum()):
-        ends = layout[:-1] + (real[1:] - real[:-1])  # where each segment's padding begins
-        slots = _runs(ends, pads)
-        segment = torch.arange(len(lengths)).repeat_interleave(pads)
-        places = torch.arange(int(real[-1])) + (layout[:-1] - real[:-1]).repeat_interleave(padded - pads)
-        batch = dict(batch)
-        for key in token_keys:
-            value = batch[key]
-            filled = value.new_full((*value.shape[:-1], total), IGNORE_INDEX if key == "labels" else
-                                    pad_token_id if key == "input_ids" else 0)
-            filled[..., places] = value
-            if key == "position_ids":  # text continuing the segment: its last real token's plus 1, 2, ...
-                step = (slots - ends[segment] + 1).to(value.dtype)
-                filled[..., slots] = value[..., real[1:][segment] - 1] + step
-            batch[key] = filled
+    index = split_index(layout, scheme=scheme, size=size, rank=rank)
+    segment = torch.searchsorted(layout, index, right=True) - 1
+    offset = index - layout[segment]
+    is_pad = offset >= sizes[segment]
+    # a padding slot reads its segment's last real token, then steps on from it
+    source = torch.where(is_pad, real[segment + 1] - 1, real[segment] + offset)
+    steps = (offset - sizes[segment] + 1)[is_pad]
+    part = dict(batch)
+    for key in token_keys:
+        value = batch[key].index_select(batch[key].dim() - 1, source)
+        if key == "position_ids":
+            value[..., is_pad] += steps.to(value.dtype)
+        else:
+            value[..., is_pad] = IGNORE_INDEX if key == "labels" else pad_token_id if key == "input_ids" else 0
+        part[key] = value
     attention = attention_segments(real, layout).to(torch.int32)
-    batch.update(cu_seqlens_padded=layout.to(torch.int32), cu_seq_lens_q=attention, cu_seq_lens_k=attention.clone(),
-                 max_length_q=int((attention[1:] - attention[:-1]).max()),
-                 max_length_k=int((attention[1:] - attention[:-1]).max()))
-    if "seq_idx" in batch:  # causal-conv1d's segments: those of attention
-        counts = attention[1:] - attention[:-1]
-        batch["seq_idx"] = torch.arange(len(counts), dtype=torch.int32).repeat_interleave(counts)[None]
-    return cut_tokens(batch, split_index(layout, scheme=scheme, size=size, rank=rank),
-                      [key for key in token_keys if key in batch] + (["seq_idx"] if "seq_idx" in batch else []), total)
+    longest = int((attention[1:] - attention[:-1]).max())
+    part.update(cu_seqlens_padded=layout.to(torch.int32), cu_seq_lens_q=attention, cu_seq_lens_k=attention.clone(),
+                max_length_q=longest, max_length_k=longest)
+    if "seq_idx" in batch:  # causal-conv1d's segments: those of attention, padding runs apart
+        part["seq_idx"] = (torch.searchsorted(attention, index.to(torch.int32), right=True) - 1).to(torch.int32)[None]
+    return part

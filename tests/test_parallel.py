@@ -13,7 +13,7 @@ import torch
 
 from mmrope_core import RopeEngine, SequenceSplitError, get_plugin_manager
 from mmrope_core.collators import PackedCollator
-from mmrope_core.parallel import SCHEMES, split_batch, split_index
+from mmrope_core.parallel import SCHEMES, split_batch, split_index, split_packed_row
 
 SIZES = (2, 4, 8)
 
@@ -269,3 +269,19 @@ def test_the_split_option_is_checked_when_the_collator_is_built(split, message):
     engine, _ = engine_and_samples("Qwen2-VL")
     with pytest.raises(SequenceSplitError, match=re.escape(message)):
         PackedCollator(engine, split=split)
+
+
+def test_linear_attentions_segment_ids_keep_padding_apart():
+    """``seq_idx`` (what causal-conv1d reads, where the model's layers need it) follows attention's
+    segments: each sample's tokens, and each padding run on its own."""
+    lengths = [3, 6]
+    row = {"input_ids": torch.arange(9)[None], "labels": torch.arange(9)[None], "position_ids": torch.arange(9)[None],
+           "seq_idx": torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1, 1]], dtype=torch.int32)}
+    ranks = [split_packed_row(row, lengths, ("zigzag", 2, rank), pad_token_id=7,
+                              token_keys=["input_ids", "labels", "position_ids"]) for rank in range(2)]
+    assert ranks[0]["cu_seq_lens_q"].tolist() == [0, 3, 4, 10, 12]  # layout [0, 4, 12]
+    # rank 0 holds slots 0, 3 | 4, 5, 10, 11 of the padded row; rank 1 slots 1, 2 | 6, 7, 8, 9
+    assert [part["seq_idx"].tolist() for part in ranks] == [[[0, 1, 2, 2, 3, 3]], [[0, 0, 2, 2, 2, 2]]]
+    assert [part["input_ids"].tolist() for part in ranks] == [[[0, 7, 3, 4, 7, 7]], [[1, 2, 5, 6, 7, 8]]]
+    assert [part["labels"].tolist() for part in ranks] == [[[0, -100, 3, 4, -100, -100]], [[1, 2, 5, 6, 7, 8]]]
+    assert [part["position_ids"].tolist() for part in ranks] == [[[0, 3, 3, 4, 9, 10]], [[1, 2, 5, 6, 7, 8]]]
