@@ -185,7 +185,8 @@ def cut_tokens(batch: Mapping[str, Any], index: torch.Tensor, token_keys: Sequen
             raise SequenceSplitError(f"{key} has shape {tuple(value.shape)}, but the row's boundaries end at {total}: "
                                      f"a per-token value needs {total} entries on its "
                                      f"{'second to last' if dim == -2 else 'last'} dim")
-        part[key] = value.index_select(value.dim() + dim, index.to(value.device))
+        at = index.to(value.device)
+        part[key] = value[..., at, :] if dim == -2 else value[..., at]  # faster than index_select on views
     return part
 
 
@@ -257,15 +258,18 @@ def split_packed_row(batch: dict[str, Any], lengths: Sequence[int], split: tuple
         padded[-1] += -int(real[-1]) % (2 * size if scheme == "zigzag-row" else size)
     layout = torch.cat([real[:1], padded.cumsum(0)])
     index = split_index(layout, scheme=scheme, size=size, rank=rank)
-    segment = torch.searchsorted(layout, index, right=True) - 1
-    offset = index - layout[segment]
-    is_pad = offset >= sizes[segment]
+    if scheme == "zigzag":  # each slot's place in the unpadded row, past its segment's end where it pads
+        segment = torch.searchsorted(layout, index, right=True) - 1
+        place, end = index - (layout - real)[segment], real[1:][segment]
+    else:  # the padding follows the last token
+        place, end = index, real[-1]
+    is_pad = place >= end
     # a padding slot reads its segment's last real token, then steps on from it
-    source = torch.where(is_pad, real[segment + 1] - 1, real[segment] + offset)
-    steps = (offset - sizes[segment] + 1)[is_pad]
+    source = torch.minimum(place, end - 1)
+    steps = (place - end + 1)[is_pad]
     part = dict(batch)
     for key in token_keys:
-        value = batch[key].index_select(batch[key].dim() - 1, source)
+        value = batch[key][..., source]
         if key == "position_ids":
             value[..., is_pad] += steps.to(value.dtype)
         else:
