@@ -14,6 +14,7 @@ from ._names import checked_keywords
 from .engine import RopeEngine
 from .errors import CollateError, InvalidInputError, a
 from .media import require_string_keys, require_values
+from .parallel import check_split, split_packed_row
 from .segments import packed_row_support
 
 IGNORE_INDEX = -100  # what transformers' and TRL's losses skip
@@ -87,12 +88,21 @@ class PackedCollator:
     than it; ``flash_attn_kwargs=True`` adds ``cu_seq_lens_q/k`` and ``max_length_q/k``, which
     flash-attention's varlen kernels take instead of scanning the positions. ``convention`` and
     a sample's ``generated_mask`` as in :class:`PaddedCollator`.
+
+    ``split=(scheme, size, rank)`` returns rank ``rank``'s part of the row for sequence or context
+    parallel (schemes in :mod:`mmrope_core.parallel`): the row is padded so that the scheme can cut
+    it (ids the tokenizer's pad token, labels -100, positions of text continuing the segment), the
+    whole row's ``cu_seqlens_padded``, ``cu_seq_lens_q/k`` and ``max_length_q/k`` are added, and the
+    per-token tensors are cut with :func:`~mmrope_core.parallel.split_batch`'s rule. Every rank
+    builds the same row; real tokens keep the ids, labels and positions they have without ``split``.
     """
 
     @checked_keywords
     def __init__(self, engine: RopeEngine, max_length: int | None = None, flash_attn_kwargs: bool = False,
-                 mm_processor_kwargs: Mapping[str, Any] | None = None, *, convention: str | None = None) -> None:
+                 mm_processor_kwargs: Mapping[str, Any] | None = None, *, convention: str | None = None,
+                 split: tuple[str, int, int] | None = None) -> None:
         _check_engine(engine)
+        self.split = None if split is None else check_split(split)
         if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
                                        or max_length < 1):
             raise InvalidInputError(f"max_length must be a positive int or None, got {max_length!r}")
@@ -139,6 +149,10 @@ class PackedCollator:
         if self.support.boundaries:  # what causal-conv1d reads: each token's segment
             batch["seq_idx"] = torch.arange(len(lengths), dtype=torch.int32).repeat_interleave(
                 torch.tensor(lengths))[None]
+        if self.split is not None:
+            pad = getattr(getattr(self.engine.processor, "tokenizer", None), "pad_token_id", None)
+            return split_packed_row(batch, lengths, self.split, pad_token_id=pad or 0,
+                                    token_keys=["input_ids", "labels", "position_ids", *per_token])
         return batch
 
     def _check_length(self, lengths: list[int]) -> None:

@@ -20,14 +20,25 @@ split=(scheme, size, rank))`` pads the row so that it can be cut and returns the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from .errors import SequenceSplitError
 
+__all__ = ["split_batch", "split_index"]
+
 SCHEMES = ("zigzag", "zigzag-row", "contiguous")
+IGNORE_INDEX = -100  # what the losses skip
+#: per-token keys by name, cut on their last dim (``inputs_embeds`` on its second to last)
+TOKEN_KEYS = ("input_ids", "tokens", "labels", "attention_mask", "loss_mask", "generated_mask", "seq_idx",
+              "position_ids", "inputs_embeds")
+TOKEN_TYPES = "token_type_ids"  # the suffix of the keys holding one type per token (mm_, moe_mm_ ...)
+#: the whole row's boundaries, kept on every rank: the layout decides the cut, the first found
+LAYOUT_KEYS = ("cu_seqlens_padded", "cu_seq_lens_q", "cu_seqlens")
+ROW_KEYS = (*LAYOUT_KEYS, "cu_seq_lens_k", "max_length_q", "max_length_k", "max_seqlen", "max_seqlen_q",
+            "max_seqlen_k")
 _HOW_TO_PAD = "build the batch with PackedCollator(engine, split=(scheme, size, rank)), which pads each row to fit"
 
 
@@ -117,3 +128,157 @@ def _require_multiple(what: str, length: int, multiple: int, scheme: str, size: 
     if length % multiple:
         raise SequenceSplitError(f"{what} has {length} tokens, which scheme {scheme!r} with size {size} cannot cut: "
                                  f"it needs a multiple of {multiple}; {_HOW_TO_PAD}")
+
+
+def split_batch(batch: Mapping[str, Any], *, scheme: str, size: int, rank: int) -> dict[str, Any]:
+    """Rank ``rank``'s part of a packed ``(1, T)`` batch: a new dict, ``batch`` left unchanged.
+
+    ``batch`` is a :class:`~mmrope_core.collators.PackedCollator` batch, or one in Megatron's naming
+    (``tokens``, ``loss_mask``; ``cu_seqlens`` the real boundaries, ``cu_seqlens_padded`` the
+    layout). Its layout decides the cut: ``cu_seqlens_padded``, else ``cu_seq_lens_q``, else
+    ``cu_seqlens``; a batch without any is refused rather than guessed from its positions.
+
+    - Per-token tensors, known by name (``input_ids``, ``tokens``, ``labels``, ``attention_mask``,
+      ``loss_mask``, ``generated_mask``, ``seq_idx``, every ``*token_type_ids``), are cut on their
+      last dim, ``position_ids`` too (``(4, 1, T)`` M-RoPE or ``(1, T)``), ``inputs_embeds`` on its
+      sequence dim: each holds ``T / size`` tokens, in :func:`split_index`'s order.
+    - The whole row's boundaries are kept, and added where missing so that attention never infers
+      them from the positions: ``cu_seqlens_padded`` (the layout), ``cu_seq_lens_q/k`` (each real
+      segment and each padding run, as offsets into the row) and ``max_length_q/k``.
+    - Every other value (media: pixels, grids, audio features; flags) is kept whole: the vision and
+      audio towers run on every rank. A tensor of another name shaped ``(1, T)``, like the row, is
+      refused as ambiguous (a per-token value of your own, or media that happens to be ``T`` long),
+      except media masks named ``*_attention_mask``: cut your own per-token values with
+      :func:`split_index` (``value[..., index]``) and leave them out of ``batch``.
+    """
+    if not isinstance(batch, Mapping):
+        raise SequenceSplitError(f"split_batch takes a packed batch (a dict), got {type(batch).__name__}")
+    _check_layout(scheme, size, rank)
+    layout_key = next((key for key in LAYOUT_KEYS if isinstance(batch.get(key), torch.Tensor)), None)
+    if layout_key is None:
+        raise SequenceSplitError("the batch holds no segment boundaries (cu_seqlens_padded, cu_seq_lens_q or "
+                                 "cu_seqlens), and split_batch does not guess them from the positions; build it with "
+                                 "PackedCollator(engine, split=(scheme, size, rank)) or flash_attn_kwargs=True")
+    layout = _boundaries(batch[layout_key])
+    total = int(layout[-1])
+    token_keys = [key for key, value in batch.items() if isinstance(value, torch.Tensor) and _is_token_key(key)]
+    for key, value in batch.items():
+        if key not in token_keys and key not in ROW_KEYS and isinstance(value, torch.Tensor) and value.dim() == 2 \
+                and value.shape == (1, total) and not key.endswith("_attention_mask"):
+            raise SequenceSplitError(
+                f"{key} has shape {tuple(value.shape)}, the row's, but is not a per-token key split_batch knows "
+                f"({', '.join(TOKEN_KEYS)}, *{TOKEN_TYPES}) nor media it can tell apart; cut it yourself with "
+                f"split_index(cu_seqlens, ...) as {key}[..., index] and pass the batch without it")
+    index = split_index(layout, scheme=scheme, size=size, rank=rank)
+    part = cut_tokens(batch, index, token_keys, total)
+    part.update(_row_boundaries(batch, layout))
+    return part
+
+
+def cut_tokens(batch: Mapping[str, Any], index: torch.Tensor, token_keys: Sequence[str], total: int) -> dict[str, Any]:
+    """``batch`` with each of ``token_keys`` cut by ``index`` on its sequence dim; the rest as it is."""
+    part = dict(batch)
+    for key in token_keys:
+        value = batch[key]
+        dim = -2 if key == "inputs_embeds" else -1
+        if value.dim() < -dim or value.shape[dim] != total:
+            raise SequenceSplitError(f"{key} has shape {tuple(value.shape)}, but the row's boundaries end at {total}: "
+                                     f"a per-token value needs {total} entries on its "
+                                     f"{'second to last' if dim == -2 else 'last'} dim")
+        at = index.to(value.device)
+        part[key] = value[..., at, :] if dim == -2 else value[..., at]  # faster than index_select on views
+    return part
+
+
+def _is_token_key(key: str) -> bool:
+    return key in TOKEN_KEYS or key.endswith(TOKEN_TYPES)
+
+
+def _row_boundaries(batch: Mapping[str, Any], layout: torch.Tensor) -> dict[str, Any]:
+    """The whole row's boundaries that ``batch`` lacks: the layout, and attention's segments."""
+    added: dict[str, Any] = {}
+    if not isinstance(batch.get("cu_seqlens_padded"), torch.Tensor):
+        added["cu_seqlens_padded"] = layout.to(torch.int32)
+    attention = batch.get("cu_seq_lens_q")
+    if not isinstance(attention, torch.Tensor):
+        real = batch.get("cu_seqlens")
+        attention = (attention_segments(_boundaries(real), layout) if isinstance(real, torch.Tensor)
+                     and isinstance(batch.get("cu_seqlens_padded"), torch.Tensor) else layout).to(torch.int32)
+        added["cu_seq_lens_q"] = attention
+    if not isinstance(batch.get("cu_seq_lens_k"), torch.Tensor):
+        added["cu_seq_lens_k"] = attention.clone()
+    longest = int((attention[1:] - attention[:-1]).max()) if attention.numel() > 1 else 0
+    for key in ("max_length_q", "max_length_k"):
+        if key not in batch:
+            added[key] = longest
+    return added
+
+
+def attention_segments(real: torch.Tensor, layout: torch.Tensor) -> torch.Tensor:
+    """Offsets into the padded row of every real segment and every padding run after one.
+
+    ``real`` holds the segments' real boundaries (``[0, 5, 12]``: lengths 5 and 7), ``layout`` the
+    padded ones (``[0, 8, 16]``); the answer, ``[0, 5, 8, 15, 16]``, keeps each sample's attention
+    to its own tokens and each padding run to itself.
+    """
+    lengths = real[1:] - real[:-1]
+    if lengths.shape != layout[1:].shape or bool((lengths > layout[1:] - layout[:-1]).any()):
+        raise SequenceSplitError(f"the real boundaries {real.tolist()} do not fit the padded layout {layout.tolist()}: "
+                                 f"every segment's real length must be at most its padded one")
+    ends = torch.stack([layout[:-1] + lengths, layout[1:]], dim=1).flatten()
+    return torch.cat([layout[:1], ends]).unique_consecutive()
+
+
+def check_split(split: Any) -> tuple[str, int, int]:
+    """A collator's ``split=(scheme, size, rank)``, checked."""
+    if not isinstance(split, (tuple, list)) or len(split) != 3:
+        raise SequenceSplitError(f"split must be (scheme, size, rank), like ('zigzag', 2, rank), got {split!r}")
+    scheme, size, rank = split
+    _check_layout(scheme, size, rank)
+    return scheme, size, rank
+
+
+def split_packed_row(batch: dict[str, Any], lengths: Sequence[int], split: tuple[str, int, int], *,
+                     pad_token_id: int, token_keys: Sequence[str]) -> dict[str, Any]:
+    """Rank ``split[2]``'s part of a collator's whole packed row (its segments of ``lengths``),
+    as if the row were first padded so that the scheme can cut it.
+
+    Padding goes at the end of each segment (``"zigzag"``) or of the last one (the other schemes):
+    ids ``pad_token_id``, labels -100, token types 0, and positions those of text continuing the
+    segment (its last real token's plus 1, 2, ... on every row), which no real token attends to.
+    Only the rank's tokens are gathered: the padded row is never built.
+    """
+    scheme, size, rank = split
+    sizes = torch.tensor(lengths)
+    real = torch.cat([sizes.new_zeros(1), sizes.cumsum(0)])
+    padded = sizes.clone()
+    if scheme == "zigzag":
+        padded = -(-padded // (2 * size)) * (2 * size)
+    else:
+        padded[-1] += -int(real[-1]) % (2 * size if scheme == "zigzag-row" else size)
+    layout = torch.cat([real[:1], padded.cumsum(0)])
+    index = split_index(layout, scheme=scheme, size=size, rank=rank)
+    if scheme == "zigzag":  # each slot's place in the unpadded row, past its segment's end where it pads
+        segment = torch.searchsorted(layout, index, right=True) - 1
+        place, end = index - (layout - real)[segment], real[1:][segment]
+    else:  # the padding follows the last token
+        place, end = index, real[-1]
+    is_pad = place >= end
+    # a padding slot reads its segment's last real token, then steps on from it
+    source = torch.minimum(place, end - 1)
+    steps = (place - end + 1)[is_pad]
+    part = dict(batch)
+    for key in token_keys:
+        value = batch[key][..., source]
+        if key == "position_ids":
+            value[..., is_pad] += steps.to(value.dtype)
+        else:
+            value[..., is_pad] = IGNORE_INDEX if key == "labels" else pad_token_id if key == "input_ids" else 0
+        part[key] = value
+    attention = attention_segments(real, layout).to(torch.int32)
+    longest = int((attention[1:] - attention[:-1]).max())
+    part.update(cu_seqlens_padded=layout.to(torch.int32), cu_seq_lens_q=attention, cu_seq_lens_k=attention.clone(),
+                max_length_q=longest, max_length_k=longest)
+    if "seq_idx" in batch:  # causal-conv1d's segments: those of attention, padding runs apart
+        part["seq_idx"] = (torch.searchsorted(attention, index.to(torch.int32), right=True) - 1).to(torch.int32)[None]
+    return part

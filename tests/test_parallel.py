@@ -11,8 +11,9 @@ import re
 import pytest
 import torch
 
-from mmrope_core import SequenceSplitError
-from mmrope_core.parallel import SCHEMES, split_index
+from mmrope_core import RopeEngine, SequenceSplitError, get_plugin_manager
+from mmrope_core.collators import PackedCollator
+from mmrope_core.parallel import SCHEMES, split_batch, split_index, split_packed_row
 
 SIZES = (2, 4, 8)
 
@@ -122,3 +123,165 @@ def test_the_index_stays_on_the_boundaries_device_and_leaves_them_unchanged():
 def test_what_cannot_be_cut_is_refused_saying_why(cu_seqlens, options, message):
     with pytest.raises(SequenceSplitError, match=re.escape(message)):
         split_index(cu_seqlens, **{"rank": 0, **options})
+
+
+# -- split_batch: a rank's batch cut as its tokens are ---------------------------------------------
+
+def megatron_style_batch(lengths, multiple, generator):
+    """A packed row of segments of ``lengths``, each padded to ``multiple``, with every kind of
+    value a batch holds: per-token tensors, ``(4, 1, T)`` positions, media (one of them ``(1, T)``
+    by chance, a media mask named as such) and both kinds of boundaries."""
+    layout = torch.tensor(padded_layout(lengths, multiple))
+    total = int(layout[-1])
+    return {
+        "input_ids": torch.randint(0, 1000, (1, total), generator=generator),
+        "labels": torch.randint(0, 1000, (1, total), generator=generator),
+        "mm_token_type_ids": torch.randint(0, 3, (1, total), generator=generator),
+        "seq_idx": torch.arange(total, dtype=torch.int32)[None],
+        "position_ids": torch.randint(0, 50, (4, 1, total), generator=generator),
+        "pixel_values": torch.randn(6, total, generator=generator),
+        "image_grid_thw": torch.tensor([[1, 2, 3]]),
+        "feature_attention_mask": torch.ones(1, total, dtype=torch.long),
+        "second_per_grid_ts": torch.ones(total),
+        "cu_seqlens": torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32),
+        "cu_seqlens_padded": layout.to(torch.int32),
+        "use_cache": False,
+    }
+
+
+PER_TOKEN = ("input_ids", "labels", "mm_token_type_ids", "seq_idx")
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("size", SIZES)
+def test_the_ranks_batches_give_back_the_whole_batch(scheme, size):
+    batch = megatron_style_batch([5, 16, 1, 9], 2 * size, torch.Generator().manual_seed(size))
+    before = {key: value.clone() if isinstance(value, torch.Tensor) else value for key, value in batch.items()}
+    total = batch["input_ids"].shape[1]
+    parts = [split_batch(batch, scheme=scheme, size=size, rank=rank) for rank in range(size)]
+    index = torch.cat([split_index(batch["cu_seqlens_padded"], scheme=scheme, size=size, rank=rank)
+                       for rank in range(size)])
+    for key in (*PER_TOKEN, "position_ids"):
+        whole = torch.empty_like(batch[key])
+        whole[..., index] = torch.cat([part[key] for part in parts], dim=-1)
+        assert torch.equal(whole, batch[key]), key
+        assert all(part[key].shape[-1] == total // size for part in parts)
+    for part in parts:
+        for key in ("pixel_values", "image_grid_thw", "feature_attention_mask", "second_per_grid_ts",
+                    "cu_seqlens", "cu_seqlens_padded", "use_cache"):
+            assert part[key] is batch[key], key  # media and the row's boundaries: whole, on every rank
+        # attention's boundaries, added from the row: each real segment, then its padding on its own
+        lengths, layout = [5, 16, 1, 9], batch["cu_seqlens_padded"].tolist()
+        ends = [bound for start, length, end in zip(layout, lengths, layout[1:]) for bound in (start + length, end)]
+        assert part["cu_seq_lens_q"].tolist() == part["cu_seq_lens_k"].tolist() == sorted({0, *ends})
+        steps = torch.tensor(sorted({0, *ends})).diff()
+        assert part["max_length_q"] == part["max_length_k"] == int(steps.max())
+    for key, value in before.items():  # the caller's batch is as it was
+        assert batch[key] is not value and torch.equal(batch[key], value) if isinstance(value, torch.Tensor) \
+            else batch[key] == value
+
+
+def test_a_batch_of_transformers_naming_is_cut_on_its_attention_boundaries():
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 1000, (1, 12), generator=generator)
+    positions = torch.arange(12)[None]
+    batch = {"input_ids": ids, "position_ids": positions, "cu_seq_lens_q": torch.tensor([0, 8, 12], dtype=torch.int32),
+             "cu_seq_lens_k": torch.tensor([0, 8, 12], dtype=torch.int32), "max_length_q": 8, "max_length_k": 8,
+             "inputs_embeds": torch.randn(1, 12, 3, generator=generator)}
+    part = split_batch(batch, scheme="zigzag", size=2, rank=1)
+    assert part["input_ids"].tolist() == [ids[0, [2, 3, 4, 5, 9, 10]].tolist()]
+    assert part["position_ids"].tolist() == [[2, 3, 4, 5, 9, 10]]
+    assert torch.equal(part["inputs_embeds"], batch["inputs_embeds"][:, [2, 3, 4, 5, 9, 10]])
+    assert part["cu_seqlens_padded"].tolist() == [0, 8, 12] and part["cu_seq_lens_q"] is batch["cu_seq_lens_q"]
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda batch: {k: v for k, v in batch.items() if not k.startswith("cu_")},
+     "the batch holds no segment boundaries (cu_seqlens_padded, cu_seq_lens_q or cu_seqlens), and split_batch does "
+     "not guess them from the positions"),
+    (lambda batch: {**batch, "advantages": torch.ones(1, 16)},
+     "advantages has shape (1, 16), the row's, but is not a per-token key split_batch knows"),
+    (lambda batch: {**batch, "labels": torch.ones(1, 15, dtype=torch.long)},
+     "labels has shape (1, 15), but the row's boundaries end at 16"),
+    (lambda batch: {**batch, "cu_seqlens_padded": torch.tensor([0, 6, 16])},
+     "segment 0 (tokens 0 to 6) has 6 tokens, which scheme 'zigzag' with size 2 cannot cut: it needs a multiple of 4"),
+    (lambda batch: [batch], "split_batch takes a packed batch (a dict), got list"),
+])
+def test_a_batch_that_cannot_be_cut_is_refused_saying_why(change, message):
+    batch = megatron_style_batch([5, 7], 4, torch.Generator().manual_seed(0))
+    with pytest.raises(SequenceSplitError, match=re.escape(message)):
+        split_batch(change(batch), scheme="zigzag", size=2, rank=0)
+
+
+# -- PackedCollator(split=...) -----------------------------------------------------------------------
+
+CASES = {case.name: case for _, cases in get_plugin_manager().results("example_cases") for case in cases}
+
+
+def engine_and_samples(name):
+    processor, config = CASES[name].build()
+    engine = RopeEngine.from_processor(processor, config)
+    return engine, [dict(engine.process(**call)) for call in CASES[name].samples(processor, random.Random(0))]
+
+
+@pytest.mark.parametrize("name", ["LLaVA (llava)", "Qwen3-VL"])
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_a_ranks_batch_is_its_cut_of_the_padded_row(name, scheme):
+    """1-D ``(1, T)`` and M-RoPE ``(4, 1, T)`` positions alike; the samples' videos, audio and
+    every family are checked at the model in tests/models/test_parallel_rows.py."""
+    engine, samples = engine_and_samples(name)
+    before = [{key: value.clone() for key, value in sample.items()} for sample in samples]
+    full = PackedCollator(engine, flash_attn_kwargs=True)(samples)
+    lengths = [sample["input_ids"].shape[1] for sample in samples]
+    for rank in range(4):
+        part = PackedCollator(engine, split=(scheme, 4, rank))(samples)
+        layout = part["cu_seqlens_padded"]
+        index = split_index(layout, scheme=scheme, size=4, rank=rank)
+        padded = torch.tensor(padded_layout(lengths, 8)) if scheme == "zigzag" else torch.tensor(
+            [0, *full["cu_seq_lens_q"][1:-1].tolist(), -(-sum(lengths) // (8 if scheme == "zigzag-row" else 4)) *
+             (8 if scheme == "zigzag-row" else 4)])
+        assert layout.tolist() == padded.tolist() and layout.dtype == torch.int32
+        # the rank's tokens that are real, read back from the unsplit row
+        real = torch.cat([torch.arange(length) + int(start) for length, start in zip(lengths, layout)])
+        unsplit = torch.full((int(layout[-1]),), -1).index_copy(0, real, torch.arange(sum(lengths)))[index]
+        mine = unsplit >= 0
+        assert mine.any()
+        for key in ("input_ids", "labels", *(key for key in full if key.endswith("token_type_ids"))):
+            assert torch.equal(part[key][0, mine], full[key][0, unsplit[mine]]), key
+        assert torch.equal(part["position_ids"][..., mine], full["position_ids"][..., unsplit[mine]])
+        assert (part["labels"][0, ~mine] == -100).all()
+        assert (part["input_ids"][0, ~mine] == engine.processor.tokenizer.pad_token_id).all()
+        assert part["position_ids"].shape[:-1] == full["position_ids"].shape[:-1]
+        assert part["max_length_q"] == part["max_length_k"] == int(part["cu_seq_lens_q"].diff().max())
+    for sample, original in zip(samples, before):
+        assert all(torch.equal(sample[key], original[key]) for key in original)
+
+
+@pytest.mark.parametrize("split, message", [
+    ("zigzag", "split must be (scheme, size, rank), like ('zigzag', 2, rank), got 'zigzag'"),
+    (("zigzag", 2), "split must be (scheme, size, rank)"),
+    (("ulysses", 2, 0), "scheme 'ulysses' is unknown; the schemes are 'zigzag', 'zigzag-row', 'contiguous'"),
+    (("zigzag", 0, 0), "size must be a positive int"),
+    (("zigzag", 2, 2), "rank must be an int in range(2) for size=2, got 2"),
+    (("zigzag", 2, True), "rank must be an int in range(2) for size=2, got True"),
+])
+def test_the_split_option_is_checked_when_the_collator_is_built(split, message):
+    engine, _ = engine_and_samples("Qwen2-VL")
+    with pytest.raises(SequenceSplitError, match=re.escape(message)):
+        PackedCollator(engine, split=split)
+
+
+def test_linear_attentions_segment_ids_keep_padding_apart():
+    """``seq_idx`` (what causal-conv1d reads, where the model's layers need it) follows attention's
+    segments: each sample's tokens, and each padding run on its own."""
+    lengths = [3, 6]
+    row = {"input_ids": torch.arange(9)[None], "labels": torch.arange(9)[None], "position_ids": torch.arange(9)[None],
+           "seq_idx": torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1, 1]], dtype=torch.int32)}
+    ranks = [split_packed_row(row, lengths, ("zigzag", 2, rank), pad_token_id=7,
+                              token_keys=["input_ids", "labels", "position_ids"]) for rank in range(2)]
+    assert ranks[0]["cu_seq_lens_q"].tolist() == [0, 3, 4, 10, 12]  # layout [0, 4, 12]
+    # rank 0 holds slots 0, 3 | 4, 5, 10, 11 of the padded row; rank 1 slots 1, 2 | 6, 7, 8, 9
+    assert [part["seq_idx"].tolist() for part in ranks] == [[[0, 1, 2, 2, 3, 3]], [[0, 0, 2, 2, 2, 2]]]
+    assert [part["input_ids"].tolist() for part in ranks] == [[[0, 7, 3, 4, 7, 7]], [[1, 2, 5, 6, 7, 8]]]
+    assert [part["labels"].tolist() for part in ranks] == [[[0, -100, 3, 4, -100, -100]], [[1, 2, 5, 6, 7, 8]]]
+    assert [part["position_ids"].tolist() for part in ranks] == [[[0, 3, 3, 4, 9, 10]], [[1, 2, 5, 6, 7, 8]]]

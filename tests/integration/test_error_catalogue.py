@@ -12,7 +12,7 @@ import mmrope_core.errors as errors
 from mmrope_core import PluginManager, RopeEngine
 from mmrope_core.collate import collate
 from mmrope_core.collators import PackedCollator, PaddedCollator
-from mmrope_core.parallel import split_index
+from mmrope_core.parallel import split_batch, split_index
 
 CATALOGUE = Path(__file__).parents[2] / "docs" / "errors.md"
 ROW = re.compile(r"^\| `([\w-]+)` \| .* \| `(\w+)` \| `(.+)` \| .* \|$")
@@ -194,6 +194,12 @@ TRIGGERS = {
     "split-unknown-scheme": lambda: split_index(torch.tensor([0, 4]), scheme="ring", size=2, rank=0),
     "split-rank": lambda: split_index(torch.tensor([0, 4]), scheme="zigzag", size=2, rank=2),
     "split-boundaries": lambda: split_index(torch.tensor([0, 8, 4]), scheme="zigzag", size=2, rank=0),
+    "split-option": lambda: PackedCollator(engine("Qwen2-VL"), split="zigzag"),
+    "split-no-boundaries": lambda: split_batch({"input_ids": torch.ones(1, 6, dtype=torch.long)}, scheme="contiguous",
+                                               size=2, rank=0),
+    "split-ambiguous-key": lambda: split_batch({"input_ids": torch.ones(1, 6, dtype=torch.long),
+                                                "cu_seq_lens_q": torch.tensor([0, 6]), "advantages": torch.ones(1, 6)},
+                                               scheme="contiguous", size=2, rank=0),
 }
 
 
