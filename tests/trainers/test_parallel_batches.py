@@ -2,7 +2,9 @@
 for sequence and context parallel: ``PackedCollator(engine, split=...)``'s batch on every rank is
 the framework's own cut of the padded row (mcore-bridge's ``split_cp_inputs``, Megatron-core's
 ``get_batch_on_this_cp_rank``, verl's ``slice_input_tensor``), the shards put back in the
-framework's order are the unsplit batch, and every segment's positions are its sample's alone."""
+framework's order are the unsplit batch, and every segment's positions are its sample's alone.
+verl's Ulysses attention, which infers the boundaries from the gathered positions, finds every
+segment in mmrope's."""
 
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # Megatron-core warns that neither Transformer Engine nor Apex is installed
     from megatron.core import utils as megatron_utils
     from megatron.core.ssm.mamba_context_parallel import _undo_attention_load_balancing
-from verl.utils.ulysses import slice_input_tensor
+from transformers.modeling_flash_attention_utils import prepare_fa_kwargs_from_position_ids
+from verl.models.transformers.qwen2_vl import prepare_fa2_from_position_ids
+from verl.utils.ulysses import slice_input_tensor, ulysses_pad
 
 
 def framework_cut(scheme, tensor, bounds, size, rank):
@@ -75,3 +79,49 @@ def test_each_ranks_batch_is_the_frameworks_cut_of_the_row(family, scheme, size)
     for start, row in zip(bounds[:-1], rows):
         segment = slice(int(start), int(start) + row["input_ids"].shape[1])
         assert torch.equal(whole["position_ids"][:, 0, segment], alone(engine, row, kwargs))
+
+
+# -- verl's Ulysses attention: the boundaries it infers from the gathered positions ---------------
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("size", SIZES)
+def test_verls_ulysses_attention_finds_every_segment_in_mmropes_positions(family, size):
+    """verl's Ulysses flash-attention all-gathers each rank's positions (concatenated in rank
+    order), takes row 0 of ``(4, 1, T)`` positions, and cuts the row where it is 0
+    (``prepare_fa2_from_position_ids``; transformers' ``prepare_fa_kwargs_from_position_ids``
+    alike): mmrope's text row restarts at 0 exactly at each segment's start, and the collator's
+    padding continues the last segment, so the inferred boundaries are the padded layout's."""
+    engine, rows, kwargs = engine_and_rows(family)
+    batches = [PackedCollator(engine, mm_processor_kwargs=kwargs, split=("contiguous", size, rank))(rows)
+               for rank in range(size)]
+    gathered = torch.cat([batch["position_ids"] for batch in batches], dim=-1)[0]  # (1, T): row 0
+    states = torch.zeros(1, gathered.shape[1], 2, 4)
+    _, _, _, (cu_seqlens, _), (max_length, _) = prepare_fa2_from_position_ids(states, states, states, gathered)
+    assert torch.equal(cu_seqlens, batches[0]["cu_seqlens_padded"])
+    assert max_length == int(batches[0]["cu_seqlens_padded"].diff().max())
+    (transformers_cu_seqlens, _), _ = prepare_fa_kwargs_from_position_ids(gathered)
+    assert torch.equal(transformers_cu_seqlens, cu_seqlens)
+    real = batches[0]["cu_seq_lens_q"]  # the real segments start where the inferred ones do
+    assert set(real[:-1].tolist()) >= set(cu_seqlens[:-1].tolist())
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_verls_own_padding_becomes_a_segment_of_its_own(size):
+    """verl's own path pads the unsplit row (``ulysses_pad``: positions counting from 0, so the
+    padding is one more segment) and each rank slices the positions on their last dim; the
+    gathered text row gives the samples' boundaries and the padding's."""
+    engine, rows, kwargs = engine_and_rows("Qwen2.5-VL")
+    batch = PackedCollator(engine, mm_processor_kwargs=kwargs)(rows)
+    _, positions, pad = ulysses_pad(batch["input_ids"], batch["position_ids"], sp_size=size)
+    shards = []
+    for rank in range(size):
+        with world(size, rank):
+            shards.append(slice_input_tensor(positions, dim=-1, padding=False))
+    gathered = torch.cat(shards, dim=-1)[0]
+    states = torch.zeros(1, gathered.shape[1], 2, 4)
+    _, _, _, (cu_seqlens, _), _ = prepare_fa2_from_position_ids(states, states, states, gathered)
+    lengths = [row["input_ids"].shape[1] for row in rows]
+    bounds = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    expected = torch.cat([bounds, bounds[-1:] + pad]) if pad else bounds
+    assert torch.equal(cu_seqlens, expected)
