@@ -21,6 +21,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # Megatron-core warns that neither Transformer Engine nor Apex is installed
     from megatron.core import utils as megatron_utils
     from megatron.core.ssm.mamba_context_parallel import _undo_attention_load_balancing
+from swift.utils import get_cu_seqlens_from_position_ids
 from transformers.modeling_flash_attention_utils import prepare_fa_kwargs_from_position_ids
 from verl.models.transformers.qwen2_vl import prepare_fa2_from_position_ids
 from verl.utils.ulysses import slice_input_tensor, ulysses_pad
@@ -125,3 +126,19 @@ def test_verls_own_padding_becomes_a_segment_of_its_own(size):
     bounds = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     expected = torch.cat([bounds, bounds[-1:] + pad]) if pad else bounds
     assert torch.equal(cu_seqlens, expected)
+
+
+# -- ms-swift's Ulysses and ring paths: the boundaries it reads from its text row -----------------
+
+
+def test_swift_reads_the_boundaries_from_a_text_row_of_its_own():
+    """ms-swift's sequence parallel (Ulysses and ring attention) takes each row's boundaries from
+    ``text_position_ids`` with ``get_cu_seqlens_from_position_ids``, which reads a ``(1, T)`` row
+    (where it is 0). mmrope's text row gives the segments; the ``(4, 1, T)`` positions themselves,
+    which ms-swift falls back to without ``text_position_ids``, are read as if 2-D: one segment
+    per row of the first dim, wrong."""
+    engine, rows, kwargs = engine_and_rows("Qwen2.5-VL")
+    batch = PackedCollator(engine, mm_processor_kwargs=kwargs, flash_attn_kwargs=True)(rows)
+    text_row = batch["position_ids"][0]  # (1, T), what a batch hands ms-swift as text_position_ids
+    assert torch.equal(get_cu_seqlens_from_position_ids(text_row), batch["cu_seq_lens_q"])
+    assert not torch.equal(get_cu_seqlens_from_position_ids(batch["position_ids"]), batch["cu_seq_lens_q"])
