@@ -95,12 +95,14 @@ class PackedCollator:
     whole row's ``cu_seqlens_padded``, ``cu_seq_lens_q/k`` and ``max_length_q/k`` are added, and the
     per-token tensors are cut with :func:`~mmrope_core.parallel.split_batch`'s rule. Every rank
     builds the same row; real tokens keep the ids, labels and positions they have without ``split``.
+    Rank None returns the padded row uncut, for :func:`~mmrope_core.parallel.split_batch` to cut
+    later (where one process builds the batch and hands it to the ranks).
     """
 
     @checked_keywords
     def __init__(self, engine: RopeEngine, max_length: int | None = None, flash_attn_kwargs: bool = False,
                  mm_processor_kwargs: Mapping[str, Any] | None = None, *, convention: str | None = None,
-                 split: tuple[str, int, int] | None = None) -> None:
+                 split: tuple[str, int, int | None] | None = None) -> None:
         _check_engine(engine)
         self.split = None if split is None else check_split(split)
         if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)

@@ -229,19 +229,19 @@ def attention_segments(real: torch.Tensor, layout: torch.Tensor) -> torch.Tensor
     return torch.cat([layout[:1], ends]).unique_consecutive()
 
 
-def check_split(split: Any) -> tuple[str, int, int]:
-    """A collator's ``split=(scheme, size, rank)``, checked."""
+def check_split(split: Any) -> tuple[str, int, int | None]:
+    """A collator's ``split=(scheme, size, rank)``, checked; rank None asks for the padded row uncut."""
     if not isinstance(split, (tuple, list)) or len(split) != 3:
         raise SequenceSplitError(f"split must be (scheme, size, rank), like ('zigzag', 2, rank), got {split!r}")
     scheme, size, rank = split
-    _check_layout(scheme, size, rank)
+    _check_layout(scheme, size, 0 if rank is None else rank)
     return scheme, size, rank
 
 
-def split_packed_row(batch: dict[str, Any], lengths: Sequence[int], split: tuple[str, int, int], *,
+def split_packed_row(batch: dict[str, Any], lengths: Sequence[int], split: tuple[str, int, int | None], *,
                      pad_token_id: int, token_keys: Sequence[str]) -> dict[str, Any]:
     """Rank ``split[2]``'s part of a collator's whole packed row (its segments of ``lengths``),
-    as if the row were first padded so that the scheme can cut it.
+    as if the row were first padded so that the scheme can cut it; rank None: that padded row.
 
     Padding goes at the end of each segment (``"zigzag"``) or of the last one (the other schemes):
     ids ``pad_token_id``, labels -100, token types 0, and positions those of text continuing the
@@ -257,7 +257,7 @@ def split_packed_row(batch: dict[str, Any], lengths: Sequence[int], split: tuple
     else:
         padded[-1] += -int(real[-1]) % (2 * size if scheme == "zigzag-row" else size)
     layout = torch.cat([real[:1], padded.cumsum(0)])
-    index = split_index(layout, scheme=scheme, size=size, rank=rank)
+    index = torch.arange(int(layout[-1])) if rank is None else split_index(layout, scheme=scheme, size=size, rank=rank)
     if scheme == "zigzag":  # each slot's place in the unpadded row, past its segment's end where it pads
         segment = torch.searchsorted(layout, index, right=True) - 1
         place, end = index - (layout - real)[segment], real[1:][segment]

@@ -7,6 +7,8 @@ from __future__ import annotations
 import itertools
 import random
 import re
+import runpy
+from pathlib import Path
 
 import pytest
 import torch
@@ -285,3 +287,21 @@ def test_linear_attentions_segment_ids_keep_padding_apart():
     assert [part["input_ids"].tolist() for part in ranks] == [[[0, 7, 3, 4, 7, 7]], [[1, 2, 5, 6, 7, 8]]]
     assert [part["labels"].tolist() for part in ranks] == [[[0, -100, 3, 4, -100, -100]], [[1, 2, 5, 6, 7, 8]]]
     assert [part["position_ids"].tolist() for part in ranks] == [[[0, 3, 3, 4, 9, 10]], [[1, 2, 5, 6, 7, 8]]]
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_the_padded_row_uncut_is_cut_by_split_batch_into_the_collators_batches(scheme):
+    engine, samples = engine_and_samples("Qwen2.5-VL")
+    whole = PackedCollator(engine, split=(scheme, 4, None))(samples)
+    assert whole["input_ids"].shape[1] == int(whole["cu_seqlens_padded"][-1])
+    for rank in range(4):
+        mine, theirs = split_batch(whole, scheme=scheme, size=4, rank=rank), PackedCollator(
+            engine, split=(scheme, 4, rank))(samples)
+        assert mine.keys() == theirs.keys()
+        for key, value in theirs.items():
+            assert torch.equal(mine[key], value) if isinstance(value, torch.Tensor) else mine[key] == value, key
+
+
+def test_the_example_runs_as_a_script(capsys):
+    runpy.run_path(str(Path(__file__).parents[1] / "examples" / "sequence_parallel.py"), run_name="__main__")
+    assert "2 ranks of 24 tokens each" in capsys.readouterr().out

@@ -16,7 +16,8 @@ EXAMPLES = Path(__file__).parents[2] / "examples"
 TESTED = {"data_collator": "here", "packed_varlen": "here", "own_trainer": "here", "verl_drop_in": "here",
           "ray_actors": "test_ray.py", "ray_data": "test_ray.py", "datasets_map": "test_datasets.py",
           "llamafactory_train": "test_launchers.py",
-          "trl_padding_free": "tests/padding_free/test_trainers.py"}  # where TRL is installed
+          "trl_padding_free": "tests/padding_free/test_trainers.py",  # where TRL is installed
+          "sequence_parallel": "tests/test_parallel.py"}
 
 
 def example(name):
