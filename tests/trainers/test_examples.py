@@ -17,7 +17,8 @@ TESTED = {"data_collator": "here", "packed_varlen": "here", "own_trainer": "here
           "ray_actors": "test_ray.py", "ray_data": "test_ray.py", "datasets_map": "test_datasets.py",
           "llamafactory_train": "test_launchers.py",
           "trl_padding_free": "tests/padding_free/test_trainers.py",  # where TRL is installed
-          "sequence_parallel": "tests/test_parallel.py"}
+          "sequence_parallel": "tests/test_parallel.py", "megatron_context_parallel": "here",
+          "megatron_bridge_qwen_vl": "test_megatron_bridge.py"}
 
 
 def example(name):

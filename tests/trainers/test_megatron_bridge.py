@@ -13,6 +13,7 @@ import warnings
 import pytest
 import torch
 import transformers
+from cases import loading_without_torchvision
 from parallel_cases import alone, engine_and_rows, without_package_init
 
 from mmrope_core import InvalidInputError, RopeEngine
@@ -160,6 +161,22 @@ def test_qwen2_5_vl_forward_places_each_segment_alone(drop_in):
     with pytest.raises(AttributeError, match="return_dict"):  # transformers 5.x's get_image_features on the provider
         model(input_ids=images[0]["input_ids"], pixel_values=images[0]["pixel_values"],
               image_grid_thw=images[0]["image_grid_thw"])
+
+
+def test_the_example_installs_the_checkpoints_engine(drop_in, checkpoint, capsys):
+    """``examples/megatron_bridge_qwen_vl.py`` on a saved checkpoint: Megatron-Bridge's Qwen3-VL
+    position code then places a packed row's segments as their samples alone."""
+    import runpy
+    from pathlib import Path
+
+    example = runpy.run_path(str(Path(__file__).parents[2] / "examples" / "megatron_bridge_qwen_vl.py"))
+    with loading_without_torchvision():  # the video processor's torchvision backend is not installed
+        engine = example["main"](checkpoint("Qwen3-VL"))
+    assert mmrope_megatron_bridge.installed() and "Megatron-Bridge" in capsys.readouterr().out
+    _, rows, _ = engine_and_rows("Qwen3-VL")
+    ids, media, params = packed(rows)
+    positions, _ = qwen3_vl_call(engine, ids, media, params)
+    assert_each_segment_alone(engine, rows, positions, params)
 
 
 def test_a_packed_row_must_be_one_row_of_the_boundaries_length(drop_in):
