@@ -141,3 +141,24 @@ def test_verl_returns_empty_positions_for_a_four_row_packed_row():
             last_dim = slice_input_tensor(positions, dim=-1, padding=False)
         assert theirs.shape == (4, 0, length)
         assert torch.equal(last_dim, positions[..., split_index([0, length], scheme="contiguous", size=2, rank=rank)])
+
+
+@pytest.mark.parametrize(("size", "rank"), RANKS)
+def test_the_replacement_cuts_everything_else_as_megatron_core(size, rank):
+    """Tokens, labels, the loss mask and a 4-D attention mask: the replacement's cut is
+    Megatron-core's own; ``position_ids`` is cut on its last dim; the caller's batch is unchanged."""
+    batch_size, length = 2, 16 * 3
+    tokens = torch.arange(batch_size * length).view(batch_size, length)
+    batch = {"tokens": tokens, "labels": tokens + 1, "loss_mask": (tokens % 3 != 0).float(),
+             "attention_mask": torch.ones(batch_size, 1, length, length, dtype=torch.bool).tril(),
+             "position_ids": torch.stack([tokens % length] * 4), "absent": None}
+    before = {key: None if value is None else value.clone() for key, value in batch.items()}
+    with world(size, rank) as group:
+        theirs = megatron_utils.get_batch_on_this_cp_rank({key: batch[key] for key in batch if key != "position_ids"},
+                                                          cp_group=group)
+        mine = mmrope_megatron.get_batch_on_this_cp_rank(batch, cp_group=group)
+    for key, value in theirs.items():
+        assert value is None if key == "absent" else torch.equal(mine[key], value), key
+    index = split_index([0, length], scheme="zigzag-row", size=size, rank=rank)
+    assert torch.equal(mine["position_ids"], batch["position_ids"][..., index])
+    assert all(value is None if before[key] is None else torch.equal(value, before[key]) for key, value in batch.items())
