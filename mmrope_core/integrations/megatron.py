@@ -6,7 +6,8 @@ tensor of a batch on dim 1, the sequence dim of ``(B, S)`` tokens; M-RoPE positi
 same arguments and cut everything as Megatron-core does, but ``position_ids`` on their last dim,
 with the indices of :func:`mmrope_core.parallel.split_index`; the THD one needs no Transformer
 Engine (its ``thd_get_partitioned_indices`` is a CUDA op; :func:`thd_partitioned_indices` gives the
-same indices in torch). The caller's batch is not changed::
+same indices in torch). Like Megatron-core's, they cut every tensor they are given (keep media out
+of the batch, or use :func:`mmrope_core.parallel.split_batch`). The caller's batch is not changed::
 
     from mmrope_core.integrations.megatron import get_thd_batch_on_this_cp_rank
 
