@@ -8,10 +8,12 @@ segment in mmrope's."""
 
 from __future__ import annotations
 
+import random
 import warnings
 
 import pytest
 import torch
+from cases import loading_without_torchvision, trajectories
 from parallel_cases import FAMILIES, SIZES, alone, engine_and_rows, split_cp_inputs, world
 
 from mmrope_core.collators import PackedCollator
@@ -142,3 +144,45 @@ def test_swift_reads_the_boundaries_from_a_text_row_of_its_own():
     text_row = batch["position_ids"][0]  # (1, T), what a batch hands ms-swift as text_position_ids
     assert torch.equal(get_cu_seqlens_from_position_ids(text_row), batch["cu_seq_lens_q"])
     assert not torch.equal(get_cu_seqlens_from_position_ids(batch["position_ids"]), batch["cu_seq_lens_q"])
+
+
+@pytest.mark.parametrize("family", ["Qwen2.5-VL", "Qwen3-VL", "Qwen3-Omni"])
+def test_verls_own_pipeline_hands_its_ulysses_attention_the_samples_boundaries(checkpoint, family):
+    """From the drop-in processor to the attention's boundaries, on verl's own code: its agent
+    loop's ``_compute_position_ids`` per trajectory (prompt left-padded, response right-padded),
+    its padding removal (``unpad_input``, ``index_first_axis``: the samples in one row), its
+    Ulysses padding and slicing on 4 ranks, and its flash-attention's boundaries from the gathered
+    row 0: each sample's, then the padding's."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl.utils.attention_utils import index_first_axis, unpad_input
+
+    from mmrope_core.integrations.verl import hf_processor
+
+    with loading_without_torchvision():
+        processor = hf_processor(checkpoint(family))
+    worker = type("Worker", (), {"processor": processor})()  # _compute_position_ids reads only .processor
+    rng = random.Random(f"ulysses {family}")
+    samples = []
+    for trajectory in trajectories(family, rng, 4):
+        ids, mask = trajectory.verl_layout(rng, processor.tokenizer.pad_token_id)
+        position_ids = AgentLoopWorker._compute_position_ids(worker, ids, mask, trajectory.inputs())  # (1, 4, L)
+        samples.append((ids, mask, position_ids))
+    width = max(ids.shape[1] for ids, _, _ in samples)  # verl's batch: every row as long
+
+    def batched(index):
+        return torch.cat([torch.nn.functional.pad(sample[index], (0, width - sample[0].shape[1])) for sample in samples])
+
+    input_ids, attention_mask, position_ids = batched(0), batched(1), batched(2).transpose(0, 1)  # (4, B, L)
+    ids_rmpad, indices, cu_seqlens, *_ = unpad_input(input_ids.unsqueeze(-1), attention_mask)
+    flat = position_ids.permute(1, 2, 0).reshape(-1, position_ids.shape[0])  # (B * L, 4)
+    positions_rmpad = index_first_axis(flat, indices).transpose(0, 1).unsqueeze(1)  # (4, 1, total)
+    _, padded, pad = ulysses_pad(ids_rmpad.transpose(0, 1), positions_rmpad, sp_size=4)
+    shards = []
+    for rank in range(4):
+        with world(4, rank):
+            shards.append(slice_input_tensor(padded, dim=-1, padding=False))
+    gathered = torch.cat(shards, dim=-1)[0]
+    states = torch.zeros(1, gathered.shape[1], 2, 4)
+    _, _, _, (inferred, _), _ = prepare_fa2_from_position_ids(states, states, states, gathered)
+    expected = torch.cat([cu_seqlens, cu_seqlens[-1:] + pad]) if pad else cu_seqlens
+    assert torch.equal(inferred, expected)
