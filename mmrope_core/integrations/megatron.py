@@ -115,11 +115,16 @@ def _sequence_dim(key: str, value: torch.Tensor, megatron_dim: int) -> int:
 
 
 def _size_and_rank(cp_group: Any, cp_size: int | None, cp_rank: int | None) -> tuple[int, int]:
-    if cp_size is not None or cp_rank is not None:
-        return (1 if cp_size is None else cp_size), (0 if cp_rank is None else cp_rank)
-    if cp_group is not None:
-        if not torch.distributed.is_initialized():  # as Megatron-core reads a group before init
-            return 1, 0
-        return torch.distributed.get_world_size(cp_group), torch.distributed.get_rank(cp_group)
-    parallel_state = importlib.import_module("megatron.core.parallel_state")
-    return (max(parallel_state.get_context_parallel_world_size(), 1), parallel_state.get_context_parallel_rank())
+    """Each of size and rank as given, else from ``cp_group``, else from Megatron-core's ``parallel_state``."""
+    if cp_size is None or cp_rank is None:
+        if cp_group is not None:
+            initialized = torch.distributed.is_initialized()  # as Megatron-core reads a group before init
+            size, rank = ((torch.distributed.get_world_size(cp_group), torch.distributed.get_rank(cp_group))
+                          if initialized else (1, 0))
+        else:
+            parallel_state = importlib.import_module("megatron.core.parallel_state")
+            size = max(parallel_state.get_context_parallel_world_size(), 1)
+            rank = parallel_state.get_context_parallel_rank()
+        cp_size = size if cp_size is None else cp_size
+        cp_rank = rank if cp_rank is None else cp_rank
+    return cp_size, cp_rank

@@ -14,6 +14,7 @@ import pytest
 import torch
 from parallel_cases import RANKS, arange_row, split_cp_inputs, world
 
+from mmrope_core import SequenceSplitError
 from mmrope_core.integrations import megatron as mmrope_megatron
 from mmrope_core.parallel import split_index
 
@@ -162,3 +163,17 @@ def test_the_replacement_cuts_everything_else_as_megatron_core(size, rank):
     index = split_index([0, length], scheme="zigzag-row", size=size, rank=rank)
     assert torch.equal(mine["position_ids"], batch["position_ids"][..., index])
     assert all(value is None if before[key] is None else torch.equal(value, before[key]) for key, value in batch.items())
+
+
+def test_the_replacements_refuse_rows_they_cannot_cut():
+    bounds = padded_bounds((16, 20))  # 20 is no multiple of 2 * 4
+    batch = {"tokens": arange_row(36), "position_ids": arange_row(36).expand(4, 1, 36)}
+    with pytest.raises(SequenceSplitError, match="segment 1"):
+        mmrope_megatron.get_thd_batch_on_this_cp_rank(batch, bounds, bounds, torch.tensor([20]), cp_size=4, cp_rank=0)
+    with pytest.raises(SequenceSplitError, match="row holds 35 tokens"):
+        mmrope_megatron.thd_partitioned_indices(bounds, 35, 2, 0)
+    with pytest.raises(SequenceSplitError, match="the row has 36 tokens"):
+        mmrope_megatron.get_batch_on_this_cp_rank(batch, cp_size=5, cp_rank=0)
+    with pytest.raises(SequenceSplitError, match="rank"):
+        mmrope_megatron.get_batch_on_this_cp_rank(batch, cp_size=2, cp_rank=2)
+    assert batch["tokens"].shape == (1, 36)
