@@ -64,6 +64,7 @@ bench: .venv/.installed
 	.venv/bin/python benchmarks/packing.py
 	.venv/bin/python benchmarks/transformers_families.py
 	.venv/bin/python benchmarks/padding_free.py
+	.venv/bin/python benchmarks/parallel.py
 
 .venv/.installed: requirements/newest.txt docs/trainers.md $(INSTALL_FROM_DOCS) $(SOURCES)
 	$(call new_venv,.venv,requirements/newest.txt)

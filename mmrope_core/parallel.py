@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ._names import checked_keywords
 from .errors import SequenceSplitError
 
 __all__ = ["split_batch", "split_index"]
@@ -42,6 +43,7 @@ ROW_KEYS = (*LAYOUT_KEYS, "cu_seq_lens_k", "max_length_q", "max_length_k", "max_
 _HOW_TO_PAD = "build the batch with PackedCollator(engine, split=(scheme, size, rank)), which pads each row to fit"
 
 
+@checked_keywords
 def split_index(cu_seqlens: torch.Tensor | Sequence[int], *, scheme: str, size: int, rank: int) -> torch.Tensor:
     """The indices into the packed row of the tokens rank ``rank`` of ``size`` holds, in its order.
 
@@ -130,6 +132,7 @@ def _require_multiple(what: str, length: int, multiple: int, scheme: str, size: 
                                  f"it needs a multiple of {multiple}; {_HOW_TO_PAD}")
 
 
+@checked_keywords
 def split_batch(batch: Mapping[str, Any], *, scheme: str, size: int, rank: int) -> dict[str, Any]:
     """Rank ``rank``'s part of a packed ``(1, T)`` batch: a new dict, ``batch`` left unchanged.
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmrope_core import RopeEngine, SequenceSplitError, get_plugin_manager
+from mmrope_core import RopeEngine, SequenceSplitError, UnknownKeywordError, get_plugin_manager
 from mmrope_core.collators import PackedCollator
 from mmrope_core.parallel import SCHEMES, split_batch, split_index, split_packed_row
 
@@ -89,6 +89,14 @@ def test_each_ranks_index_is_the_frameworks_and_the_ranks_cover_the_row_once(sch
 def test_size_one_keeps_the_row_in_order():
     for scheme in SCHEMES:
         assert split_index([0, 4, 6], scheme=scheme, size=1, rank=0).tolist() == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_misspelt_keyword_names_the_one_meant():
+    with pytest.raises(UnknownKeywordError, match="split_index\\(\\) got an unknown keyword argument 'schem'; did you "
+                                                  "mean 'scheme'"):
+        split_index([0, 4], schem="zigzag", size=2, rank=0)
+    with pytest.raises(UnknownKeywordError, match="'world_size'"):
+        split_batch({}, scheme="zigzag", world_size=2, rank=0)
 
 
 def test_the_index_stays_on_the_boundaries_device_and_leaves_them_unchanged():

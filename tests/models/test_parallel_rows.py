@@ -6,6 +6,9 @@ included), and the whole padded row the ranks hold together gives each segment i
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -56,7 +59,7 @@ def whole_row(parts, scheme, size):
     row = {}
     for key, value in parts[0].items():
         if isinstance(value, torch.Tensor) and value.shape[-1] == index.numel() // size and key not in (
-                "cu_seqlens_padded", "cu_seq_lens_q", "cu_seq_lens_k") and (key.endswith("_ids") or key == "labels"):
+                "cu_seqlens_padded", "cu_seq_lens_q", "cu_seq_lens_k") and (key.endswith("_ids") or key in ("labels", "seq_idx")):
             whole = value.new_empty((*value.shape[:-1], index.numel()))
             whole[..., index] = torch.cat([part[key] for part in parts], dim=-1)
             row[key] = whole
@@ -132,3 +135,44 @@ def test_the_ranks_row_gives_each_segment_its_samples_logits(name, scheme, size)
         for index, (sample, slot) in enumerate(zip(samples, real_slots(samples, starts))):
             theirs = tiny.model(**sample, use_cache=False).logits[0]
             torch.testing.assert_close(logits[slot], theirs, **LOGITS, msg=lambda m, index=index: f"sample {index}: {m}")
+
+
+LINEAR_ATTENTION_CHILD = f"""
+import sys
+sys.path[:0] = [{str(Path(__file__).parent / "stand_in_kernels")!r}, {str(Path(__file__).parent)!r}]
+import torch
+import transformers.utils.import_utils as import_utils
+# what transformers and torch answer on a GPU with the kernels (see test_linear_attention_kernels.py)
+import_utils.is_flash_linear_attention_available = lambda: True
+import_utils.is_causal_conv1d_available = lambda: True
+torch.cuda.current_device = lambda: 0
+
+from test_packed_rows import LOGITS, case, rows_of
+from test_parallel_rows import real_slots, whole_row
+from mmrope_core.collators import PackedCollator
+
+tiny, engine = case("Qwen3.5", None)
+samples = rows_of(tiny)[0]
+for scheme, size in (("zigzag", 2), ("contiguous", 4)):
+    parts = [PackedCollator(engine, split=(scheme, size, rank))(samples) for rank in range(size)]
+    row = {{**parts[0], **whole_row(parts, scheme, size)}}
+    assert row["seq_idx"].shape == row["input_ids"].shape
+    lengths = [sample["input_ids"].shape[1] for sample in samples]
+    starts = row["cu_seqlens_padded"].tolist() if scheme == "zigzag" else [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    with torch.no_grad():
+        logits = tiny.model(**row).logits[0]
+        for sample, slot in zip(samples, real_slots(samples, starts)):
+            torch.testing.assert_close(logits[slot], tiny.model(**sample, use_cache=False).logits[0], **LOGITS)
+    print(scheme, "exact")
+"""
+
+
+@pytest.mark.differential
+def test_linear_attention_takes_the_ranks_row_with_padding_as_segments_of_its_own():
+    """Qwen3.5's linear attention runs along the row: its kernels (stand-ins honouring their
+    varlen arguments, in a child process) must keep each padding run apart, as ``seq_idx`` and
+    ``cu_seq_lens_q`` say."""
+    result = subprocess.run([sys.executable, "-c", LINEAR_ATTENTION_CHILD], capture_output=True, text=True,
+                            timeout=600, check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    assert "zigzag exact" in result.stdout and "contiguous exact" in result.stdout
