@@ -103,9 +103,20 @@ def test_qwen3_vl_unpacked_batches_keep_their_positions(drop_in):
     engine, rows, _ = engine_and_rows("Qwen3-VL")
     row = rows[0]
     own, own_deltas = qwen3_vl_call(engine, row["input_ids"], row, None)
+    # a right-padded batch of two rows with its 2-D mask
+    width = max(each["input_ids"].shape[1] for each in rows[:2])
+    ids = torch.cat([torch.nn.functional.pad(each["input_ids"], (0, width - each["input_ids"].shape[1]))
+                     for each in rows[:2]])
+    mask = torch.cat([torch.nn.functional.pad(torch.ones_like(each["input_ids"]), (0, width - each["input_ids"].shape[1]))
+                      for each in rows[:2]])
+    _, media, _ = packed(rows[:2])
+    own_batch, _ = qwen3_vl_call(engine, ids, media, None, attention_mask=mask)
     drop_in(engine)
     mine, deltas = qwen3_vl_call(engine, row["input_ids"], row, None)
     assert torch.equal(mine, own) and torch.equal(deltas, own_deltas)
+    mine_batch, _ = qwen3_vl_call(engine, ids, media, None, attention_mask=mask)
+    valid = mask.bool()
+    assert torch.equal(mine_batch[:, valid], own_batch[:, valid])
 
 
 def test_qwen3_vl_forward_hands_the_language_model_the_engines_positions(drop_in, monkeypatch):
