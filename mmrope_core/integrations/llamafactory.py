@@ -45,7 +45,9 @@ def install(*, config: Any = None, mm_processor_kwargs: Mapping[str, Any] | None
         mm_processor_kwargs: processor keyword arguments the positions depend on, for every
             sample, on top of the processor's own ``use_audio_in_video`` that LLaMA-Factory sets.
         convention: the position convention (see :mod:`mmrope_core.conventions`; default
-            transformers'). A collator whose family lacks it is refused when it is built.
+            transformers'). A name mmrope does not know is refused here
+            (:class:`~mmrope_core.UnknownConventionError`), a collator whose family lacks it
+            when it is built.
 
     Idempotent: calling it again only replaces the settings. Collators whose processor uses 1-D
     RoPE, that have no processor, or that have neither a model nor ``config``, keep
@@ -53,6 +55,9 @@ def install(*, config: Any = None, mm_processor_kwargs: Mapping[str, Any] | None
     """
     import importlib
 
+    from mmrope_core.conventions import known
+
+    known(convention, "mmrope_core.integrations.llamafactory.install(convention=...)")
     module = importlib.import_module(COLLATOR_MODULE)
     _settings["config"] = config
     _settings["mm_processor_kwargs"] = dict(mm_processor_kwargs or {})

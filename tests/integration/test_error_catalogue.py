@@ -159,6 +159,7 @@ TRIGGERS = {
                                                             plugin_manager=manager(), convention="vllm-0.1"),
     "convention-not-offered": lambda: RopeEngine.from_processor(
         engine("Qwen2.5-Omni").processor, engine("Qwen2.5-Omni").config, plugin_manager=manager(), convention="sglang"),
+    "convention-at-install": lambda: convention_at_install(),
     "convention-no-videos": lambda: cohere_compass_video(),
     "generated-first-token": lambda: engine("Qwen2-VL").get_rope_index(torch.tensor([[1, 2, 3]]),
                                                                        generated_mask=torch.tensor([[1, 1, 0]])),
@@ -190,6 +191,13 @@ TRIGGERS = {
     "misspelt-keyword": lambda: engine("Qwen2-VL").compute_position_ids(*qwen_ids("tt"), cu_seqlen=torch.tensor([0, 2])),
     "pretrained-missing": lambda: RopeEngine.from_pretrained("/models/Qwen2.5-VL-7B-Instruct"),
 }
+
+
+def convention_at_install():
+    """Refused before LLaMA-Factory is imported: the check needs no trainer installed."""
+    from mmrope_core.integrations import llamafactory
+
+    llamafactory.install(convention="vlm")
 
 
 def cohere_compass_video():

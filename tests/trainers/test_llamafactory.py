@@ -406,3 +406,13 @@ def test_a_collator_whose_family_lacks_the_convention_is_refused_when_built(inst
     with pytest.raises(UnknownConventionError, match=r"SGLang 0\.5\.23 has no Qwen2\.5-Omni model"):
         cases.collator("Qwen2.5-Omni")
     cases.collator("Qwen3-Omni")  # which SGLang runs
+
+
+def test_a_convention_nobody_knows_is_refused_at_install(installed):
+    from mmrope_core import UnknownConventionError
+
+    drop_in.install(convention="vllm")
+    with pytest.raises(UnknownConventionError, match=r"'vlm' \(mmrope_core.integrations.llamafactory.install\(convention="
+                                                     r"...\)\) is unknown; the known ones are 'transformers', 'vllm-0.33'"):
+        drop_in.install(convention="vlm")
+    assert drop_in._settings["convention"] == "vllm"  # the settings before stay

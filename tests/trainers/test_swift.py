@@ -188,27 +188,36 @@ def test_external_plugins_file_installs_it():
 
 def test_external_plugins_file_takes_the_convention_from_the_environment(monkeypatch):
     """``MMROPE_CONVENTION=vllm swift rlhf ... --external_plugins ...``: GRPO with vLLM rollouts
-    trains on vLLM's positions; a convention nobody knows is refused when the template is built."""
+    trains on vLLM's positions; a convention nobody knows stops ms-swift as it loads the file."""
     from swift.utils import import_external_file
 
     path = subprocess.run([sys.executable, "-m", "mmrope_core.integrations.swift"], check=True, capture_output=True,
                           text=True).stdout.strip()
     def load(convention):  # as a fresh ms-swift process does (ms-swift loads a file once per process)
         monkeypatch.setenv("MMROPE_CONVENTION", convention)
-        sys.modules.pop(import_external_file(path).__name__)
+        sys.modules.pop(import_external_file(path).__name__, None)
         import_external_file(path)
 
     try:
         load("vllm")
         assert drop_in.template_engine(cases.template("Qwen2.5-VL")).convention == "vllm-0.34"
-        load("vlm")
-        with pytest.raises(UnknownConventionError, match="'vlm' is unknown"):
-            cases.template("Qwen2.5-VL")
+        with pytest.raises(UnknownConventionError, match=r"'vlm' \(the environment's MMROPE_CONVENTION\) is unknown; "
+                                                         r"the known ones are 'transformers', 'vllm-0.33'"):
+            load("vlm")
+        assert drop_in._settings["convention"] == "vllm"  # nothing installed from the refused name
         load("")
         assert drop_in.template_engine(cases.template("Qwen2.5-VL")).convention == "transformers"
     finally:
         _uninstall()
         drop_in._settings.update(mm_processor_kwargs={}, convention=None)
+
+
+def test_a_convention_nobody_knows_is_refused_at_install(installed):
+    with pytest.raises(UnknownConventionError, match=r"'vlm' \(mmrope_core.integrations.swift.install\(convention=...\)\) "
+                                                     r"is unknown; the known ones are 'transformers', 'vllm-0.33'.*"
+                                                     r"vllm means 'vllm-0.34'"):
+        drop_in.install(convention="vlm")
+    assert drop_in._settings["convention"] is None
 
 
 def test_install_is_idempotent(installed):

@@ -47,11 +47,15 @@ def install(*, mm_processor_kwargs: Mapping[str, Any] | None = None, convention:
             sample, on top of the template's own ``use_audio_in_video`` (ms-swift's
             ``USE_AUDIO_IN_VIDEO`` setting).
         convention: the position convention (see :mod:`mmrope_core.conventions`; default
-            transformers'), e.g. ``"vllm"`` for GRPO with vLLM rollouts. A template whose
-            family lacks it is refused when its processor is set.
+            transformers'), e.g. ``"vllm"`` for GRPO with vLLM rollouts. A name mmrope does not
+            know is refused here (:class:`~mmrope_core.UnknownConventionError`), a template
+            whose family lacks it when its processor is set.
 
     Idempotent: calling it again only replaces the settings.
     """
+    from mmrope_core.conventions import known
+
+    known(convention, "mmrope_core.integrations.swift.install(convention=...)")
     _settings["mm_processor_kwargs"] = dict(mm_processor_kwargs or {})
     _settings["convention"] = convention
     for module_name, class_names in TEMPLATE_CLASSES.items():
