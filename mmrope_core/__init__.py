@@ -27,6 +27,7 @@ _PUBLIC = {
         (
             "CollateError",
             "CompiledLoopsWarning",
+            "GeneratedMaskWarning",
             "InvalidInputError",
             "MmropeError",
             "PackingUnsupportedError",
@@ -54,6 +55,7 @@ __all__ = [
     "CollateError",
     "CompiledLoopsWarning",
     "ExampleCase",
+    "GeneratedMaskWarning",
     "InvalidInputError",
     "MmropeError",
     "PackingUnsupportedError",
@@ -101,6 +103,7 @@ if TYPE_CHECKING:
     from .errors import (
         CollateError,
         CompiledLoopsWarning,
+        GeneratedMaskWarning,
         InvalidInputError,
         MmropeError,
         PlaceholderMismatchError,

@@ -8,12 +8,13 @@ import importlib
 import random
 import subprocess
 import sys
+import warnings
 
 import pytest
 import swift_cases as cases
 import torch
 
-from mmrope_core import UnknownConventionError
+from mmrope_core import GeneratedMaskWarning, UnknownConventionError
 from mmrope_core.integrations import swift as drop_in
 
 FAMILIES = list(cases.FAMILIES)
@@ -278,9 +279,26 @@ def test_the_templates_take_the_convention_install_names(convention, installed):
 
 
 def test_a_template_whose_family_lacks_the_convention_is_refused_when_its_processor_is_set(installed):
-    from mmrope_core import UnknownConventionError
+    from mmrope_core import GeneratedMaskWarning, UnknownConventionError
 
     drop_in.install(convention="sglang")
     with pytest.raises(UnknownConventionError, match=r"SGLang 0\.5\.23 has no Qwen2\.5-Omni model"):
         cases.template("Qwen2.5-Omni")
-    assert cases.template("Qwen3-Omni").processor is not None
+    with pytest.warns(GeneratedMaskWarning):  # see below
+        assert cases.template("Qwen3-Omni").processor is not None
+
+
+def test_sglangs_qwen3_omni_positions_say_that_ms_swift_carries_no_generated_mask(installed):
+    """ms-swift's rows carry no ``generated_mask``: where SGLang decodes replies apart from a
+    prefill (Qwen3-Omni), the engine says what the positions are instead, once per engine."""
+    drop_in.install(convention="sglang")
+    with pytest.warns(GeneratedMaskWarning, match=r"ms-swift's templates carry no generated_mask: every token is "
+                                                  r"placed as a prefill"):
+        template = cases.template("Qwen3-Omni")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GeneratedMaskWarning)
+        padded_rows = template.data_collator([row for row, _ in cases.rows("Qwen3-Omni", template, random.Random(2), 2)])
+        assert padded_rows["position_ids"].dtype == torch.int64  # SGLang's positions, as a prefill places them
+        cases.template("Qwen2.5-VL")  # SGLang decodes its replies where a prefill puts them
+        drop_in.install(convention="vllm")
+        cases.template("Qwen3-Omni")
