@@ -12,7 +12,7 @@ from test_verl import full_worker, load, rollout_config
 from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput, AgentLoopWorker
 
 from mmrope_core import RopeEngine, UnknownConventionError
-from mmrope_core.integrations.verl import as_verl_processor, hf_processor, rollout_convention
+from mmrope_core.integrations.verl import RopeIndex, as_verl_processor, hf_processor, rollout_convention
 
 
 def output_of(prompt, response, response_mask=None):
@@ -152,18 +152,31 @@ def test_a_convention_nobody_knows_is_refused_at_install():
         "verl.utils.tokenizer.tokenizer"  # nothing rebound
 
 
-@pytest.mark.parametrize("mode", ["built-before-import", "unpickled-before-import", "unpickled-after-import"])
-def test_the_drop_in_follows_the_rollout_whatever_verl_imported_first(mode, tmp_path):
-    """A drop-in made, or unpickled (a prebuilt processor, an HFModelConfig passed on as it is),
-    before verl's agent loop is imported, or unpickled after: SGLang's positions for an sglang
-    rollout, and an unknown rollout engine refused (in a fresh process: this one imported verl)."""
+@pytest.mark.parametrize("mode", ["built-before-import", "unpickled-before-import", "unpickled-after-import",
+                                  "model-config-unpickled-before-import"])
+def test_the_drop_in_follows_the_rollout_whatever_verl_imported_first(mode, tmp_path, checkpoint):
+    """A drop-in made, or unpickled (a prebuilt processor, verl's HFModelConfig passed on as it
+    is), before verl's agent loop is imported, or unpickled after: SGLang's positions for an
+    sglang rollout, and an unknown rollout engine refused (in a fresh process: this one imported
+    verl)."""
     import pickle
     import subprocess
     import sys
     from pathlib import Path
 
-    processor, config = build("Qwen3-Omni")
-    (tmp_path / "drop_in.pkl").write_bytes(pickle.dumps(as_verl_processor(processor, config)))
+    from test_verl import verls_factory_restored
+    from verl.utils.config import omega_conf_to_dataclass
+
+    if mode.startswith("model-config"):  # verl's own model config, the drop-in switched on by its external_lib
+        entry = {"_target_": "verl.workers.config.HFModelConfig", "path": checkpoint("Qwen3-Omni"),
+                 "external_lib": "mmrope_core.integrations.verl.patch"}
+        with verls_factory_restored(), loading_without_torchvision(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            made = omega_conf_to_dataclass(entry)
+        assert isinstance(made.processor.get_rope_index, RopeIndex)
+    else:
+        made = as_verl_processor(*build("Qwen3-Omni"))
+    (tmp_path / "drop_in.pkl").write_bytes(pickle.dumps(made))
     script = Path(__file__).with_name("verl_import_order.py")
     run = subprocess.run([sys.executable, str(script), mode, str(tmp_path / "drop_in.pkl")], capture_output=True,
                          text=True, timeout=300)

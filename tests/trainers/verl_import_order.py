@@ -5,6 +5,9 @@ trajectory sampled by SGLang, and of one by an engine mmrope has no convention f
     python verl_import_order.py built-before-import
     python verl_import_order.py unpickled-before-import FILE
     python verl_import_order.py unpickled-after-import FILE
+    python verl_import_order.py model-config-unpickled-before-import FILE
+
+FILE holds a pickled drop-in, or verl's ``HFModelConfig`` holding one.
 """
 
 import pickle
@@ -22,7 +25,8 @@ def drop_in(mode):
 
         return as_verl_processor(*build("Qwen3-Omni"))
     with open(sys.argv[2], "rb") as file:
-        return pickle.load(file)
+        loaded = pickle.load(file)
+    return loaded.processor if type(loaded).__name__ == "HFModelConfig" else loaded
 
 
 def trajectory(processor):
