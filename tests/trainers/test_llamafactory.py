@@ -488,3 +488,44 @@ def test_a_generated_mask_of_another_length_is_refused_and_its_absence_said(inst
         cases.collate(collator, without)  # once per collator
         drop_in.install(convention="vllm")  # a convention that places generated tokens as a prefill says nothing
         cases.collate(cases.collator("Qwen3-Omni"), without)
+
+
+def test_neat_packing_rows_take_their_generated_mask(installed):
+    """A packed row's ``generated_mask`` (its samples' masks joined, 0 at its padding): each
+    sample gets SGLang's positions of its rollout alone."""
+    from mmrope_core import RopeEngine
+
+    drop_in.install(convention="sglang")
+    processor, config, _ = cases.family("Qwen3-Omni")
+    engine = RopeEngine.from_processor(processor, config, convention="sglang")
+    processor.video_fps = 3.0
+    moved = 0
+    try:
+        for seed in range(3):
+            rng = random.Random(seed)
+            groups = [with_replies(cases.features("Qwen3-Omni", rng, rng.randint(1, 3)), rng) for _ in range(2)]
+            cutoff = max(sum(len(sample["input_ids"]) for sample in group) for group in groups) + 7
+            cutoff += -(cutoff + 1) % 8
+            rows = cases.packed(groups, cutoff)
+            for row, group in zip(rows, groups):
+                masks = [flag for sample in group for flag in sample["generated_mask"]]
+                row["generated_mask"] = masks + [0] * (len(row["input_ids"]) - len(masks))
+            batch = cases.collate(cases.collator("Qwen3-Omni", neat_packing=True, block_diag_attn=True), rows)
+            flat = [sample for group in groups for sample in group]
+            media = cases.media_of(batch, flat)
+            index = 0
+            for row, group in enumerate(groups):
+                start = 0
+                for sample in group:
+                    ids = torch.tensor([sample["input_ids"]])
+                    alone = {key: value for key, value in cases.segment_media(media, flat, index).items()
+                             if value is not None}
+                    want = engine.compute_position_ids(ids, None, alone, generated_mask=torch.tensor(
+                        [sample["generated_mask"]])).transpose(0, 1)
+                    assert torch.equal(batch["position_ids"][:, row:row + 1, start:start + ids.shape[1]], want)
+                    moved += not torch.equal(want, engine.compute_position_ids(ids, None, alone).transpose(0, 1))
+                    start += ids.shape[1]
+                    index += 1
+    finally:
+        del processor.video_fps
+    assert moved > 0
