@@ -237,6 +237,27 @@ class SglangAnchor:
                 last_delta = int(self.decode(positions, delta, len(ids) + 1)[0, 0]) - len(ids)
         return out, last_delta
 
+    def reprefilled(self, family: str, sample: Sample, generated: Sequence[int], config: Any, tokens: Tokens,
+                    decoded: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+        """Which generated tokens a later request of the rollout (:meth:`rollout`) prefills elsewhere
+        than ``decoded`` (its positions), as a bool mask; how many such placements there are (a
+        token counts once per later request that prefills it elsewhere), and how many of them are
+        where a prefill of the whole sequence puts the token."""
+        ids = list(sample.input_ids)
+        starts = [i for i, flag in enumerate(generated) if flag and (i == 0 or not generated[i - 1])]
+        later = [*starts[1:], *([len(ids)] if generated and not generated[-1] else [])]
+        whole, _ = self.rollout(family, sample, [0] * len(ids), config, tokens)
+        moved, placements, as_whole = torch.zeros(len(ids), dtype=torch.bool), 0, 0
+        for start in later:
+            positions, delta = self.prefill(family, self.prompt_of(family, sample, start, tokens), config, tokens)
+            prefilled = self.extend(positions, delta, start)
+            elsewhere = (prefilled != decoded[:, :start]).any(0)
+            elsewhere &= torch.tensor([bool(flag) for flag in generated[:start]], dtype=torch.bool)
+            moved[:start] |= elsewhere
+            placements += int(elsewhere.sum())
+            as_whole += int((prefilled == whole[:, :start]).all(0)[elsewhere].sum())
+        return moved, placements, as_whole
+
     prompt_of = staticmethod(prompt_of)
 
     # -- loading the wheel's code ------------------------------------------------------------------

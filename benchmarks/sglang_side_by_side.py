@@ -198,6 +198,12 @@ class Side(Trajectories):
             seen["prefill of the whole"] += torch.equal(whole[:, 0], want)
             seen["tokens"] += len(row)
             seen["tokens moved"] += int((whole[:, 0] != want).any(0).sum())
+            again, placements, as_whole = self.anchor.reprefilled(self.anchor_family, self.sample(row, media),
+                                                                  generated, self.config, self.tokens, want)
+            seen["rollouts re-prefilled"] += bool(again.any())
+            seen["tokens re-prefilled"] += int(again.sum())
+            seen["re-prefills"] += placements
+            seen["re-prefilled as the whole"] += as_whole
             trajectories.append((row, generated, media, want))
             if self.vllm_family is not None:
                 seen["vllm"] += self.vllm_rollout_matches(row, generated, media, kwargs)
@@ -208,6 +214,10 @@ class Side(Trajectories):
               f"{seen['mmrope']}/{count} (compute_position_ids {seen['mmrope cpi']}/{count}); a prefill of the "
               f"whole sequence in {seen['prefill of the whole']}/{count} ({seen['tokens moved']} of "
               f"{seen['tokens']} tokens elsewhere){vllm}")
+        print(f"    later turns prefill earlier replies elsewhere than SGLang decoded them in "
+              f"{seen['rollouts re-prefilled']}/{count} rollouts ({seen['tokens re-prefilled']} tokens, "
+              f"{seen['re-prefills']} prefills of them, {seen['re-prefilled as the whole']} where a prefill of the "
+              f"whole sequence puts them)")
         print("    each rollout in " + ", ".join(f"{how}: {ok}/{count}" for how, ok in batched.items()))
 
     def inputs(self, kwargs: dict[str, Any]) -> dict[str, Any]:

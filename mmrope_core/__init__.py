@@ -27,6 +27,7 @@ _PUBLIC = {
         (
             "CollateError",
             "CompiledLoopsWarning",
+            "GeneratedMaskWarning",
             "InvalidInputError",
             "MmropeError",
             "PackingUnsupportedError",
@@ -55,6 +56,7 @@ __all__ = [
     "CollateError",
     "CompiledLoopsWarning",
     "ExampleCase",
+    "GeneratedMaskWarning",
     "InvalidInputError",
     "MmropeError",
     "PackingUnsupportedError",
@@ -103,6 +105,7 @@ if TYPE_CHECKING:
     from .errors import (
         CollateError,
         CompiledLoopsWarning,
+        GeneratedMaskWarning,
         InvalidInputError,
         MmropeError,
         PlaceholderMismatchError,

@@ -36,10 +36,20 @@ _LABELS = {"vllm": "vLLM", "sglang": "SGLang"}
 def asked(options: Mapping[str, Any]) -> str:
     """The release ``options["convention"]`` names (default ``transformers``), its alias
     resolved; raises :class:`~mmrope_core.UnknownConventionError` for a name mmrope does not know."""
-    name = options.get("convention", TRANSFORMERS)
+    name = _named(options)
     if not isinstance(name, str) or ALIASES.get(name, name) not in KNOWN:
         raise UnknownConventionError(f"position convention {name!r} is unknown; the known ones are {_listed(KNOWN)}")
     return ALIASES.get(name, name)
+
+
+def known(name: str | None, where: str) -> str | None:
+    """``name`` itself where mmrope knows it (a release, an alias, or None for the default);
+    raises :class:`~mmrope_core.UnknownConventionError` naming ``where`` it was given
+    (``"install(convention=...)"``, an environment variable) and the known conventions."""
+    if name is None or (isinstance(name, str) and ALIASES.get(name, name) in KNOWN):
+        return name
+    raise UnknownConventionError(f"position convention {name!r} ({where}) is unknown; the known ones are "
+                                 f"{_listed(KNOWN)}")
 
 
 def rules(name: str) -> str:
@@ -58,7 +68,7 @@ def convention(options: Mapping[str, Any], family: str, offered: Collection[str]
         chosen = convention(options, "Qwen2.5-Omni", (TRANSFORMERS, VLLM_0_33),
                             missing={SGLANG_0_5_23: "SGLang 0.5.23 has no Qwen2.5-Omni model"})
     """
-    name = options.get("convention", TRANSFORMERS)
+    name = _named(options)
     release = ALIASES.get(name, name) if isinstance(name, str) else name
     followed = rules(release) if isinstance(release, str) else release
     if followed in offered:
@@ -83,6 +93,12 @@ def label(name: str) -> str:
     """A release as prose: ``"vLLM 0.33"``, ``"SGLang 0.5.23"``."""
     engine, _, release = name.partition("-")
     return f"{_LABELS.get(engine, engine)} {release}".strip()
+
+
+def _named(options: Mapping[str, Any]) -> Any:
+    """``options["convention"]``, None (or absent) meaning transformers'."""
+    name = options.get("convention")
+    return TRANSFORMERS if name is None else name
 
 
 def _listed(names: Collection[str]) -> str:

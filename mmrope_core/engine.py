@@ -72,8 +72,11 @@ class RopeEngine:
         ``processor=None`` (a text-only model) gives 1-D positions. ``options`` are passed to the
         plugins' ``bind_rope_index`` (e.g. ``implementation="reference"``); one that the plugin
         binding the processor does not read raises :class:`~mmrope_core.UnknownOptionError`.
+        ``convention=None`` is the default (transformers'), as everywhere else it is taken.
         """
         plugins = plugin_manager or get_plugin_manager()
+        if "convention" in options and options["convention"] is None:  # plugins never see None
+            options = {key: value for key, value in options.items() if key != "convention"}
         if processor is None:
             read = EngineOptions(options)
             read_mask_options(read, "a text-only model")

@@ -117,3 +117,8 @@ class CompiledLoopsWarning(UserWarning):
 
 class PluginLoadWarning(UserWarning):
     """A plugin failed to load and was skipped (``MMROPE_STRICT_PLUGINS=1`` makes it an error)."""
+
+
+class GeneratedMaskWarning(UserWarning):
+    """A rollout convention that places generated tokens apart from a prefill got no
+    ``generated_mask``: those tokens are placed as a prefill of the whole sequence."""

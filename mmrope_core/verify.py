@@ -33,6 +33,7 @@ class Comparison:
     deltas_differ: int = 0
     refused: int = 0  # samples the rollout engine never computes (its convention refuses them)
     refused_note: str = ""
+    reads_generated_mask: bool = False  # the engine decodes some generated tokens elsewhere than a prefill
 
     @property
     def engine(self) -> str:
@@ -47,9 +48,15 @@ class Comparison:
 
     def advice(self) -> str:
         alias = next(alias for alias, engine in ROLLOUT_ENGINES.items() if engine == self.engine)
-        if self.differ:
-            return (f"For RL with {self.engine} rollouts, build the trainer's engine with convention='{alias}': it gives "
-                    f"the positions {self.convention} sampled with, so the response keeps its rotary angles in training.")
+        # SGLang decodes each reply after a prefill of the turn's prompt: the response mask says which tokens
+        mask = (" and pass each rollout's response mask as generated_mask (1 where the rollout engine generated the "
+                "token)") if alias == "sglang" else ""
+        decoded = (f" In this family {self.engine} decodes some replies elsewhere than a prefill of the whole "
+                   f"sequence puts them, which only generated_mask tells.") if self.reads_generated_mask else ""
+        if self.differ or self.reads_generated_mask:
+            return (f"For RL with {self.engine} rollouts, build the trainer's engine with convention='{alias}'{mask}: it "
+                    f"gives the positions {self.convention} sampled with, so the response keeps its rotary angles in "
+                    f"training.{decoded}")
         return (f"transformers and {self.engine} give these samples the same positions: either convention trains on "
                 f"{self.engine} rollouts' positions.")
 
@@ -124,7 +131,9 @@ def verify(processor: Any, config: Any, *, samples: int = 100, seed: int = 0,
         except UnknownConventionError as exc:
             report.not_offered[engine] = str(exc)
             continue
-        rollouts.append((Comparison(rollout.convention, rules(rollout.convention)), rollout))
+        reads_mask = bool(getattr(rollout.binding.kernel, "reads_generated_mask", False))
+        rollouts.append((Comparison(rollout.convention, rules(rollout.convention), reads_generated_mask=reads_mask),
+                         rollout))
     report.conventions = [comparison for comparison, _ in rollouts]
     generate = batches or generator_for(processor, config, plugins)
     rng = random.Random(seed)

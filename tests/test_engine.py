@@ -401,3 +401,26 @@ def test_packing_tensors_without_values_are_refused_by_name(toy_manager, toy, pa
     value = torch.tensor([0, 3], device="meta") if packing == "cu_seqlens" else torch.ones(1, 3, device="meta")
     with pytest.raises(InvalidInputError, match=f"{packing} is on the meta device, which holds no values"):
         engine.compute_position_ids(torch.tensor([[7, 7, 7]]), None, {}, **{packing: value})
+
+
+def test_convention_none_is_the_default_wherever_a_convention_is_taken(toy_manager, toy):
+    """``convention=None`` means transformers' positions: the engine, a plugin that never reads a
+    convention, a text-only engine, the collators and the helpers plugins call."""
+    from mmrope_core import conventions
+    from mmrope_core.collators import PackedCollator, PaddedCollator
+    from mmrope_qwen_vl.examples import build
+
+    processor, config = build("Qwen2-VL")
+    default = RopeEngine.from_processor(processor, config, plugin_manager=toy_manager)
+    given = RopeEngine.from_processor(processor, config, plugin_manager=toy_manager, convention=None)
+    assert given.convention == default.convention == "transformers"
+    assert given.binding.description == default.binding.description
+    ids = torch.tensor([[processor.tokenizer.convert_tokens_to_ids("the")] * 5])
+    assert torch.equal(given.compute_position_ids(ids, None, {}), default.compute_position_ids(ids, None, {}))
+    toy_engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager, convention=None)
+    assert toy_engine.convention == "transformers"
+    assert RopeEngine.from_processor(None, plugin_manager=toy_manager, convention=None).rope_kind == "1d"
+    for collator in (PaddedCollator, PackedCollator):
+        assert collator(default, convention=None).engine is default
+    assert conventions.asked({"convention": None}) == "transformers"
+    assert conventions.convention({"convention": None}, "a family", ("transformers",)) == "transformers"

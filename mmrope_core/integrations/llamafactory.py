@@ -45,7 +45,9 @@ def install(*, config: Any = None, mm_processor_kwargs: Mapping[str, Any] | None
         mm_processor_kwargs: processor keyword arguments the positions depend on, for every
             sample, on top of the processor's own ``use_audio_in_video`` that LLaMA-Factory sets.
         convention: the position convention (see :mod:`mmrope_core.conventions`; default
-            transformers'). A collator whose family lacks it is refused when it is built.
+            transformers'). A name mmrope does not know is refused here
+            (:class:`~mmrope_core.UnknownConventionError`), a collator whose family lacks it
+            when it is built.
 
     Idempotent: calling it again only replaces the settings. Collators whose processor uses 1-D
     RoPE, that have no processor, or that have neither a model nor ``config``, keep
@@ -53,6 +55,9 @@ def install(*, config: Any = None, mm_processor_kwargs: Mapping[str, Any] | None
     """
     import importlib
 
+    from mmrope_core.conventions import known
+
+    known(convention, "mmrope_core.integrations.llamafactory.install(convention=...)")
     module = importlib.import_module(COLLATOR_MODULE)
     _settings["config"] = config
     _settings["mm_processor_kwargs"] = dict(mm_processor_kwargs or {})
@@ -128,16 +133,21 @@ def _is_wrapped(function: Any) -> bool:
 
 
 def _call_with_mmrope_positions(original: Callable[..., Any], collator: Any, features: list[dict[str, Any]]) -> Any:
+    features, generated = _without_generated_masks(features)
     engine = collator_engine(collator)
     if engine is None:
         return original(collator, features)
     # read before LLaMA-Factory pops the media lists; what is no dict, LLaMA-Factory's own code refuses
     features_read = [feature for feature in features if isinstance(feature, Mapping)]
+    if generated is None:
+        _warn_without_generated_mask(collator, engine)
     injected = _injected_media(collator, features_read)
     packed = any(len((feature.get("packing_params") or {}).get("sequence_boundaries") or ()) > 2
                  for feature in features_read)
     with _framework_positions_off(collator):
         batch = original(collator, features)
+    generated_mask = None if generated is None else _laid_out(generated, batch["input_ids"],
+                                                              collator.tokenizer.padding_side)
     if packed:  # LLaMA-Factory gives the model a block-diagonal mask, or flash-attention's positions, nothing more
         _packing_support(collator, engine).require("LLaMA-Factory's neat_packing rows", gives_boundaries=False)
     if packed and "image" in injected:  # the SFT collator then keeps the fake image's tokens (its own flag)
@@ -147,12 +157,12 @@ def _call_with_mmrope_positions(original: Callable[..., Any], collator: Any, fea
                            **_settings["mm_processor_kwargs"]}
     if packed:
         positions = engine.compute_position_ids(batch["input_ids"], None, inputs, mm_processor_kwargs,
-                                                segment_ids=batch["attention_mask"].long())
+                                                segment_ids=batch["attention_mask"].long(), generated_mask=generated_mask)
         batch["position_ids"] = positions.transpose(0, 1)
         batch.pop("rope_deltas", None)
     else:
         batch["position_ids"], batch["rope_deltas"] = _padded_positions(engine, collator, batch, inputs,
-                                                                        mm_processor_kwargs)
+                                                                        mm_processor_kwargs, generated_mask)
     if batch["position_ids"].is_floating_point():  # what the SFT collator's dtype cast must not reach
         _exact.last = (collator, batch["position_ids"], batch["attention_mask"])
     return batch
@@ -204,17 +214,75 @@ def _framework_positions_off(collator: Any) -> Iterator[None]:
 
 
 def _padded_positions(engine: Any, collator: Any, batch: Mapping[str, Any], inputs: dict[str, Any],
-                      mm_processor_kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+                      mm_processor_kwargs: dict[str, Any], generated_mask: torch.Tensor | None = None,
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(4, B, L)``: the text row counting valid tokens (1 at padding) above the model's own
     ``(t, h, w)``; and the deltas as LLaMA-Factory hands them on."""
     mask = (batch["attention_mask"] != 0).long()
-    positions, deltas = engine.get_rope_index(batch["input_ids"], mask,
+    positions, deltas = engine.get_rope_index(batch["input_ids"], mask, generated_mask=generated_mask,
                                               **engine.rope_index_kwargs(inputs, mm_processor_kwargs))
     text = torch.ones_like(mask)
     text[mask.bool()] = (torch.cumsum(mask, dim=-1) - 1)[mask.bool()]
     if _model_type(_config_of(collator)) in _OMNI_THINKERS:  # LLaMA-Factory counts Omni deltas over padding too
         deltas = deltas - (1 - mask).sum(dim=-1, keepdim=True).to(deltas.dtype)
     return torch.cat([text.to(positions.dtype)[None], positions], dim=0), deltas
+
+
+def _without_generated_masks(features: Any) -> tuple[Any, list[tuple[list[int], Any]] | None]:
+    """The features without their ``generated_mask`` (copies: the caller's dicts keep theirs), and
+    each feature's ids and mask (None where it has none); None where no feature has one."""
+    if not isinstance(features, list) or not any(isinstance(feature, Mapping) and "generated_mask" in feature
+                                                 for feature in features):
+        return features, None
+    kept, generated = [], []
+    for feature in features:
+        if not isinstance(feature, Mapping):  # LLaMA-Factory's own code refuses it
+            kept.append(feature)
+            continue
+        generated.append((list(feature["input_ids"]), feature.get("generated_mask")))
+        kept.append({key: value for key, value in feature.items() if key != "generated_mask"})
+    return kept, generated
+
+
+def _laid_out(generated: list[tuple[list[int], Any]], input_ids: torch.Tensor, padding_side: str) -> torch.Tensor:
+    """Each feature's ``generated_mask`` where LLaMA-Factory put its tokens in the batch: from the
+    row's start under right padding, at its end under left padding (its fake media tokens and the
+    padding elsewhere); 0 for a feature without one."""
+    from mmrope_core.errors import CollateError
+
+    laid_out = torch.zeros_like(input_ids, dtype=torch.bool)
+    width = input_ids.shape[1]
+    for sample, (ids, mask) in enumerate(generated):
+        if mask is None:
+            continue
+        values = torch.as_tensor(mask).reshape(-1)
+        if values.numel() != len(ids):
+            raise CollateError(f"sample {sample}: generated_mask has {values.numel()} values but input_ids has "
+                               f"{len(ids)} tokens; give one value per token (1 where the rollout generated it)")
+        span = slice(0, len(ids)) if padding_side == "right" else slice(width - len(ids), width)
+        if input_ids[sample, span].tolist() != ids:
+            raise CollateError(f"sample {sample}: its tokens are not where {padding_side} padding puts them in "
+                               f"LLaMA-Factory's batch, so its generated_mask cannot be laid out")
+        laid_out[sample, span] = values.bool()
+    return laid_out
+
+
+def _warn_without_generated_mask(collator: Any, engine: Any) -> None:
+    """Once per collator: the engine places generated tokens apart from a prefill (SGLang's
+    Qwen3-Omni), and the features say none were generated."""
+    import warnings
+
+    from mmrope_core.errors import GeneratedMaskWarning
+
+    if not getattr(engine.binding.kernel, "reads_generated_mask", False) or collator.__dict__.get("_mmrope_warned"):
+        return
+    collator.__dict__["_mmrope_warned"] = True
+    warnings.warn(GeneratedMaskWarning(
+        f"the {engine.convention} convention places the tokens the rollout engine generated apart from a prefill "
+        f"of the whole sequence for {type(engine.processor).__name__}, and these features carry no generated_mask: "
+        f"every token is placed as a prefill, so replies the engine decoded elsewhere are placed where it would "
+        f"have prefilled them. Add each feature's generated_mask (1 where the rollout generated the token) to the "
+        f"features, e.g. as a column of the tokenized dataset"), stacklevel=4)
 
 
 def _injected_media(collator: Any, features: list[dict[str, Any]]) -> set[str]:

@@ -160,6 +160,7 @@ TRIGGERS = {
                                                             plugin_manager=manager(), convention="vllm-0.1"),
     "convention-not-offered": lambda: RopeEngine.from_processor(
         engine("Qwen2.5-Omni").processor, engine("Qwen2.5-Omni").config, plugin_manager=manager(), convention="sglang"),
+    "convention-at-install": lambda: convention_at_install(),
     "convention-no-videos": lambda: cohere_compass_video(),
     "generated-first-token": lambda: engine("Qwen2-VL").get_rope_index(torch.tensor([[1, 2, 3]]),
                                                                        generated_mask=torch.tensor([[1, 1, 0]])),
@@ -201,6 +202,13 @@ TRIGGERS = {
                                                 "cu_seq_lens_q": torch.tensor([0, 6]), "advantages": torch.ones(1, 6)},
                                                scheme="contiguous", size=2, rank=0),
 }
+
+
+def convention_at_install():
+    """Refused before LLaMA-Factory is imported: the check needs no trainer installed."""
+    from mmrope_core.integrations import llamafactory
+
+    llamafactory.install(convention="vlm")
 
 
 def cohere_compass_video():

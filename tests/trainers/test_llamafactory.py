@@ -5,6 +5,7 @@ classes' own ``get_rope_index`` on generated samples of every family it trains: 
 from __future__ import annotations
 
 import random
+import warnings
 
 import llamafactory_cases as cases
 import pytest
@@ -406,3 +407,125 @@ def test_a_collator_whose_family_lacks_the_convention_is_refused_when_built(inst
     with pytest.raises(UnknownConventionError, match=r"SGLang 0\.5\.23 has no Qwen2\.5-Omni model"):
         cases.collator("Qwen2.5-Omni")
     cases.collator("Qwen3-Omni")  # which SGLang runs
+
+
+def test_a_convention_nobody_knows_is_refused_at_install(installed):
+    from mmrope_core import UnknownConventionError
+
+    drop_in.install(convention="vllm")
+    with pytest.raises(UnknownConventionError, match=r"'vlm' \(mmrope_core.integrations.llamafactory.install\(convention="
+                                                     r"...\)\) is unknown; the known ones are 'transformers', 'vllm-0.33'"):
+        drop_in.install(convention="vlm")
+    assert drop_in._settings["convention"] == "vllm"  # the settings before stay
+
+
+def with_replies(features, rng):
+    """Each feature followed by a reply its rollout engine generated: ``generated_mask`` marks it."""
+    tokenizer = cases.family("Qwen3-Omni")[0].tokenizer
+    out = []
+    for feature in features:
+        reply = tokenizer.encode(cases._filler(rng, rng.randint(2, 6)), add_special_tokens=False)
+        ids = feature["input_ids"] + reply
+        out.append({**feature, "input_ids": ids, "attention_mask": [1] * len(ids), "labels": list(ids),
+                    "generated_mask": [0] * len(feature["input_ids"]) + [1] * len(reply)})
+    return out
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_sglang_rollouts_take_each_features_generated_mask(side, installed):
+    """Features carrying ``generated_mask`` (a column of a tokenized dataset reaches the collator
+    unchanged): SGLang's positions of its Qwen3-Omni replies, where it decoded them."""
+    import copy
+
+    from mmrope_core import RopeEngine
+
+    drop_in.install(convention="sglang")
+    processor, config, _ = cases.family("Qwen3-Omni")
+    engine = RopeEngine.from_processor(processor, config, convention="sglang")
+    collator = cases.collator("Qwen3-Omni")
+    saved, processor.tokenizer.padding_side = processor.tokenizer.padding_side, side
+    processor.video_fps = 3.0  # LLaMA-Factory's video_fps setting: 2/3 s per frame, fractional positions
+    moved = 0
+    try:
+        for features in padded_batches("Qwen3-Omni", seed=5, count=8):
+            features = with_replies(features, random.Random(len(features)))
+            given = copy.deepcopy(features)
+            batch = collator(features)
+            assert all(feature["generated_mask"] == kept["generated_mask"] for feature, kept in zip(features, given))
+            assert "generated_mask" not in batch
+            width = batch["input_ids"].shape[1]
+            generated = torch.zeros_like(batch["input_ids"])
+            for row, feature in enumerate(given):
+                start = 0 if side == "right" else width - len(feature["input_ids"])
+                generated[row, start:start + len(feature["input_ids"])] = torch.tensor(feature["generated_mask"])
+            media = {key: value for key, value in cases.media_of(batch, given).items() if value is not None}
+            want = engine.compute_position_ids(batch["input_ids"], batch["attention_mask"], media,
+                                               generated_mask=generated).transpose(0, 1)
+            assert torch.equal(batch["position_ids"], want)
+            moved += not torch.equal(want, engine.compute_position_ids(batch["input_ids"], batch["attention_mask"],
+                                                                       media).transpose(0, 1))
+    finally:
+        processor.tokenizer.padding_side = saved
+        del processor.video_fps
+    assert moved > 0  # some replies sit where SGLang decoded them, not where a prefill puts them
+
+
+def test_a_generated_mask_of_another_length_is_refused_and_its_absence_said(installed):
+    from mmrope_core import CollateError, GeneratedMaskWarning
+
+    drop_in.install(convention="sglang")
+    features = with_replies(padded_batches("Qwen3-Omni", seed=6, count=1)[0], random.Random(1))
+    features[-1]["generated_mask"] = features[-1]["generated_mask"][:-1]
+    collator = cases.collator("Qwen3-Omni")
+    with pytest.raises(CollateError, match=rf"sample {len(features) - 1}: generated_mask has \d+ values but input_ids"):
+        cases.collate(collator, features)
+    without = [{key: value for key, value in feature.items() if key != "generated_mask"} for feature in features]
+    with pytest.warns(GeneratedMaskWarning, match="these features carry no generated_mask: every token is placed as "
+                                                  "a prefill"):
+        cases.collate(collator, without)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GeneratedMaskWarning)
+        cases.collate(collator, without)  # once per collator
+        drop_in.install(convention="vllm")  # a convention that places generated tokens as a prefill says nothing
+        cases.collate(cases.collator("Qwen3-Omni"), without)
+
+
+def test_neat_packing_rows_take_their_generated_mask(installed):
+    """A packed row's ``generated_mask`` (its samples' masks joined, 0 at its padding): each
+    sample gets SGLang's positions of its rollout alone."""
+    from mmrope_core import RopeEngine
+
+    drop_in.install(convention="sglang")
+    processor, config, _ = cases.family("Qwen3-Omni")
+    engine = RopeEngine.from_processor(processor, config, convention="sglang")
+    processor.video_fps = 3.0
+    moved = 0
+    try:
+        for seed in range(3):
+            rng = random.Random(seed)
+            groups = [with_replies(cases.features("Qwen3-Omni", rng, rng.randint(1, 3)), rng) for _ in range(2)]
+            cutoff = max(sum(len(sample["input_ids"]) for sample in group) for group in groups) + 7
+            cutoff += -(cutoff + 1) % 8
+            rows = cases.packed(groups, cutoff)
+            for row, group in zip(rows, groups):
+                masks = [flag for sample in group for flag in sample["generated_mask"]]
+                row["generated_mask"] = masks + [0] * (len(row["input_ids"]) - len(masks))
+            batch = cases.collate(cases.collator("Qwen3-Omni", neat_packing=True, block_diag_attn=True), rows)
+            flat = [sample for group in groups for sample in group]
+            media = cases.media_of(batch, flat)
+            index = 0
+            for row, group in enumerate(groups):
+                start = 0
+                for sample in group:
+                    ids = torch.tensor([sample["input_ids"]])
+                    alone = {key: value for key, value in cases.segment_media(media, flat, index).items()
+                             if value is not None}
+                    want = engine.compute_position_ids(ids, None, alone, generated_mask=torch.tensor(
+                        [sample["generated_mask"]])).transpose(0, 1)
+                    assert torch.equal(batch["position_ids"][:, row:row + 1, start:start + ids.shape[1]], want)
+                    moved += not torch.equal(want, engine.compute_position_ids(ids, None, alone).transpose(0, 1))
+                    start += ids.shape[1]
+                    index += 1
+    finally:
+        del processor.video_fps
+    assert moved > 0

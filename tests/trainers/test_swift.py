@@ -8,12 +8,13 @@ import importlib
 import random
 import subprocess
 import sys
+import warnings
 
 import pytest
 import swift_cases as cases
 import torch
 
-from mmrope_core import UnknownConventionError
+from mmrope_core import GeneratedMaskWarning, UnknownConventionError
 from mmrope_core.integrations import swift as drop_in
 
 FAMILIES = list(cases.FAMILIES)
@@ -188,27 +189,36 @@ def test_external_plugins_file_installs_it():
 
 def test_external_plugins_file_takes_the_convention_from_the_environment(monkeypatch):
     """``MMROPE_CONVENTION=vllm swift rlhf ... --external_plugins ...``: GRPO with vLLM rollouts
-    trains on vLLM's positions; a convention nobody knows is refused when the template is built."""
+    trains on vLLM's positions; a convention nobody knows stops ms-swift as it loads the file."""
     from swift.utils import import_external_file
 
     path = subprocess.run([sys.executable, "-m", "mmrope_core.integrations.swift"], check=True, capture_output=True,
                           text=True).stdout.strip()
     def load(convention):  # as a fresh ms-swift process does (ms-swift loads a file once per process)
         monkeypatch.setenv("MMROPE_CONVENTION", convention)
-        sys.modules.pop(import_external_file(path).__name__)
+        sys.modules.pop(import_external_file(path).__name__, None)
         import_external_file(path)
 
     try:
         load("vllm")
         assert drop_in.template_engine(cases.template("Qwen2.5-VL")).convention == "vllm-0.34"
-        load("vlm")
-        with pytest.raises(UnknownConventionError, match="'vlm' is unknown"):
-            cases.template("Qwen2.5-VL")
+        with pytest.raises(UnknownConventionError, match=r"'vlm' \(the environment's MMROPE_CONVENTION\) is unknown; "
+                                                         r"the known ones are 'transformers', 'vllm-0.33'"):
+            load("vlm")
+        assert drop_in._settings["convention"] == "vllm"  # nothing installed from the refused name
         load("")
         assert drop_in.template_engine(cases.template("Qwen2.5-VL")).convention == "transformers"
     finally:
         _uninstall()
         drop_in._settings.update(mm_processor_kwargs={}, convention=None)
+
+
+def test_a_convention_nobody_knows_is_refused_at_install(installed):
+    with pytest.raises(UnknownConventionError, match=r"'vlm' \(mmrope_core.integrations.swift.install\(convention=...\)\) "
+                                                     r"is unknown; the known ones are 'transformers', 'vllm-0.33'.*"
+                                                     r"vllm means 'vllm-0.34'"):
+        drop_in.install(convention="vlm")
+    assert drop_in._settings["convention"] is None
 
 
 def test_install_is_idempotent(installed):
@@ -269,9 +279,26 @@ def test_the_templates_take_the_convention_install_names(convention, installed):
 
 
 def test_a_template_whose_family_lacks_the_convention_is_refused_when_its_processor_is_set(installed):
-    from mmrope_core import UnknownConventionError
+    from mmrope_core import GeneratedMaskWarning, UnknownConventionError
 
     drop_in.install(convention="sglang")
     with pytest.raises(UnknownConventionError, match=r"SGLang 0\.5\.23 has no Qwen2\.5-Omni model"):
         cases.template("Qwen2.5-Omni")
-    assert cases.template("Qwen3-Omni").processor is not None
+    with pytest.warns(GeneratedMaskWarning):  # see below
+        assert cases.template("Qwen3-Omni").processor is not None
+
+
+def test_sglangs_qwen3_omni_positions_say_that_ms_swift_carries_no_generated_mask(installed):
+    """ms-swift's rows carry no ``generated_mask``: where SGLang decodes replies apart from a
+    prefill (Qwen3-Omni), the engine says what the positions are instead, once per engine."""
+    drop_in.install(convention="sglang")
+    with pytest.warns(GeneratedMaskWarning, match=r"ms-swift's templates carry no generated_mask: every token is "
+                                                  r"placed as a prefill"):
+        template = cases.template("Qwen3-Omni")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GeneratedMaskWarning)
+        padded_rows = template.data_collator([row for row, _ in cases.rows("Qwen3-Omni", template, random.Random(2), 2)])
+        assert padded_rows["position_ids"].dtype == torch.int64  # SGLang's positions, as a prefill places them
+        cases.template("Qwen2.5-VL")  # SGLang decodes its replies where a prefill puts them
+        drop_in.install(convention="vllm")
+        cases.template("Qwen3-Omni")

@@ -1,7 +1,9 @@
 """verl 0.9.1's own agent-loop code with the drop-in: positions of the rollout engine verl's config
 names (or the convention one config entry names), and the response mask as ``generated_mask``."""
 
+import importlib
 import random
+import warnings
 
 import pytest
 import torch
@@ -10,7 +12,7 @@ from test_verl import full_worker, load, rollout_config
 from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput, AgentLoopWorker
 
 from mmrope_core import RopeEngine, UnknownConventionError
-from mmrope_core.integrations.verl import hf_processor, rollout_convention
+from mmrope_core.integrations.verl import RopeIndex, as_verl_processor, hf_processor, rollout_convention
 
 
 def output_of(prompt, response, response_mask=None):
@@ -85,14 +87,100 @@ def test_the_response_mask_reaches_sglangs_qwen3_omni_positions(checkpoint):
 
 
 def test_a_rollout_engine_without_a_convention_is_named_with_the_entry_that_decides(checkpoint):
+    """Refused as soon as the worker holds the processor and the rollout config, before a rollout."""
     processor, _ = load(hf_processor, checkpoint("Qwen2.5-VL"))
-    trajectory = trajectories("Qwen2.5-VL", random.Random(1), 1)[0]
-    input_ids, attention_mask = trajectory.verl_layout(random.Random(2), processor.tokenizer.pad_token_id)
-    worker = full_worker(processor, rollout_config("trtllm"))
     with pytest.raises(UnknownConventionError, match=r"not 'trtllm' \(actor_rollout_ref.rollout.name\). Name the "
                                                      r"convention .* \+actor_rollout_ref.rollout.custom.mmrope_convention"):
-        verl_positions(worker, output_of(trajectory.prompt, trajectory.response), input_ids, attention_mask,
-                       trajectory.inputs())
+        full_worker(processor, rollout_config("trtllm"))
+
+
+def verls_config(checkpoint_path, *overrides):
+    """verl's own ppo_trainer config with the drop-in as ``external_lib``."""
+    import os
+
+    import verl
+    from hydra import compose, initialize_config_dir
+
+    directory = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=directory, version_base=None):
+        return compose(config_name="ppo_trainer", overrides=[
+            f"actor_rollout_ref.model.path={checkpoint_path}",
+            "actor_rollout_ref.model.external_lib=mmrope_core.integrations.verl.patch", *overrides])
+
+
+def test_verls_own_agent_loop_worker_refuses_at_start_up_what_it_could_not_place(checkpoint):
+    """verl's unchanged ``AgentLoopWorker.__init__`` (the drop-in installed by its external_lib
+    while it builds its model config): an engine mmrope has no convention for, or one the family
+    lacks, is refused when the worker starts, not after its first rollout."""
+    from test_verl import verls_factory_restored
+
+    def start(name, *overrides):
+        config = verls_config(checkpoint(name), *overrides)
+        with verls_factory_restored(), loading_without_torchvision():
+            return AgentLoopWorker(config, None)
+
+    worker = start("Qwen2.5-VL", "actor_rollout_ref.rollout.name=sglang")
+    assert worker.processor.get_rope_index.follow_rollout
+    assert worker.processor.get_rope_index.for_convention("sglang").convention == "sglang-0.5.23"
+    with pytest.raises(UnknownConventionError, match=r"not 'trtllm' \(actor_rollout_ref.rollout.name\)"):
+        start("Qwen2.5-VL", "actor_rollout_ref.rollout.name=trtllm")
+    with pytest.raises(UnknownConventionError, match=r"SGLang 0\.5\.23 has no Qwen2\.5-Omni model"):
+        start("Qwen2.5-Omni", "actor_rollout_ref.rollout.name=sglang")
+    start("Qwen2.5-VL", "actor_rollout_ref.rollout.name=trtllm", "+actor_rollout_ref.rollout.custom.mmrope_convention=vllm")
+
+
+def test_verls_trainer_refuses_an_unknown_rollout_engine_before_it_starts_workers(checkpoint):
+    """``RayPPOTrainer.__init__`` (verl's trainer that takes a built processor) holds the drop-in
+    and verl's config before it builds any worker group."""
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    processor, _ = load(hf_processor, checkpoint("Qwen2.5-VL"))
+    config = verls_config(checkpoint("Qwen2.5-VL"), "actor_rollout_ref.rollout.name=trtllm")
+    with warnings.catch_warnings(), pytest.raises(UnknownConventionError, match=r"not 'trtllm' \(actor_rollout_ref"):
+        warnings.simplefilter("ignore", FutureWarning)  # verl marks this trainer deprecated in favour of its v1 one
+        RayPPOTrainer(config, processor.tokenizer, role_worker_mapping={}, resource_pool_manager=None,
+                      processor=processor)
+
+
+def test_a_convention_nobody_knows_is_refused_at_install():
+    import mmrope_core.integrations.verl as mmrope_verl
+
+    with pytest.raises(UnknownConventionError, match=r"'vlm' \(mmrope_core.integrations.verl.install\(convention=...\)\) "
+                                                     r"is unknown; the known ones are 'transformers'"):
+        mmrope_verl.install(convention="vlm")
+    assert importlib.import_module("verl.utils.tokenizer.tokenizer").hf_processor.__module__ == \
+        "verl.utils.tokenizer.tokenizer"  # nothing rebound
+
+
+@pytest.mark.parametrize("mode", ["built-before-import", "unpickled-before-import", "unpickled-after-import",
+                                  "model-config-unpickled-before-import"])
+def test_the_drop_in_follows_the_rollout_whatever_verl_imported_first(mode, tmp_path, checkpoint):
+    """A drop-in made, or unpickled (a prebuilt processor, verl's HFModelConfig passed on as it
+    is), before verl's agent loop is imported, or unpickled after: SGLang's positions for an
+    sglang rollout, and an unknown rollout engine refused (in a fresh process: this one imported
+    verl)."""
+    import pickle
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from test_verl import verls_factory_restored
+    from verl.utils.config import omega_conf_to_dataclass
+
+    if mode.startswith("model-config"):  # verl's own model config, the drop-in switched on by its external_lib
+        entry = {"_target_": "verl.workers.config.HFModelConfig", "path": checkpoint("Qwen3-Omni"),
+                 "external_lib": "mmrope_core.integrations.verl.patch"}
+        with verls_factory_restored(), loading_without_torchvision(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            made = omega_conf_to_dataclass(entry)
+        assert isinstance(made.processor.get_rope_index, RopeIndex)
+    else:
+        made = as_verl_processor(*build("Qwen3-Omni"))
+    (tmp_path / "drop_in.pkl").write_bytes(pickle.dumps(made))
+    script = Path(__file__).with_name("verl_import_order.py")
+    run = subprocess.run([sys.executable, str(script), mode, str(tmp_path / "drop_in.pkl")], capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip().endswith("followed the rollout"), run.stderr[-3000:]
 
 
 def test_a_fixed_convention_is_refused_at_construction_where_the_family_lacks_it(checkpoint):

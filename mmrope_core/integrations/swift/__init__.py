@@ -47,11 +47,15 @@ def install(*, mm_processor_kwargs: Mapping[str, Any] | None = None, convention:
             sample, on top of the template's own ``use_audio_in_video`` (ms-swift's
             ``USE_AUDIO_IN_VIDEO`` setting).
         convention: the position convention (see :mod:`mmrope_core.conventions`; default
-            transformers'), e.g. ``"vllm"`` for GRPO with vLLM rollouts. A template whose
-            family lacks it is refused when its processor is set.
+            transformers'), e.g. ``"vllm"`` for GRPO with vLLM rollouts. A name mmrope does not
+            know is refused here (:class:`~mmrope_core.UnknownConventionError`), a template
+            whose family lacks it when its processor is set.
 
     Idempotent: calling it again only replaces the settings.
     """
+    from mmrope_core.conventions import known
+
+    known(convention, "mmrope_core.integrations.swift.install(convention=...)")
     _settings["mm_processor_kwargs"] = dict(mm_processor_kwargs or {})
     _settings["convention"] = convention
     for module_name, class_names in TEMPLATE_CLASSES.items():
@@ -87,7 +91,24 @@ def template_engine(template: Any) -> Any:
         options = {} if convention is None else {"convention": convention}
         cached = (key, RopeEngine.from_processor(template.processor, template.config, **options))
         template.__dict__["_mmrope_engine"] = cached
+        _warn_without_generated_mask(cached[1])
     return cached[1]
+
+
+def _warn_without_generated_mask(engine: Any) -> None:
+    """ms-swift's rows carry no ``generated_mask``: where the convention places generated tokens
+    apart from a prefill (SGLang's Qwen3-Omni), say what the positions are instead."""
+    import warnings
+
+    from mmrope_core.errors import GeneratedMaskWarning
+
+    if getattr(engine.binding.kernel, "reads_generated_mask", False):
+        warnings.warn(GeneratedMaskWarning(
+            f"the {engine.convention} convention places the tokens the rollout engine generated apart from a prefill "
+            f"of the whole sequence for {type(engine.processor).__name__}, and ms-swift's templates carry no "
+            f"generated_mask: every token is placed as a prefill, so replies the engine decoded elsewhere are placed "
+            f"where it would have prefilled them. For those positions, train with mmrope's collators "
+            f"(PaddedCollator, PackedCollator), which take each sample's generated_mask"), stacklevel=3)
 
 
 def _checking_the_convention(original: Any) -> Any:

@@ -17,6 +17,8 @@ The positions follow the rollout engine verl's config names (``actor_rollout_ref
 sampled with; ``actor_rollout_ref.rollout.custom.mmrope_convention`` names a convention instead
 (``transformers``, ``vllm-0.33``, ...). The agent loop's response mask reaches the engine as
 ``generated_mask``: the tokens the rollout engine generated, each turn a request of its own.
+verl's trainer and each agent-loop worker check the rollout engine as soon as they hold the
+processor and the config, so that one mmrope cannot place is refused at start-up.
 """
 
 from __future__ import annotations
@@ -25,8 +27,11 @@ import contextvars
 import copy
 import dataclasses
 import functools
+import importlib.abc
 import sys
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from types import ModuleType
 from typing import Any
 
 __all__ = ["RopeIndex", "RopeIndexKwargs", "as_verl_processor", "hf_processor", "install", "rollout_convention"]
@@ -40,6 +45,14 @@ VERL_AGENT_LOOP = "verl.experimental.agent_loop.agent_loop"
 CONVENTION_ENTRY = "mmrope_convention"
 #: verl's rollout engines (``actor_rollout_ref.rollout.name``) and the conventions of their positions.
 ROLLOUT_CONVENTIONS = {"vllm": "vllm", "sglang": "sglang"}
+#: Where verl 0.9.1 first holds both a processor and the rollout config, by module: the class, and
+#: the attribute its rollout config is read from. The TaskRunner's trainer sets its processor before
+#: any worker starts; each agent-loop worker sets its own before its first rollout.
+START_UP_CHECKS = {
+    "verl.trainer.ppo.v1.trainer_base": ("PPOTrainer", "config"),
+    "verl.trainer.ppo.ray_trainer": ("RayPPOTrainer", "config"),
+    VERL_AGENT_LOOP: ("AgentLoopWorker", "rollout_config"),
+}
 
 
 def hf_processor(name_or_path: Any, *, mm_processor_kwargs: Mapping[str, Any] | None = None,
@@ -82,8 +95,9 @@ def as_verl_processor(processor: Any, config: Any = None, *, mm_processor_kwargs
     :meth:`RopeEngine.from_processor <mmrope_core.RopeEngine.from_processor>`.
 
     ``convention`` fixes the position convention, refused here where the family lacks it; None
-    follows the rollout engine of the agent loop that computes the positions (with
-    :func:`install`), and transformers' positions outside one.
+    follows the rollout engine of the agent loop that computes the positions, whenever verl's
+    agent-loop module is imported (before or after the copy is made or unpickled), and gives
+    transformers' positions outside one.
     """
     from mmrope_core.engine import RopeEngine
 
@@ -109,23 +123,26 @@ class RopeIndex:
     processor does) and what ``get_rope_index_kwargs`` added. Returns ``(3, B, L)`` positions
     and ``(B, 1)`` deltas.
 
-    Inside verl's agent loop (after :func:`install`), the trajectory being post-processed gives
-    the ``generated_mask`` (its response mask) and, with ``follow_rollout``, the convention: that
-    of the rollout engine verl's config names (:func:`rollout_convention`)."""
+    Inside verl's agent loop, the trajectory being post-processed (when ``input_ids`` hold its
+    tokens) gives the ``generated_mask`` (its response mask) and, with ``follow_rollout``, the
+    convention: that of the rollout engine verl's config names (:func:`rollout_convention`)."""
 
     def __init__(self, engine: Any, follow_rollout: bool = False) -> None:
         self.engine = engine
         self.follow_rollout = follow_rollout
         self._engines = {engine.convention: engine}
+        if follow_rollout:  # in any process it is built or unpickled in, in any order of verl's imports
+            _follow_rollouts()
 
     def __call__(self, input_ids: Any, attention_mask: Any = None, **kwargs: Any) -> Any:
         inputs = {key: value for key, value in kwargs.items() if value is not None}
         trajectory = _TRAJECTORY.get()
-        if trajectory is None:
+        # the trajectory recorded last, where these are its tokens (not those of an earlier call's)
+        generated = None if trajectory is None else trajectory.generated_mask(input_ids, attention_mask)
+        if trajectory is None or generated is None:
             return self.engine.get_rope_index(input_ids, attention_mask, **inputs)
         engine = self.for_convention(rollout_convention(trajectory.rollout)) if self.follow_rollout else self.engine
-        return engine.get_rope_index(input_ids, attention_mask, generated_mask=trajectory.generated_mask(
-            input_ids, attention_mask), **inputs)
+        return engine.get_rope_index(input_ids, attention_mask, generated_mask=generated, **inputs)
 
     def for_convention(self, convention: str) -> Any:
         """The engine of ``convention``, built on first use."""
@@ -172,6 +189,9 @@ def install(*, mm_processor_kwargs: Mapping[str, Any] | None = None, convention:
     """
     import importlib
 
+    from mmrope_core.conventions import known
+
+    known(convention, "mmrope_core.integrations.verl.install(convention=...)")
     options: dict[str, Any] = {key: value for key, value in (("mm_processor_kwargs", mm_processor_kwargs),
                                                              ("convention", convention)) if value is not None}
     factory = functools.partial(hf_processor, **options) if options else hf_processor
@@ -239,12 +259,114 @@ _TRAJECTORY: contextvars.ContextVar[_Trajectory | None] = contextvars.ContextVar
 
 
 def _follow_rollouts() -> None:
-    """Let verl's agent loop tell the drop-in which trajectory it computes positions for: its
-    ``_compute_multi_modal_inputs(output, input_ids)``, which runs right before each
-    ``_compute_position_ids``, records the trajectory. Only where verl imported the agent loop."""
-    module = sys.modules.get(VERL_AGENT_LOOP)
-    worker = getattr(module, "AgentLoopWorker", None)
-    if worker is None or hasattr(worker._compute_multi_modal_inputs, "__mmrope_original__"):
+    """Let verl tell the drop-in which trajectory it computes positions for, and check the
+    rollout engine where verl first holds a processor and its rollout config: in the verl
+    modules imported already, and in the others as they are imported."""
+    for name in START_UP_CHECKS:
+        module = sys.modules.get(name)
+        if module is not None:
+            _patch(module)
+        else:
+            _AFTER_IMPORT.add(name, _patch)
+
+
+def _patch(module: ModuleType) -> None:
+    class_name, rollout_attribute = START_UP_CHECKS[module.__name__]
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        return
+    for attribute in ("processor", rollout_attribute):
+        if attribute not in cls.__dict__:  # an instance attribute (a class default is left alone)
+            setattr(cls, attribute, _CheckedOnSet(attribute, rollout_attribute))
+    if module.__name__ == VERL_AGENT_LOOP:
+        _record_trajectories(cls)
+
+
+class _CheckedOnSet:
+    """An attribute of a verl class that, once the object holds both its processor and its
+    rollout config, builds the drop-in's engine of that rollout: an engine mmrope has no
+    convention for, or one the family lacks, is refused at start-up instead of at the first
+    rollout."""
+
+    def __init__(self, name: str, rollout_attribute: str) -> None:
+        self.name, self.rollout_attribute = name, rollout_attribute
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        try:
+            return instance.__dict__[self.name]
+        except KeyError:
+            raise AttributeError(self.name) from None
+
+    def __set__(self, instance: Any, value: Any) -> None:
+        instance.__dict__[self.name] = value
+        index = getattr(instance.__dict__.get("processor"), "get_rope_index", None)
+        rollout = instance.__dict__.get(self.rollout_attribute)
+        if isinstance(index, RopeIndex) and index.follow_rollout and rollout is not None:
+            if self.rollout_attribute == "config":  # a trainer holds verl's whole config
+                rollout = getattr(getattr(rollout, "actor_rollout_ref", None), "rollout", None)
+            if rollout is not None:
+                index.for_convention(rollout_convention(rollout))
+
+    def __delete__(self, instance: Any) -> None:
+        del instance.__dict__[self.name]
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs a function on a module right after it is imported (first in ``sys.meta_path``; it
+    finds nothing itself, and leaves the module's loader as it was)."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, Callable[[ModuleType], None]] = {}
+        self.lock = threading.Lock()
+
+    def add(self, name: str, function: Callable[[ModuleType], None]) -> None:
+        with self.lock:
+            self.pending[name] = function
+            if self not in sys.meta_path:
+                sys.meta_path.insert(0, self)
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        function = self.pending.get(name)
+        if function is None:
+            return None
+        for finder in sys.meta_path:
+            spec = None if finder is self else getattr(finder, "find_spec", lambda *args: None)(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _RunningAfter(spec.loader, function)
+        return spec
+
+
+class _RunningAfter:
+    """A module's own loader, then ``function`` on the module."""
+
+    def __init__(self, loader: Any, function: Callable[[ModuleType], None]) -> None:
+        self.loader, self.function = loader, function
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        module.__loader__ = module.__spec__.loader = self.loader  # type: ignore[union-attr]
+        self.loader.exec_module(module)
+        self.function(module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)
+
+
+_AFTER_IMPORT = _AfterImport()
+
+
+def _record_trajectories(worker: Any) -> None:
+    """The agent loop's ``_compute_multi_modal_inputs(output, input_ids)``, which runs right
+    before each ``_compute_position_ids``, records the trajectory."""
+    if hasattr(worker._compute_multi_modal_inputs, "__mmrope_original__"):
         return
     original = worker._compute_multi_modal_inputs
 

@@ -51,7 +51,8 @@ def bind(family: Family, processor: Any, config: Any, options: Mapping[str, Any]
             )
         # no probe: there is no vLLM or SGLang here to agree with (the tests and benchmarks compare with their code)
         engine_rule = SGLANG_AUDIO_RULE if convention == SGLANG_0_5_23 else VLLM_AUDIO_RULES[family.float_positions]
-        return RopeBinding("mrope", kernel(family, thinker, markers, engine_rule, convention=convention), "fast",
+        return RopeBinding("mrope", kernel(family, thinker, markers, engine_rule, convention=convention,
+                                           release=conventions.asked(options)), "fast",
                            f"{family.name}, {name}{why}{conventions.described(conventions.asked(options))}")
     dtype = torch.float32 if family.float_positions and not integer else torch.int64
     note = ", integer positions (fractional positions truncated)" if family.float_positions and integer else ""

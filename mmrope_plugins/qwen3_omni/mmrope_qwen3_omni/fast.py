@@ -38,8 +38,9 @@ class FastRopeIndex(ItemKernel, Kernel):
     them (:mod:`.sglang`), in the same pass."""
 
     def __init__(self, family: Family, thinker: Any, markers: Mapping[str, int], audio_rule: str,
-                 position_dtype: torch.dtype | None = None, convention: str = TRANSFORMERS) -> None:
-        Kernel.__init__(self, family, thinker, markers, audio_rule, position_dtype, convention)
+                 position_dtype: torch.dtype | None = None, convention: str = TRANSFORMERS,
+                 release: str | None = None) -> None:
+        Kernel.__init__(self, family, thinker, markers, audio_rule, position_dtype, convention, release)
         try:
             layout = omni_layout(family, self.tokens, self.merge, audio_media(family, self._window), self._per_second,
                                  self._chunk, self.vllm, truncated=self.sglang)

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from mmrope_core import InvalidInputError, RopeKernel
-from mmrope_core.conventions import SGLANG_0_5_23, TRANSFORMERS, VLLM_0_33
+from mmrope_core.conventions import SGLANG_0_5_23, TRANSFORMERS, VLLM_0_33, label
 from mmrope_core.media import read_grid
 
 from .audio import audio_window
@@ -27,11 +27,12 @@ class Implementation(RopeKernel):
     input_keys = INPUT_KEYS
 
     def __init__(self, family: Family, thinker: Any, position_dtype: torch.dtype | None = None,
-                 convention: str = TRANSFORMERS) -> None:
+                 convention: str = TRANSFORMERS, release: str | None = None) -> None:
         self.family = family
         self.config = thinker
         self.merge = int(thinker.vision_config.spatial_merge_size)
         self.convention = convention
+        self.release = release or convention  # the release asked for, whose rules are ``convention``'s
         self.vllm = convention == VLLM_0_33
         self.sglang = convention == SGLANG_0_5_23
         # the reference's; vLLM's positions are int64 in both generations, SGLang's truncated to int64
@@ -65,20 +66,22 @@ class Implementation(RopeKernel):
                                     video_grid_thw=video_grid_thw, audio_lengths=audio_lengths, merge=self.merge,
                                     use_audio_in_video=use_audio_in_video, video_token_first=self.video_token_first))
             if self.vllm:
-                _refuse_what_vllm_refuses(sample, items[-1])
+                _refuse_what_vllm_refuses(sample, items[-1], self.release)
         check_all_used(counters, image_grid_thw, video_grid_thw, audio_lengths)
         return items
 
 
-def _refuse_what_vllm_refuses(sample: int, items: Sequence[Item]) -> None:
+def _refuse_what_vllm_refuses(sample: int, items: Sequence[Item], release: str) -> None:
+    """vLLM 0.33.0 and 0.34.0 alike (``_derive_audio_from_video_placeholders``) refuse a request
+    with ``use_audio_in_video`` whose audios are not one per video."""
     with_audio = next((item for item in items if item.kind == "audio_in_video"), None)
     alone = next((item for item in items if item.kind == "audio"), None)
     if with_audio is not None and alone is not None:
         raise InvalidInputError(
             f"sample {sample}: an audio of its own (token {alone.start}) beside a video with its audio (token "
-            f"{with_audio.start}). vLLM 0.33 refuses such a request (with use_audio_in_video every audio must be a "
-            f"video's), so the vllm-0.33 convention has no positions for it; put that audio in a sample without "
-            f"videos, or use the transformers convention"
+            f"{with_audio.start}). {label(release)} refuses such a request (with use_audio_in_video every audio must "
+            f"be a video's), so the {release} convention has no positions for it; put that audio in a sample "
+            f"without videos, or use the transformers convention"
         )
 
 
@@ -87,8 +90,9 @@ class Kernel(Implementation):
     audio-length rule the probe found (vLLM's, in its convention)."""
 
     def __init__(self, family: Family, thinker: Any, markers: Mapping[str, int], audio_rule: str,
-                 position_dtype: torch.dtype | None = None, convention: str = TRANSFORMERS) -> None:
-        super().__init__(family, thinker, position_dtype, convention)
+                 position_dtype: torch.dtype | None = None, convention: str = TRANSFORMERS,
+                 release: str | None = None) -> None:
+        super().__init__(family, thinker, position_dtype, convention, release)
         self.tokens = tokens_of(thinker, markers)
         self.audio_rule = audio_rule
         per_second = thinker.position_id_per_seconds

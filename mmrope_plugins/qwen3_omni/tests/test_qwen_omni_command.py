@@ -32,6 +32,11 @@ def test_verify_reports_where_vllm_and_sglang_place_omni_samples_otherwise():
     # SGLang never places a video with its audio (about half the samples); it truncates the others' fractions
     assert 0 < sglang["refused"] < 30 and sglang["refused_note"].startswith("use_audio_in_video=True")
     assert sglang["differ"] > 0 and sglang["largest_shift"] < 1
+    # its replies are decoded elsewhere than a prefill puts them: the advice names generated_mask and says why
+    assert sglang["reads_generated_mask"] and not vllm["reads_generated_mask"]
+    assert "convention='sglang' and pass each rollout's response mask as generated_mask" in report["advice"][1]
+    assert "decodes some replies elsewhere than a prefill of the whole sequence puts them" in report["advice"][1]
+    assert "generated_mask" not in report["advice"][0]
     older = verify("Qwen2.5-Omni")
     assert older["checked"] == ["transformers", "vllm-0.34"]
     assert "SGLang 0.5.23 has no Qwen2.5-Omni model" in older["not_offered"]["SGLang"]

@@ -60,7 +60,8 @@ def place(request, manager, monkeypatch):
         if request.param == "engine":
             return engine.get_rope_index(ids, mask, **kwargs)
         bound = engine.binding.kernel
-        kernel = FastRopeIndex(bound.family, bound.config, markers(name), bound.audio_rule, convention=bound.convention)
+        kernel = FastRopeIndex(bound.family, bound.config, markers(name), bound.audio_rule, convention=bound.convention,
+                               release=bound.release)
         if request.param != "batched":
             kernel = WithoutLoops(kernel)
         return kernel.rope_index(ids, None if mask is None else mask.bool(), **kwargs)
@@ -360,15 +361,19 @@ def test_batches_without_grids_count_on_and_their_deltas_are_zero(place, name):
 
 
 @pytest.mark.parametrize("name", FAMILIES)
-def test_an_audio_of_its_own_beside_a_video_with_its_audio_is_refused(place, name):
+def test_an_audio_of_its_own_beside_a_video_with_its_audio_is_refused(place, manager, name):
     """vLLM refuses such a request; a sample with audio alone under the flag is placed as audio."""
     frames = audio_frames_for(name, 4)
     kwargs = {"video_grid_thw": torch.tensor([[2, 2, 2]]), "second_per_grids": torch.tensor([1.0]),
               "audio_seqlens": torch.tensor([frames, frames]), "use_audio_in_video": True}
     ids = row_of(name, "t[(vvaaaa)]t(aaaa)t")
     with pytest.raises(InvalidInputError, match=r"sample 0: an audio of its own \(token 12\) beside a video with its "
-                                                r"audio \(token 1\)\. vLLM 0\.33 refuses such a request"):
-        place(name, ids, **kwargs)
+                                                r"audio \(token 1\)\. vLLM 0\.34 refuses such a request .*so the "
+                                                r"vllm-0\.34 convention has no positions"):
+        place(name, ids, **kwargs)  # convention="vllm": the newest release, whose rules are 0.33's
+    pinned = RopeEngine.from_processor(*built(name), plugin_manager=manager, convention="vllm-0.33")
+    with pytest.raises(InvalidInputError, match=r"vLLM 0\.33 refuses such a request .*so the vllm-0\.33 convention"):
+        pinned.get_rope_index(ids, **kwargs)
     alone = row_of(name, "t(aaaa)t")
     assert same(place(name, alone, audio_seqlens=torch.tensor([frames]), use_audio_in_video=True),
                 torch.arange(8).expand(3, -1), 0)

@@ -29,7 +29,10 @@ def test_verify_a_family_reports_which_conventions_it_checked_and_where_they_dif
     for compared in (vllm, sglang):
         assert 0 < compared["differ"] < 40 and compared["tokens_shifted"] > 0 and compared["largest_shift"] > 0
         assert compared["deltas_differ"] == compared["differ"]  # a shift after a video moves the largest position
-    assert "convention='vllm'" in report["advice"][0] and "convention='sglang'" in report["advice"][1]
+    assert "convention='vllm'" in report["advice"][0] and "generated_mask" not in report["advice"][0]
+    # SGLang decodes each reply after a prefill of its turn: the advice names the mask that says which tokens
+    assert "convention='sglang' and pass each rollout's response mask as generated_mask" in report["advice"][1]
+    assert not sglang["reads_generated_mask"] and "only generated_mask tells" not in report["advice"][1]
     text = mmrope("verify", "--family", "Qwen2.5-VL", "--samples", "10").stdout
     assert "conventions checked: transformers, vllm-0.34, sglang-0.5.23" in text
     assert "transformers vs vllm-0.34 (the rules of vllm-0.33): " in text and "transformers vs sglang-0.5.23: " in text
