@@ -33,8 +33,8 @@ __all__ = ["split_batch", "split_index"]
 SCHEMES = ("zigzag", "zigzag-row", "contiguous")
 IGNORE_INDEX = -100  # what the losses skip
 #: per-token keys by name, cut on their last dim (``inputs_embeds`` on its second to last)
-TOKEN_KEYS = ("input_ids", "tokens", "labels", "attention_mask", "loss_mask", "generated_mask", "seq_idx",
-              "position_ids", "inputs_embeds")
+TOKEN_KEYS = ("input_ids", "tokens", "labels", "shift_labels", "attention_mask", "loss_mask", "generated_mask",
+              "seq_idx", "position_ids", "inputs_embeds")
 TOKEN_TYPES = "token_type_ids"  # the suffix of the keys holding one type per token (mm_, moe_mm_ ...)
 #: the whole row's boundaries, kept on every rank: the layout decides the cut, the first found
 LAYOUT_KEYS = ("cu_seqlens_padded", "cu_seq_lens_q", "cu_seqlens")
@@ -141,7 +141,7 @@ def split_batch(batch: Mapping[str, Any], *, scheme: str, size: int, rank: int) 
     layout). Its layout decides the cut: ``cu_seqlens_padded``, else ``cu_seq_lens_q``, else
     ``cu_seqlens``; a batch without any is refused rather than guessed from its positions.
 
-    - Per-token tensors, known by name (``input_ids``, ``tokens``, ``labels``, ``attention_mask``,
+    - Per-token tensors, known by name (``input_ids``, ``tokens``, ``labels``, ``shift_labels``, ``attention_mask``,
       ``loss_mask``, ``generated_mask``, ``seq_idx``, every ``*token_type_ids``), are cut on their
       last dim, ``position_ids`` too (``(4, 1, T)`` M-RoPE or ``(1, T)``), ``inputs_embeds`` on its
       sequence dim: each holds ``T / size`` tokens, in :func:`split_index`'s order.

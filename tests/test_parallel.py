@@ -205,6 +205,30 @@ def test_a_batch_of_transformers_naming_is_cut_on_its_attention_boundaries():
     assert part["cu_seqlens_padded"].tolist() == [0, 8, 12] and part["cu_seq_lens_q"] is batch["cu_seq_lens_q"]
 
 
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_next_token_labels_made_on_the_whole_row_give_each_ranks_loss(scheme):
+    """A model shifting a rank's ``labels`` itself would pair the last token of one chunk with the
+    first of another; ``shift_labels`` made on the whole padded row and cut with it give the
+    ranks' losses (transformers' own causal-LM loss) that sum to the unsplit row's."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    engine, samples = engine_and_samples("Qwen2.5-VL")
+    samples = [{**sample, "labels": sample["input_ids"].clone()} for sample in samples]
+    whole = PackedCollator(engine, split=(scheme, 2, None))(samples)
+    whole["shift_labels"] = torch.nn.functional.pad(whole["labels"][:, 1:], (0, 1), value=-100)
+    vocab = int(whole["input_ids"].max()) + 1
+    logits = torch.randn(1, whole["input_ids"].shape[1], vocab, generator=torch.Generator().manual_seed(0))
+    total = ForCausalLMLoss(logits, whole["labels"], vocab, num_items_in_batch=1)
+    parts = [split_batch(whole, scheme=scheme, size=2, rank=rank) for rank in range(2)]
+    indices = [split_index(whole["cu_seqlens_padded"], scheme=scheme, size=2, rank=rank) for rank in range(2)]
+    ranks = [ForCausalLMLoss(logits[:, index], part["labels"], vocab, num_items_in_batch=1,
+                             shift_labels=part["shift_labels"]) for part, index in zip(parts, indices)]
+    torch.testing.assert_close(sum(ranks), total)
+    shifted_by_the_model = [ForCausalLMLoss(logits[:, index], part["labels"], vocab, num_items_in_batch=1)
+                            for part, index in zip(parts, indices)]
+    assert not torch.isclose(sum(shifted_by_the_model), total)
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda batch: {k: v for k, v in batch.items() if not k.startswith("cu_")},
      "the batch holds no segment boundaries (cu_seqlens_padded, cu_seq_lens_q or cu_seqlens), and split_batch does "
