@@ -21,6 +21,7 @@ split=(scheme, size, rank))`` pads the row so that it can be cut and returns the
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from numbers import Integral
 from typing import Any
 
 import torch
@@ -101,13 +102,15 @@ def _check_layout(scheme: Any, size: Any, rank: Any) -> None:
 
 def _boundaries(cu_seqlens: Any) -> torch.Tensor:
     """``cu_seqlens`` checked, as an int64 tensor."""
+    if not isinstance(cu_seqlens, torch.Tensor) and hasattr(cu_seqlens, "__array__"):  # numpy's cumsum
+        cu_seqlens = torch.as_tensor(cu_seqlens)
     if not isinstance(cu_seqlens, torch.Tensor):
         if isinstance(cu_seqlens, (str, bytes)) or not isinstance(cu_seqlens, Sequence):
             raise SequenceSplitError(f"cu_seqlens must be a 1-D tensor (or list) of segment boundaries, got "
                                      f"{type(cu_seqlens).__name__}")
-        if not all(isinstance(value, int) and not isinstance(value, bool) for value in cu_seqlens):
+        if not all(isinstance(value, Integral) and not isinstance(value, bool) for value in cu_seqlens):
             raise SequenceSplitError(f"cu_seqlens must hold integer boundaries, got {list(cu_seqlens)!r}")
-        cu_seqlens = torch.tensor(list(cu_seqlens), dtype=torch.long)
+        cu_seqlens = torch.tensor([int(value) for value in cu_seqlens], dtype=torch.long)
     if cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype.is_complex or cu_seqlens.dtype == torch.bool:
         raise SequenceSplitError(f"cu_seqlens must hold integer boundaries, got dtype {cu_seqlens.dtype}")
     if cu_seqlens.device.type == "meta":

@@ -99,6 +99,17 @@ def test_a_misspelt_keyword_names_the_one_meant():
         split_batch({}, scheme="zigzag", world_size=2, rank=0)
 
 
+def test_numpys_boundaries_are_read_as_integers():
+    import numpy
+
+    bounds = numpy.cumsum([0, 8, 4])
+    expected = [0, 1, 6, 7, 8, 11]
+    assert split_index(bounds, scheme="zigzag", size=2, rank=0).tolist() == expected
+    assert split_index(list(bounds), scheme="zigzag", size=2, rank=0).tolist() == expected  # numpy.int64 each
+    with pytest.raises(SequenceSplitError, match="integer boundaries, got dtype torch.float64"):
+        split_index(bounds.astype(float), scheme="zigzag", size=2, rank=0)
+
+
 def test_the_index_stays_on_the_boundaries_device_and_leaves_them_unchanged():
     cu_seqlens = torch.tensor([0, 4, 12], dtype=torch.int32)
     index = split_index(cu_seqlens, scheme="zigzag", size=2, rank=1)
