@@ -54,7 +54,8 @@ def split_index(cu_seqlens: torch.Tensor | Sequence[int], *, scheme: str, size: 
 
     Raises :class:`~mmrope_core.SequenceSplitError` for an unknown scheme, a size below 1, a rank
     outside ``range(size)``, boundaries that are not a 1-D integer sequence rising from 0, and a
-    segment (or row) whose length the scheme cannot cut in equal parts.
+    segment (or row) whose length the scheme cannot cut in equal parts. At size 1 the row is
+    not cut, whatever its lengths.
 
     >>> split_index(torch.tensor([0, 8, 12]), scheme="zigzag", size=2, rank=0).tolist()
     [0, 1, 6, 7, 8, 11]
@@ -62,6 +63,8 @@ def split_index(cu_seqlens: torch.Tensor | Sequence[int], *, scheme: str, size: 
     _check_layout(scheme, size, rank)
     bounds = _boundaries(cu_seqlens)
     total = int(bounds[-1])
+    if size == 1:  # the frameworks leave the row whole: any length will do
+        return torch.arange(total, device=bounds.device)
     if scheme == "contiguous":
         _require_multiple("the row", total, size, scheme, size)
         part = total // size
@@ -258,9 +261,9 @@ def split_packed_row(batch: dict[str, Any], lengths: Sequence[int], split: tuple
     sizes = torch.tensor(lengths)
     real = torch.cat([sizes.new_zeros(1), sizes.cumsum(0)])
     padded = sizes.clone()
-    if scheme == "zigzag":
+    if size > 1 and scheme == "zigzag":
         padded = -(-padded // (2 * size)) * (2 * size)
-    else:
+    elif size > 1:
         padded[-1] += -int(real[-1]) % (2 * size if scheme == "zigzag-row" else size)
     layout = torch.cat([real[:1], padded.cumsum(0)])
     index = torch.arange(int(layout[-1])) if rank is None else split_index(layout, scheme=scheme, size=size, rank=rank)

@@ -87,8 +87,20 @@ def test_each_ranks_index_is_the_frameworks_and_the_ranks_cover_the_row_once(sch
 
 
 def test_size_one_keeps_the_row_in_order():
+    """One rank holds the whole row, which the frameworks then leave uncut: no length needs padding."""
     for scheme in SCHEMES:
         assert split_index([0, 4, 6], scheme=scheme, size=1, rank=0).tolist() == [0, 1, 2, 3, 4, 5]
+        assert split_index([0, 3, 8], scheme=scheme, size=1, rank=0).tolist() == list(range(8))
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_the_collator_at_size_one_pads_nothing(scheme):
+    engine, samples = engine_and_samples("Qwen2.5-VL")
+    full = PackedCollator(engine, flash_attn_kwargs=True)(samples)
+    alone = PackedCollator(engine, split=(scheme, 1, 0))(samples)
+    for key in ("input_ids", "labels", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k"):
+        assert torch.equal(alone[key], full[key]), key
+    assert torch.equal(alone["cu_seqlens_padded"], full["cu_seq_lens_q"])
 
 
 def test_a_misspelt_keyword_names_the_one_meant():
