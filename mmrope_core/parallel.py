@@ -194,6 +194,10 @@ def cut_tokens(batch: Mapping[str, Any], index: torch.Tensor, token_keys: Sequen
             raise SequenceSplitError(f"{key} has shape {tuple(value.shape)}, but the row's boundaries end at {total}: "
                                      f"a per-token value needs {total} entries on its "
                                      f"{'second to last' if dim == -2 else 'last'} dim")
+        if key == "attention_mask" and value.dim() > 2:  # its query dim would stay whole
+            raise SequenceSplitError(f"attention_mask has shape {tuple(value.shape)}, a mask of token pairs, which "
+                                     f"split_batch cannot cut per token; leave it out: the row's boundaries "
+                                     f"(cu_seq_lens_q/k) say which tokens attend to which")
         at = index.to(value.device)
         part[key] = value[..., at, :] if dim == -2 else value[..., at]  # faster than index_select on views
     return part

@@ -263,6 +263,8 @@ def test_next_token_labels_made_on_the_whole_row_give_each_ranks_loss(scheme):
     (lambda batch: {**batch, "cu_seqlens_padded": torch.tensor([0, 6, 16])},
      "segment 0 (tokens 0 to 6) has 6 tokens, which scheme 'zigzag' with size 2 cannot cut: it needs a multiple of 4"),
     (lambda batch: [batch], "split_batch takes a packed batch (a dict), got list"),
+    (lambda batch: {**batch, "attention_mask": torch.ones(1, 1, 16, 16, dtype=torch.bool).tril()},
+     "attention_mask has shape (1, 1, 16, 16), a mask of token pairs, which split_batch cannot cut per token"),
 ])
 def test_a_batch_that_cannot_be_cut_is_refused_saying_why(change, message):
     batch = megatron_style_batch([5, 7], 4, torch.Generator().manual_seed(0))
