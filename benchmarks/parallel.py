@@ -19,6 +19,7 @@ import argparse
 import random
 
 import torch
+from packing import sample as packing_sample
 from timing import engine, environment, timed
 
 from mmrope_core.collators import PackedCollator
@@ -30,21 +31,9 @@ PER_TOKEN = ("input_ids", "labels", "position_ids")
 
 
 def sample(processor, rng):
-    """About ``LENGTH`` tokens: text, 1-3 images and sometimes a video, each inside vision markers."""
-    tokenizer = processor.tokenizer
-    start, end = tokenizer.convert_tokens_to_ids([tokenizer.vision_start_token, tokenizer.vision_end_token])
-    word = tokenizer.convert_tokens_to_ids("cat")
-    row, images, videos = [word] * 8, [], []
-    for _ in range(rng.randint(1, 3)):
-        grid = (1, 2 * rng.randint(4, 14), 2 * rng.randint(4, 14))
-        images.append(grid)
-        row += [start] + [processor.image_token_id] * (grid[1] * grid[2] // 4) + [end] + [word] * rng.randint(8, 64)
-    if rng.random() < 0.5:
-        grid = (rng.randint(2, 8), 2 * rng.randint(4, 8), 2 * rng.randint(4, 8))
-        videos.append(grid)
-        row += [start] + [processor.video_token_id] * (grid[0] * grid[1] * grid[2] // 4) + [end]
-    row += [word] * (LENGTH - rng.randint(0, 7) - len(row))  # lengths no scheme cuts as they are
-    out = {"input_ids": torch.tensor([row])}
+    """About ``LENGTH`` tokens (packing.py's samples), lengths that no scheme cuts as they are."""
+    ids, images, videos = packing_sample(processor, rng, LENGTH - rng.randint(0, 7))
+    out = {"input_ids": ids[None]}
     if images:
         out["image_grid_thw"] = torch.tensor(images)
     if videos:

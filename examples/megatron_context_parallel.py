@@ -19,8 +19,11 @@ def megatron_batch(engine, outputs, cp_size):
     """One packed row in Megatron's naming, each segment padded to a multiple of 2 * cp_size."""
     whole = PackedCollator(engine, split=("zigzag", cp_size, None))(outputs)  # padded, not cut
     lengths = torch.tensor([output["input_ids"].shape[1] for output in outputs])
-    batch = {"tokens": whole["input_ids"], "labels": whole["labels"], "position_ids": whole["position_ids"],
-             "loss_mask": (whole["labels"] != -100).float()}
+    # Megatron's labels are the next token's (its loss does not shift them); the collator's hold -100 at
+    # every segment start and padding slot, so no segment learns to predict the next one's first token
+    labels = torch.nn.functional.pad(whole["labels"][:, 1:], (0, 1), value=-100)
+    batch = {"tokens": whole["input_ids"], "labels": labels, "position_ids": whole["position_ids"],
+             "loss_mask": (labels != -100).float()}
     cu_seqlens = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).int()  # the real samples
     cu_seqlens_padded = whole["cu_seqlens_padded"]  # the padded layout, which decides the cut
     max_seqlen = cu_seqlens_padded.diff().max().reshape(1)

@@ -21,6 +21,7 @@ split=(scheme, size, rank))`` pads the row so that it can be cut and returns the
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from numbers import Integral
 from typing import Any
 
 import torch
@@ -33,8 +34,8 @@ __all__ = ["split_batch", "split_index"]
 SCHEMES = ("zigzag", "zigzag-row", "contiguous")
 IGNORE_INDEX = -100  # what the losses skip
 #: per-token keys by name, cut on their last dim (``inputs_embeds`` on its second to last)
-TOKEN_KEYS = ("input_ids", "tokens", "labels", "attention_mask", "loss_mask", "generated_mask", "seq_idx",
-              "position_ids", "inputs_embeds")
+TOKEN_KEYS = ("input_ids", "tokens", "labels", "shift_labels", "attention_mask", "loss_mask", "generated_mask",
+              "seq_idx", "position_ids", "inputs_embeds")
 TOKEN_TYPES = "token_type_ids"  # the suffix of the keys holding one type per token (mm_, moe_mm_ ...)
 #: the whole row's boundaries, kept on every rank: the layout decides the cut, the first found
 LAYOUT_KEYS = ("cu_seqlens_padded", "cu_seq_lens_q", "cu_seqlens")
@@ -53,7 +54,8 @@ def split_index(cu_seqlens: torch.Tensor | Sequence[int], *, scheme: str, size: 
 
     Raises :class:`~mmrope_core.SequenceSplitError` for an unknown scheme, a size below 1, a rank
     outside ``range(size)``, boundaries that are not a 1-D integer sequence rising from 0, and a
-    segment (or row) whose length the scheme cannot cut in equal parts.
+    segment (or row) whose length the scheme cannot cut in equal parts. At size 1 the row is
+    not cut, whatever its lengths.
 
     >>> split_index(torch.tensor([0, 8, 12]), scheme="zigzag", size=2, rank=0).tolist()
     [0, 1, 6, 7, 8, 11]
@@ -61,6 +63,8 @@ def split_index(cu_seqlens: torch.Tensor | Sequence[int], *, scheme: str, size: 
     _check_layout(scheme, size, rank)
     bounds = _boundaries(cu_seqlens)
     total = int(bounds[-1])
+    if size == 1:  # the frameworks leave the row whole: any length will do
+        return torch.arange(total, device=bounds.device)
     if scheme == "contiguous":
         _require_multiple("the row", total, size, scheme, size)
         part = total // size
@@ -101,13 +105,15 @@ def _check_layout(scheme: Any, size: Any, rank: Any) -> None:
 
 def _boundaries(cu_seqlens: Any) -> torch.Tensor:
     """``cu_seqlens`` checked, as an int64 tensor."""
+    if not isinstance(cu_seqlens, torch.Tensor) and hasattr(cu_seqlens, "__array__"):  # numpy's cumsum
+        cu_seqlens = torch.as_tensor(cu_seqlens)
     if not isinstance(cu_seqlens, torch.Tensor):
         if isinstance(cu_seqlens, (str, bytes)) or not isinstance(cu_seqlens, Sequence):
             raise SequenceSplitError(f"cu_seqlens must be a 1-D tensor (or list) of segment boundaries, got "
                                      f"{type(cu_seqlens).__name__}")
-        if not all(isinstance(value, int) and not isinstance(value, bool) for value in cu_seqlens):
+        if not all(isinstance(value, Integral) and not isinstance(value, bool) for value in cu_seqlens):
             raise SequenceSplitError(f"cu_seqlens must hold integer boundaries, got {list(cu_seqlens)!r}")
-        cu_seqlens = torch.tensor(list(cu_seqlens), dtype=torch.long)
+        cu_seqlens = torch.tensor([int(value) for value in cu_seqlens], dtype=torch.long)
     if cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype.is_complex or cu_seqlens.dtype == torch.bool:
         raise SequenceSplitError(f"cu_seqlens must hold integer boundaries, got dtype {cu_seqlens.dtype}")
     if cu_seqlens.device.type == "meta":
@@ -141,7 +147,7 @@ def split_batch(batch: Mapping[str, Any], *, scheme: str, size: int, rank: int) 
     layout). Its layout decides the cut: ``cu_seqlens_padded``, else ``cu_seq_lens_q``, else
     ``cu_seqlens``; a batch without any is refused rather than guessed from its positions.
 
-    - Per-token tensors, known by name (``input_ids``, ``tokens``, ``labels``, ``attention_mask``,
+    - Per-token tensors, known by name (``input_ids``, ``tokens``, ``labels``, ``shift_labels``, ``attention_mask``,
       ``loss_mask``, ``generated_mask``, ``seq_idx``, every ``*token_type_ids``), are cut on their
       last dim, ``position_ids`` too (``(4, 1, T)`` M-RoPE or ``(1, T)``), ``inputs_embeds`` on its
       sequence dim: each holds ``T / size`` tokens, in :func:`split_index`'s order.
@@ -188,6 +194,10 @@ def cut_tokens(batch: Mapping[str, Any], index: torch.Tensor, token_keys: Sequen
             raise SequenceSplitError(f"{key} has shape {tuple(value.shape)}, but the row's boundaries end at {total}: "
                                      f"a per-token value needs {total} entries on its "
                                      f"{'second to last' if dim == -2 else 'last'} dim")
+        if key == "attention_mask" and value.dim() > 2:  # its query dim would stay whole
+            raise SequenceSplitError(f"attention_mask has shape {tuple(value.shape)}, a mask of token pairs, which "
+                                     f"split_batch cannot cut per token; leave it out: the row's boundaries "
+                                     f"(cu_seq_lens_q/k) say which tokens attend to which")
         at = index.to(value.device)
         part[key] = value[..., at, :] if dim == -2 else value[..., at]  # faster than index_select on views
     return part
@@ -255,9 +265,9 @@ def split_packed_row(batch: dict[str, Any], lengths: Sequence[int], split: tuple
     sizes = torch.tensor(lengths)
     real = torch.cat([sizes.new_zeros(1), sizes.cumsum(0)])
     padded = sizes.clone()
-    if scheme == "zigzag":
+    if size > 1 and scheme == "zigzag":
         padded = -(-padded // (2 * size)) * (2 * size)
-    else:
+    elif size > 1:
         padded[-1] += -int(real[-1]) % (2 * size if scheme == "zigzag-row" else size)
     layout = torch.cat([real[:1], padded.cumsum(0)])
     index = torch.arange(int(layout[-1])) if rank is None else split_index(layout, scheme=scheme, size=size, rank=rank)

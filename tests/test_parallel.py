@@ -87,8 +87,20 @@ def test_each_ranks_index_is_the_frameworks_and_the_ranks_cover_the_row_once(sch
 
 
 def test_size_one_keeps_the_row_in_order():
+    """One rank holds the whole row, which the frameworks then leave uncut: no length needs padding."""
     for scheme in SCHEMES:
         assert split_index([0, 4, 6], scheme=scheme, size=1, rank=0).tolist() == [0, 1, 2, 3, 4, 5]
+        assert split_index([0, 3, 8], scheme=scheme, size=1, rank=0).tolist() == list(range(8))
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_the_collator_at_size_one_pads_nothing(scheme):
+    engine, samples = engine_and_samples("Qwen2.5-VL")
+    full = PackedCollator(engine, flash_attn_kwargs=True)(samples)
+    alone = PackedCollator(engine, split=(scheme, 1, 0))(samples)
+    for key in ("input_ids", "labels", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k"):
+        assert torch.equal(alone[key], full[key]), key
+    assert torch.equal(alone["cu_seqlens_padded"], full["cu_seq_lens_q"])
 
 
 def test_a_misspelt_keyword_names_the_one_meant():
@@ -97,6 +109,17 @@ def test_a_misspelt_keyword_names_the_one_meant():
         split_index([0, 4], schem="zigzag", size=2, rank=0)
     with pytest.raises(UnknownKeywordError, match="'world_size'"):
         split_batch({}, scheme="zigzag", world_size=2, rank=0)
+
+
+def test_numpys_boundaries_are_read_as_integers():
+    import numpy
+
+    bounds = numpy.cumsum([0, 8, 4])
+    expected = [0, 1, 6, 7, 8, 11]
+    assert split_index(bounds, scheme="zigzag", size=2, rank=0).tolist() == expected
+    assert split_index(list(bounds), scheme="zigzag", size=2, rank=0).tolist() == expected  # numpy.int64 each
+    with pytest.raises(SequenceSplitError, match=re.escape("integer boundaries, got dtype torch.float64")):
+        split_index(bounds.astype(float), scheme="zigzag", size=2, rank=0)
 
 
 def test_the_index_stays_on_the_boundaries_device_and_leaves_them_unchanged():
@@ -205,6 +228,30 @@ def test_a_batch_of_transformers_naming_is_cut_on_its_attention_boundaries():
     assert part["cu_seqlens_padded"].tolist() == [0, 8, 12] and part["cu_seq_lens_q"] is batch["cu_seq_lens_q"]
 
 
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_next_token_labels_made_on_the_whole_row_give_each_ranks_loss(scheme):
+    """A model shifting a rank's ``labels`` itself would pair the last token of one chunk with the
+    first of another; ``shift_labels`` made on the whole padded row and cut with it give the
+    ranks' losses (transformers' own causal-LM loss) that sum to the unsplit row's."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    engine, samples = engine_and_samples("Qwen2.5-VL")
+    samples = [{**sample, "labels": sample["input_ids"].clone()} for sample in samples]
+    whole = PackedCollator(engine, split=(scheme, 2, None))(samples)
+    whole["shift_labels"] = torch.nn.functional.pad(whole["labels"][:, 1:], (0, 1), value=-100)
+    vocab = int(whole["input_ids"].max()) + 1
+    logits = torch.randn(1, whole["input_ids"].shape[1], vocab, generator=torch.Generator().manual_seed(0))
+    total = ForCausalLMLoss(logits, whole["labels"], vocab, num_items_in_batch=1)
+    parts = [split_batch(whole, scheme=scheme, size=2, rank=rank) for rank in range(2)]
+    indices = [split_index(whole["cu_seqlens_padded"], scheme=scheme, size=2, rank=rank) for rank in range(2)]
+    ranks = [ForCausalLMLoss(logits[:, index], part["labels"], vocab, num_items_in_batch=1,
+                             shift_labels=part["shift_labels"]) for part, index in zip(parts, indices)]
+    torch.testing.assert_close(sum(ranks), total)
+    shifted_by_the_model = [ForCausalLMLoss(logits[:, index], part["labels"], vocab, num_items_in_batch=1)
+                            for part, index in zip(parts, indices)]
+    assert not torch.isclose(sum(shifted_by_the_model), total)
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda batch: {k: v for k, v in batch.items() if not k.startswith("cu_")},
      "the batch holds no segment boundaries (cu_seqlens_padded, cu_seq_lens_q or cu_seqlens), and split_batch does "
@@ -216,6 +263,8 @@ def test_a_batch_of_transformers_naming_is_cut_on_its_attention_boundaries():
     (lambda batch: {**batch, "cu_seqlens_padded": torch.tensor([0, 6, 16])},
      "segment 0 (tokens 0 to 6) has 6 tokens, which scheme 'zigzag' with size 2 cannot cut: it needs a multiple of 4"),
     (lambda batch: [batch], "split_batch takes a packed batch (a dict), got list"),
+    (lambda batch: {**batch, "attention_mask": torch.ones(1, 1, 16, 16, dtype=torch.bool).tril()},
+     "attention_mask has shape (1, 1, 16, 16), a mask of token pairs, which split_batch cannot cut per token"),
 ])
 def test_a_batch_that_cannot_be_cut_is_refused_saying_why(change, message):
     batch = megatron_style_batch([5, 7], 4, torch.Generator().manual_seed(0))

@@ -67,15 +67,16 @@ def get_batch_on_this_cp_rank(batch: Mapping[str, Any], cp_group: Any = None, *,
     if size == 1:
         return dict(batch)
     cut: dict[str, Any] = {}
-    index = None
+    indices: dict[int, torch.Tensor] = {}  # Megatron-core cuts each tensor by its own length
     for key, value in batch.items():
         if value is None:
             cut[key] = value
             continue
         dim = _sequence_dim(key, value, 2 if key == "attention_mask" else 1)
-        if index is None:
-            index = split_index([0, value.shape[dim]], scheme="zigzag-row", size=size, rank=rank)
-        cut[key] = value.index_select(dim, index.to(value.device))
+        length = value.shape[dim]
+        if length not in indices:
+            indices[length] = split_index([0, length], scheme="zigzag-row", size=size, rank=rank)
+        cut[key] = value.index_select(dim, indices[length].to(value.device))
     return cut
 
 

@@ -169,7 +169,12 @@ def _segment_ids(input_ids: torch.Tensor, packed_seq_params: Any) -> torch.Tenso
     padded = getattr(packed_seq_params, "cu_seqlens_q_padded", None)
     starts = (bounds if padded is None else padded.long().cpu())[:-1]
     lengths = bounds[1:] - bounds[:-1]
-    total = int((bounds if padded is None else padded.long().cpu())[-1])
+    layout = bounds if padded is None else padded.long().cpu()
+    total = int(layout[-1])
+    if lengths.shape != starts.shape or bool((lengths > layout[1:] - layout[:-1]).any()):
+        raise InvalidInputError(f"packed_seq_params' cu_seqlens_q {bounds.tolist()} do not fit its "
+                                f"cu_seqlens_q_padded {layout.tolist()}: each segment's real length must be at most "
+                                f"its padded one")
     if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] != total:
         raise InvalidInputError(f"a packed THD batch is one (1, T) row of input_ids whose T is the last boundary "
                                 f"({total}, from packed_seq_params), got input_ids of shape {tuple(input_ids.shape)}")

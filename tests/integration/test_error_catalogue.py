@@ -201,6 +201,9 @@ TRIGGERS = {
     "split-ambiguous-key": lambda: split_batch({"input_ids": torch.ones(1, 6, dtype=torch.long),
                                                 "cu_seq_lens_q": torch.tensor([0, 6]), "advantages": torch.ones(1, 6)},
                                                scheme="contiguous", size=2, rank=0),
+    "split-pair-mask": lambda: split_batch({"input_ids": torch.ones(1, 6, dtype=torch.long),
+                                            "cu_seq_lens_q": torch.tensor([0, 6]),
+                                            "attention_mask": torch.ones(1, 1, 6, 6)}, scheme="contiguous", size=2, rank=0),
 }
 
 

@@ -176,3 +176,28 @@ def test_linear_attention_takes_the_ranks_row_with_padding_as_segments_of_its_ow
                             timeout=600, check=False)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     assert "zigzag exact" in result.stdout and "contiguous exact" in result.stdout
+
+
+@pytest.mark.parametrize("name", ["Qwen2.5-VL", "Qwen3-VL"])
+def test_the_model_hands_its_loss_the_shift_labels_a_rank_holds(name):
+    """A rank's ``shift_labels`` (made on the whole row, see docs/trainers.md) reach the model's
+    loss in place of its own shift of ``labels``: here the first half of the row's next-token
+    labels is dropped, and the loss is that of the rest. Qwen3-VL on transformers 5.10 hands its
+    loss no keyword arguments: there the loss is computed from the logits."""
+    import transformers
+    from packaging.version import Version
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    tiny, engine, samples, _ = family(name)
+    row = PackedCollator(engine, split=("zigzag", 2, None))(samples)
+    shift_labels = torch.nn.functional.pad(row["labels"][:, 1:], (0, 1), value=IGNORE_INDEX)
+    shift_labels[:, : shift_labels.shape[1] // 2] = IGNORE_INDEX
+    with torch.no_grad():
+        output = tiny.model(**row, shift_labels=shift_labels)
+        own = tiny.model(**row).loss
+    expected = ForCausalLMLoss(output.logits, None, output.logits.shape[-1], shift_labels=shift_labels)
+    assert not torch.isclose(expected, own)
+    if name == "Qwen3-VL" and Version(transformers.__version__) < Version("5.24"):
+        torch.testing.assert_close(output.loss, own)  # shift_labels dropped: the model shifted labels itself
+    else:
+        torch.testing.assert_close(output.loss, expected)

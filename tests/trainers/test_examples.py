@@ -38,6 +38,19 @@ def test_the_example_runs_as_a_script(name, capsys):
     assert capsys.readouterr().out.strip()
 
 
+def test_the_megatron_examples_labels_are_the_next_tokens_of_the_same_sample():
+    """Megatron's loss reads ``labels[i]`` as the token after ``tokens[i]`` (it shifts nothing):
+    every token with a loss is followed by that label in its own sample, and a sample's last token
+    (followed by padding or by the next sample) has none."""
+    _, outputs, batch, _, params = example("megatron_context_parallel").main()
+    tokens, labels, mask = batch["tokens"][0], batch["labels"][0], batch["loss_mask"][0].bool()
+    held = mask.nonzero().flatten()
+    assert held.numel() and torch.equal(labels[held], tokens[held + 1])
+    ends = params.cu_seqlens_q_padded[:-1] + params.cu_seqlens_q.diff()  # one past each sample's last token
+    assert not mask[ends - 1].any()
+    assert int(mask.sum()) == int(params.cu_seqlens_q[-1]) - len(outputs)  # padding has no loss either
+
+
 def model_logits(model, batch):
     keys = ("input_ids", "attention_mask", "position_ids", "pixel_values", "image_grid_thw", "mm_token_type_ids")
     with torch.no_grad():

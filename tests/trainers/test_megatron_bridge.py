@@ -7,6 +7,7 @@ fails on every batch); with it every segment's positions are its sample's alone.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import warnings
 
@@ -196,6 +197,11 @@ def test_a_packed_row_must_be_one_row_of_the_boundaries_length(drop_in):
     drop_in(engine)
     with pytest.raises(InvalidInputError, match=r"\(1, T\) row"):
         qwen3_vl_call(engine, ids[:, :-1], media, params)
+    lengths = params.cu_seqlens_q.diff()
+    short = torch.nn.functional.pad((lengths - 1).cumsum(0), (1, 0)).int()  # every padded segment a token short
+    crossed = dataclasses.replace(params, cu_seqlens_q_padded=short)
+    with pytest.raises(InvalidInputError, match="each segment's real length must be at most its padded one"):
+        qwen3_vl_call(engine, ids[:, :int(short[-1])], media, crossed)
     with pytest.raises(InvalidInputError, match="RopeEngine of an M-RoPE checkpoint"):
         drop_in(object())
     assert mmrope_megatron_bridge.installed()

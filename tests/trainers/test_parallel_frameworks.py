@@ -146,13 +146,14 @@ def test_verl_returns_empty_positions_for_a_four_row_packed_row():
 
 @pytest.mark.parametrize(("size", "rank"), RANKS)
 def test_the_replacement_cuts_everything_else_as_megatron_core(size, rank):
-    """Tokens, labels, the loss mask and a 4-D attention mask: the replacement's cut is
-    Megatron-core's own; ``position_ids`` is cut on its last dim; the caller's batch is unchanged."""
+    """Tokens, labels, the loss mask, a 4-D attention mask and a tensor of another length: the
+    replacement's cut is Megatron-core's own; ``position_ids`` is cut on its last dim; the caller's batch is unchanged."""
     batch_size, length = 2, 16 * 3
     tokens = torch.arange(batch_size * length).view(batch_size, length)
     batch = {"tokens": tokens, "labels": tokens + 1, "loss_mask": (tokens % 3 != 0).float(),
              "attention_mask": torch.ones(batch_size, 1, length, length, dtype=torch.bool).tril(),
-             "position_ids": torch.stack([tokens % length] * 4), "absent": None}
+             "position_ids": torch.stack([tokens % length] * 4), "absent": None,
+             "twice_as_long": torch.arange(batch_size * 2 * length).view(batch_size, 2 * length)}
     before = {key: None if value is None else value.clone() for key, value in batch.items()}
     with world(size, rank) as group:
         theirs = megatron_utils.get_batch_on_this_cp_rank({key: batch[key] for key in batch if key != "position_ids"},
