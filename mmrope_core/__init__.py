@@ -20,6 +20,8 @@ _PUBLIC = {
     "PluginManager": "manager",
     "get_plugin_manager": "manager",
     "ExampleCase": "types",
+    "BatchLayout": "batching",
+    "MediaKey": "batching",
     "RopeBinding": "types",
     "RopeKernel": "kernel",
     "ValidationPolicy": "types",
@@ -30,6 +32,7 @@ _PUBLIC = {
             "InvalidInputError",
             "MmropeError",
             "PackingUnsupportedError",
+            "PaddingUnsupportedError",
             "PlaceholderMismatchError",
             "PluginConflictError",
             "PluginContractError",
@@ -51,12 +54,15 @@ _PUBLIC = {
 }
 
 __all__ = [
+    "BatchLayout",
     "CollateError",
     "CompiledLoopsWarning",
     "ExampleCase",
     "InvalidInputError",
+    "MediaKey",
     "MmropeError",
     "PackingUnsupportedError",
+    "PaddingUnsupportedError",
     "PlaceholderMismatchError",
     "PluginConflictError",
     "PluginContractError",
@@ -97,12 +103,15 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
+    from .batching import BatchLayout, MediaKey
     from .engine import RopeEngine
     from .errors import (
         CollateError,
         CompiledLoopsWarning,
         InvalidInputError,
         MmropeError,
+        PackingUnsupportedError,
+        PaddingUnsupportedError,
         PlaceholderMismatchError,
         PluginConflictError,
         PluginContractError,

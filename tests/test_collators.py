@@ -81,8 +81,13 @@ def test_a_padded_batch_holds_the_engines_positions(name, side):
     for row, sample in enumerate(samples):
         valid = batch["attention_mask"][row].bool()
         mine = batch["position_ids"][:, row, valid] if engine.rope_kind == "mrope" else batch["position_ids"][row, valid]
-        assert torch.equal(mine, alone(engine, sample))
-        assert torch.equal(batch["labels"][row, valid], sample["input_ids"][0])
+        own = alone(engine, sample)
+        # a model that reads only its M-RoPE rows (HunYuan-VL's four) gets them without the text row
+        assert torch.equal(mine, own if engine.batch_layout.text_positions else own[1:])
+        labels = batch["labels"][row, valid]
+        assert torch.equal(labels[1:], sample["input_ids"][0, 1:])
+        # left-padded, a pad would predict the first token, which the sample alone never does
+        assert labels[0] == (-100 if side == "left" else sample["input_ids"][0, 0])
         assert (batch["labels"][row, ~valid] == -100).all()
 
 

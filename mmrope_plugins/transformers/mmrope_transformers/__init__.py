@@ -49,6 +49,14 @@ def varlen_keys(processor: Any):
 
 
 @hookimpl
+def batch_layout(processor: Any, config: Any):
+    from .bind import bound
+
+    what = bound(processor)
+    return None if what is None else what.layout
+
+
+@hookimpl
 def example_cases():
     from .examples import example_cases as cases
 

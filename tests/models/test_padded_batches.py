@@ -1,0 +1,184 @@
+"""A padded batch trains each sample as the sample alone, or is refused: for every example case,
+tiny random models of the real model classes run ``PaddedCollator`` batches padded on either side,
+and each sample's logits at its tokens, the loss and its gradients are compared with the sample run
+alone, the model computing its own positions. The batch's media equal the processor's own batched
+call: the reference for keys, shapes and order. Where the model's own padding changes a sample
+(Mllama's empty image slots take part in its cross-attention), the processor's batch through the
+model is the reference instead of the samples alone."""
+
+from __future__ import annotations
+
+import functools
+import random
+
+import pytest
+import torch
+from tiny_models import cases, names, tiny_model
+
+from mmrope_core import CollateError, PackingUnsupportedError, RopeEngine
+from mmrope_core.collators import PackedCollator, PaddedCollator
+
+torch.set_num_threads(1)  # two cores, shared
+pytestmark = pytest.mark.differential
+
+SIDES = ("right", "left")
+#: Model types whose own padded batch differs from its samples alone (an empty image slot takes
+#: part in the cross-attention): the processor's batch through the model is the reference.
+PROCESSOR_BATCH_IS_REFERENCE = {
+    "mllama": "an empty image slot of a row takes part in its cross-attention",
+    "hy_v4_vl": "the model's own batch changes a sample: its processor's batch through the model gives a sample with "
+                "an image other logits than alone (by 2.5e-5 in float64), the same as the collator's batch does",
+}
+#: Keys compared at the real tokens only: the processor fills them at padding tokens too (Mllama's
+#: last image attends to the end of the padded row), which no real token reads.
+AT_TOKENS_ONLY = {"cross_attention_mask"}
+#: Audio features compared at each clip's frames but its last: the processor's batch computes the
+#: last frame of a shorter clip from a window reaching into its padding, which the clip alone never
+#: has; the model reads only the frames the mask marks, and trains each sample as it comes alone.
+FRAMES = {"input_features": "feature_attention_mask"}
+# float32 sums in another order (over padding, HY-V4-VL's eager attention): up to 2.5e-5 on small logits
+LOGITS = {"rtol": 1e-4, "atol": 5e-5}
+GRADIENTS_RTOL, GRADIENTS_ATOL = 1e-3, 5e-5
+TEXT = "the cat sat on a mat"
+
+
+@functools.cache
+def case(name):
+    tiny = tiny_model(name)
+    return tiny, RopeEngine.from_processor(tiny.processor, tiny.config)
+
+
+MEDIA = ("images", "videos", "audio")
+
+
+def calls_of(tiny):
+    """The processor calls of the case's samples, and one of text alone (the last sample)."""
+    calls = [dict(call) for call in cases()[tiny.name].samples(tiny.processor, random.Random(0))]
+    rest = {key: value for key, value in calls[0].items() if key not in ("text", *MEDIA)}
+    return [*calls, {**rest, "text": [TEXT]}]
+
+
+def samples_of(tiny):
+    text = dict(tiny.processor(**calls_of(tiny)[-1]))
+    return [*tiny.samples, text]
+
+
+def processor_batch(tiny, calls, side):
+    """The processor's own batched call on the samples' texts and media, padded on ``side``."""
+    media = {}
+    for kind in MEDIA:
+        if any(kind in call for call in calls):
+            nested = any(isinstance(call.get(kind, [None])[0], list) for call in calls)
+            media[kind] = ([call[kind][0] if kind in call else [] for call in calls] if nested
+                           else [item for call in calls for item in call.get(kind, ())])
+    texts = [text for call in calls for text in call["text"]]
+    rest = {key: value for key, value in calls[0].items() if key not in ("text", "return_tensors", *MEDIA)}
+    return dict(tiny.processor(text=texts, **media, padding=True, padding_side=side, return_tensors="pt", **rest))
+
+
+def alone(model, sample):
+    """The sample's logits and its summed token loss, the model computing its own positions."""
+    labels = sample["input_ids"]
+    out = model(**sample, use_cache=False)
+    loss = torch.nn.functional.cross_entropy(out.logits[0, :-1].float(), labels[0, 1:], reduction="sum")
+    return out.logits[0], loss, labels.shape[1] - 1
+
+
+def refused_typed(tiny, engine, samples):
+    """Samples the model cannot take in one batch are refused at the call, typed."""
+    if tiny.config.model_type == "glm_image":  # a text-to-image sample beside image-to-image ones
+        with pytest.raises(CollateError, match="sample 2 has no 'pixel_values'"):
+            PaddedCollator(engine)(samples)
+        return samples[:-1]
+    return samples
+
+
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize("name", names())
+def test_a_padded_batch_trains_as_its_samples_alone(name, side):
+    tiny, engine = case(name)
+    model = tiny.model
+    samples = refused_typed(tiny, engine, samples_of(tiny))
+    batch = PaddedCollator(engine, padding_side=side)(samples)
+    equals_the_processors_batch(tiny, batch, calls_of(tiny)[:len(samples)], side)
+    mask = batch["attention_mask"].bool()
+    model_type = tiny.config.model_type
+    with torch.no_grad():
+        logits = model(**batch, use_cache=False).logits
+        if model_type in PROCESSOR_BATCH_IS_REFERENCE:
+            reference = processor_batch(tiny, calls_of(tiny)[:len(samples)], side)
+            theirs = model(**reference, use_cache=False).logits
+            torch.testing.assert_close(logits[mask], theirs[mask], **LOGITS)
+            return
+        for index, sample in enumerate(samples):
+            own = alone(model, sample)[0]
+            torch.testing.assert_close(logits[index][mask[index]], own, **LOGITS,
+                                       msg=lambda m, index=index: f"sample {index}: {m}")
+    # the loss and its gradients: the samples' summed token losses over their token count
+    model.zero_grad(set_to_none=True)
+    losses = [alone(model, sample)[1:] for sample in samples]
+    expected = sum(loss for loss, _ in losses) / sum(count for _, count in losses)
+    expected.backward()
+    theirs = {key: parameter.grad.clone() for key, parameter in model.named_parameters() if parameter.grad is not None}
+    model.zero_grad(set_to_none=True)
+    loss = model(**batch, use_cache=False).loss
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
+    loss.backward()
+    mine = {key: parameter.grad for key, parameter in model.named_parameters() if parameter.grad is not None}
+    model.zero_grad(set_to_none=True)
+    assert mine.keys() == theirs.keys()
+    for key, gradient in theirs.items():
+        atol = max(1e-6, GRADIENTS_ATOL * float(gradient.abs().max()))
+        torch.testing.assert_close(mine[key], gradient, rtol=GRADIENTS_RTOL, atol=atol,
+                                   msg=lambda m, key=key: f"{key}: {m}")
+
+
+def equals_the_processors_batch(tiny, batch, calls, side):
+    """Every key of the processor's batched call, in the collator's batch, equal."""
+    reference = processor_batch(tiny, calls, side)
+    mask = reference["attention_mask"].bool()
+    torch.testing.assert_close(batch["input_ids"], reference["input_ids"], rtol=0, atol=0)
+    torch.testing.assert_close(batch["attention_mask"], reference["attention_mask"].to(batch["attention_mask"].dtype),
+                               rtol=0, atol=0)
+    for key, value in reference.items():
+        if not isinstance(value, torch.Tensor) or key in ("input_ids", "attention_mask"):
+            continue
+        assert key in batch, f"{key}: in the processor's batch, not in the collator's"
+        mine = batch[key]
+        assert mine.shape == value.shape, f"{key}: {tuple(mine.shape)}, the processor's {tuple(value.shape)}"
+        if key in AT_TOKENS_ONLY:
+            mine, value = mine[mask], value[mask]
+        if key in FRAMES:
+            frames = reference[FRAMES[key]].sum(-1)
+            for row, count in enumerate(frames.tolist()):
+                torch.testing.assert_close(mine[row, ..., :count - 1], value[row, ..., :count - 1], rtol=0, atol=0,
+                                           msg=lambda m, row=row, key=key: f"{key} of clip {row}: {m}")
+            continue
+        torch.testing.assert_close(mine, value.to(mine.dtype), rtol=0, atol=0, msg=lambda m, key=key: f"{key}: {m}")
+
+
+#: Cases whose media a packed row batches otherwise than a padded batch (one strip for all).
+PACKED_MEDIA = [name for name in names() if cases()[name].name.startswith("MiniCPM-V")]
+
+
+@pytest.mark.parametrize("name", PACKED_MEDIA)
+def test_a_packed_row_takes_its_media_as_the_model_does_or_is_refused(name):
+    tiny, engine = case(name)
+    samples = [{**sample, "labels": sample["input_ids"]} for sample in tiny.samples]
+    reference = processor_batch(tiny, calls_of(tiny)[:len(samples)], "right")
+    try:
+        collator = PackedCollator(engine)
+    except PackingUnsupportedError as refused:
+        assert tiny.config.model_type in str(refused)
+        return
+    batch = collator(samples)
+    for key in ("pixel_values", "target_sizes"):
+        torch.testing.assert_close(batch[key], reference[key].to(batch[key].dtype), rtol=0, atol=0)
+    with torch.no_grad():
+        logits = tiny.model(**batch).logits[0]
+        start = 0
+        for index, sample in enumerate(samples):
+            length = sample["input_ids"].shape[1]
+            torch.testing.assert_close(logits[start:start + length], alone(tiny.model, tiny.samples[index])[0],
+                                       **LOGITS, msg=lambda m, index=index: f"sample {index}: {m}")
+            start += length
