@@ -157,7 +157,7 @@ def equals_the_processors_batch(tiny, batch, calls, side):
         torch.testing.assert_close(mine, value.to(mine.dtype), rtol=0, atol=0, msg=lambda m, key=key: f"{key}: {m}")
 
 
-#: Cases whose media a packed row batches otherwise than a padded batch (one strip for all).
+#: Cases whose media a packed row batches otherwise than on dim 0 (one strip for all samples).
 PACKED_MEDIA = [name for name in names() if cases()[name].name.startswith("MiniCPM-V")]
 
 
@@ -166,14 +166,16 @@ def test_a_packed_row_takes_its_media_as_the_model_does_or_is_refused(name):
     tiny, engine = case(name)
     samples = [{**sample, "labels": sample["input_ids"]} for sample in tiny.samples]
     reference = processor_batch(tiny, calls_of(tiny)[:len(samples)], "right")
+    media = engine.collate([{key: value for key, value in sample.items()
+                             if key in ("pixel_values", "target_sizes")} for sample in samples])
+    for key, value in media.items():  # what a packed row hands the model: the processor's batch
+        torch.testing.assert_close(value, reference[key].to(value.dtype), rtol=0, atol=0)
     try:
         collator = PackedCollator(engine)
-    except PackingUnsupportedError as refused:
+    except PackingUnsupportedError as refused:  # its layers' reason (MiniCPM-V 4.7: linear attention, no kernels)
         assert tiny.config.model_type in str(refused)
         return
     batch = collator(samples)
-    for key in ("pixel_values", "target_sizes"):
-        torch.testing.assert_close(batch[key], reference[key].to(batch[key].dtype), rtol=0, atol=0)
     with torch.no_grad():
         logits = tiny.model(**batch).logits[0]
         start = 0
@@ -182,3 +184,139 @@ def test_a_packed_row_takes_its_media_as_the_model_does_or_is_refused(name):
             torch.testing.assert_close(logits[start:start + length], alone(tiny.model, tiny.samples[index])[0],
                                        **LOGITS, msg=lambda m, index=index: f"sample {index}: {m}")
             start += length
+
+
+# -- model types without an example case --------------------------------------------------------
+# Their own image processors need torchvision, which the tests run without: the samples are text
+# (what the padding side changes does not depend on images), and the engine is built from the
+# Mllama case's processor as a stand-in, which only tokenizes; GIT's processor is its own.
+
+
+def tiny_of(model_type, **values):
+    """A tiny random model of ``model_type``'s default config, ``values`` (dotted paths) set after
+    shrinking, and the config."""
+    import transformers
+    from tiny_models import _enliven, _model_class, _shrink
+
+    config = transformers.AutoConfig.for_model(model_type).to_dict()
+    _shrink(config)
+    for path, value in values.items():
+        *parents, last = path.split(".")
+        tree = config
+        for parent in parents:
+            tree = tree[parent]
+        tree[last] = value
+    config = transformers.AutoConfig.for_model(model_type).__class__.from_dict(config)
+    model_class = _model_class(config)
+    config._attn_implementation = "sdpa" if getattr(model_class, "_supports_sdpa", True) else "eager"
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = model_class(config).eval()
+        _enliven(model)
+    return config, model
+
+
+def text_samples(length=(9, 5)):
+    generator = torch.Generator().manual_seed(0)
+    samples = []
+    for count in length:
+        ids = torch.randint(3, 60, (1, count), generator=generator)
+        samples.append({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+    return samples
+
+
+def logits_differ_on_the_left(model, engine, samples, forward=None):
+    """Each sample's logits at its tokens in a right- and a left-padded batch against alone:
+    (right equal, left's largest difference)."""
+    forward = forward or (lambda **batch: model(**batch, use_cache=False).logits)
+    differences = {}
+    for side in SIDES:
+        ids, mask, _ = engine.batch(samples, padding_side=side)
+        positions = engine.compute_position_ids(ids, mask, {})
+        with torch.no_grad():
+            logits = forward(input_ids=ids, attention_mask=mask, position_ids=positions)
+            differences[side] = max(float((logits[row][mask[row].bool()] - forward(**sample)[0]).abs().max())
+                                    for row, sample in enumerate(samples))
+    return differences
+
+
+def test_llama4_left_padding_is_refused_where_its_nope_layers_read_the_slot():
+    from mmrope_core import PaddingUnsupportedError
+
+    # rows longer than floor_scale get another attention temperature in NoPE layers
+    config, _ = tiny_of("llama4", **{"text_config.floor_scale": 2, "text_config.attn_scale": 1.0,
+                                     "text_config.vocab_size": 64})
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.Llama4ForCausalLM(config.text_config).eval()
+    engine = RopeEngine.from_processor(tiny_model("Mllama (mllama)").processor, config)
+    with pytest.raises(PaddingUnsupportedError, match=r"NoPE layers .* floor_scale=2"):
+        PaddedCollator(engine, padding_side="left")
+    differences = logits_differ_on_the_left(model, engine, text_samples())
+    assert differences["right"] < 1e-5 and differences["left"] > 1e-4, differences
+    PaddedCollator(engine, padding_side="right")  # the side it trains exactly
+
+
+def test_minimax_m3_left_padding_is_refused_where_its_sparse_indexer_reads_the_slot():
+    from mmrope_core import PaddingUnsupportedError
+
+    config, model = tiny_of("minimax_m3_vl", **{
+        "text_config.vocab_size": 64, "text_config.layer_types": ["minimax_m3_sparse", "full_attention"],
+        "text_config.index_block_size": 2, "text_config.index_topk_blocks": 1, "text_config.index_local_blocks": 1})
+    engine = RopeEngine.from_processor(tiny_model("Mllama (mllama)").processor, config)
+    with pytest.raises(PaddingUnsupportedError, match="sparse indexer"):
+        PaddedCollator(engine, padding_side="left")
+    differences = logits_differ_on_the_left(model, engine, text_samples((11, 4)))
+    assert differences["right"] < 1e-5 and differences["left"] > 1e-4, differences
+
+
+@pytest.mark.parametrize("side", SIDES)
+def test_t5gemma2_labels_are_padded_right_as_its_decoder_reads_them(side):
+    config, model = tiny_of("t5gemma2", **{"encoder.text_config.vocab_size": 64, "decoder.vocab_size": 64})
+    engine = RopeEngine.from_processor(tiny_model("Gemma3 (gemma3)").processor, config)
+    samples = text_samples()
+    batch = PaddedCollator(engine, padding_side=side)(samples)
+    assert all(bool((row[:sample["input_ids"].shape[1]] == sample["input_ids"][0]).all())
+               for row, sample in zip(batch["labels"], samples))
+    with torch.no_grad():
+        logits = model(**batch).logits
+        for row, sample in enumerate(samples):
+            own = model(**sample, labels=sample["input_ids"]).logits[0]
+            torch.testing.assert_close(logits[row, :own.shape[0]], own, **LOGITS)
+
+
+def git_case():
+    import transformers
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    from mmrope_core.tiny import FILLER_WORDS, random_image, word_level_tokenizer
+
+    tokenizer = word_level_tokenizer({}, words=FILLER_WORDS)
+    image_processor = CLIPImageProcessorPil(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28})
+    processor = transformers.GitProcessor(image_processor=image_processor, tokenizer=tokenizer)
+    config, model = tiny_of("git", **{"vocab_size": len(tokenizer), "vision_config.image_size": 28,
+                                      "vision_config.patch_size": 14})
+    rng = random.Random(0)
+    samples = [dict(processor(text=[text], images=[random_image(rng, 28, 28)], return_tensors="pt"))
+               for text in ("the cat sat on the mat", "a cat")]
+    text = dict(processor(text=["the mat"], return_tensors="pt"))
+    return processor, config, model, samples, text
+
+
+@pytest.mark.parametrize("side", SIDES)
+def test_git_prepends_each_rows_image_and_refuses_a_row_without_one(side):
+    processor, config, model, samples, text = git_case()
+    engine = RopeEngine.from_processor(processor, config)
+    batch = PaddedCollator(engine, padding_side=side)(samples)
+    torch.testing.assert_close(batch["pixel_values"], torch.cat([sample["pixel_values"] for sample in samples]))
+    mask = batch["attention_mask"].bool()
+    with torch.no_grad():
+        logits = model(**batch).logits[:, -mask.shape[1]:]  # the image's tokens come first in every row
+        for row, sample in enumerate(samples):
+            own = model(**sample).logits[0, -sample["input_ids"].shape[1]:]
+            torch.testing.assert_close(logits[row][mask[row]], own, **LOGITS)
+    with pytest.raises(CollateError, match=r"sample 2 has no .pixel_values.*places each row.s pixel_values itself"):
+        PaddedCollator(engine, padding_side=side)([*samples, text])
+    with pytest.raises(PackingUnsupportedError, match="git"):  # the layers' reason, or the media's
+        PackedCollator(engine)
