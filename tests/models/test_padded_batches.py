@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import functools
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -184,6 +187,35 @@ def test_a_packed_row_takes_its_media_as_the_model_does_or_is_refused(name):
             torch.testing.assert_close(logits[start:start + length], alone(tiny.model, tiny.samples[index])[0],
                                        **LOGITS, msg=lambda m, index=index: f"sample {index}: {m}")
             start += length
+        losses = [alone(tiny.model, sample)[1:] for sample in tiny.samples]
+        expected = sum(loss for loss, _ in losses) / sum(count for _, count in losses)
+        torch.testing.assert_close(tiny.model(**batch).loss, expected, rtol=1e-5, atol=1e-6)
+
+
+#: In a child process: the linear-attention kernels MiniCPM-V 4.7's layers need for packed rows
+#: (CUDA only) replaced by the stand-ins of ``stand_in_kernels/`` (see test_linear_attention_kernels.py).
+CHILD = f"""
+import sys
+sys.path[:0] = [{str(Path(__file__).parent / "stand_in_kernels")!r}, {str(Path(__file__).parent)!r}]
+import torch
+import transformers.utils.import_utils as import_utils
+import_utils.is_flash_linear_attention_available = lambda: True
+import_utils.is_causal_conv1d_available = lambda: True
+torch.cuda.current_device = lambda: 0
+import test_padded_batches as tests
+from mmrope_core.collators import PackedCollator
+for name in {PACKED_MEDIA!r}:
+    PackedCollator(tests.case(name)[1])  # accepted: the kernels take the boundaries
+    tests.test_a_packed_row_takes_its_media_as_the_model_does_or_is_refused(name)
+    print(name, "packs exactly")
+"""
+
+
+def test_a_packed_minicpm_v_row_trains_exactly_once_its_kernels_take_the_boundaries():
+    result = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=900, check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    for name in PACKED_MEDIA:
+        assert f"{name} packs exactly" in result.stdout
 
 
 # -- model types without an example case --------------------------------------------------------
