@@ -61,6 +61,8 @@ class PaddedCollator:
         positions = self.engine.compute_position_ids(
             input_ids, attention_mask, inputs, self.mm_processor_kwargs,
             generated_mask=None if generated is None else self._padded(generated, input_ids.shape[1], 0))
+        if not getattr(self.engine.binding.kernel, "samples_independent", True):
+            self._each_alone(positions, read, generated)
         if self.engine.rope_kind == "mrope":
             positions = positions.transpose(0, 1)  # (B, 4, L) -> (4, B, L): the model takes the rows first
             if not self.engine.batch_layout.text_positions:
@@ -77,6 +79,20 @@ class PaddedCollator:
         types = {key: self._padded(rows, input_ids.shape[1], 0) for key, rows in per_token.items()}
         return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": positions,
                 "labels": batch_labels, **types, **inputs}
+
+    def _each_alone(self, positions: torch.Tensor, read: list[dict[str, Any]],
+                    generated: list[torch.Tensor] | None) -> None:
+        """Each row's positions as its sample's alone, where the model's method numbers the batch's
+        media across rows (HunYuan-VL): a sample must not depend on the samples before it."""
+        width = positions.shape[-1]
+        for row, sample in enumerate(read):
+            length = sample["input_ids"].shape[1]
+            media = {key: value for key, value in sample.items() if key not in ("input_ids", "attention_mask")}
+            own = self.engine.compute_position_ids(sample["input_ids"], sample.get("attention_mask"), media,
+                                                   self.mm_processor_kwargs,
+                                                   generated_mask=None if generated is None else generated[row])
+            span = slice(width - length, width) if self.padding_side == "left" else slice(0, length)
+            positions[row, ..., span] = own[0]
 
     def _padded(self, rows: list[torch.Tensor], width: int, value: int) -> torch.Tensor:
         """``(1, L_i)`` rows as one ``(B, width)`` tensor, padded with ``value`` where the ids are."""

@@ -160,6 +160,25 @@ def equals_the_processors_batch(tiny, batch, calls, side):
         torch.testing.assert_close(mine, value.to(mine.dtype), rtol=0, atol=0, msg=lambda m, key=key: f"{key}: {m}")
 
 
+@pytest.mark.parametrize("side", SIDES)
+def test_hunyuan_vl_samples_with_images_train_as_alone_wherever_they_stand(side):
+    """Its get_rope_index numbers the batch's images across rows: the second sample with an image
+    gets other positions in the model's own batch than alone; the collator's are each alone."""
+    name = next(name for name in names() if cases()[name].name.startswith("HunYuan-VL"))
+    tiny, engine = case(name)
+    samples = [tiny.samples[0], tiny.samples[1], tiny.samples[0]]
+    batch = PaddedCollator(engine, padding_side=side)(samples)
+    assert batch["position_ids"].shape[0] == 4  # its xD-RoPE rows, no text row
+    mask = batch["attention_mask"].bool()
+    with torch.no_grad():
+        logits = tiny.model(**batch, use_cache=False).logits
+        own = alone(tiny.model, samples[2])[0]
+        torch.testing.assert_close(logits[2][mask[2]], own, **LOGITS)
+        theirs = tiny.model(**{key: value for key, value in batch.items() if key != "position_ids"},
+                            use_cache=False).logits  # the model numbering the images itself
+        assert not torch.allclose(theirs[2][mask[2]], own, **LOGITS)
+
+
 #: Cases whose media a packed row batches otherwise than on dim 0 (one strip for all samples).
 PACKED_MEDIA = [name for name in names() if cases()[name].name.startswith("MiniCPM-V")]
 
