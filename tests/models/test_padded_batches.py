@@ -63,7 +63,24 @@ def calls_of(tiny):
 
 def samples_of(tiny):
     text = dict(tiny.processor(**calls_of(tiny)[-1]))
-    return [*tiny.samples, text]
+    return [*tiny.samples, text] if takes_text_beside_images(tiny.name) else list(tiny.samples)
+
+
+@functools.cache
+def takes_text_beside_images(name):
+    """Whether the processor batches a text-only sample beside samples with images (transformers
+    5.10's Mllama processor refuses it: there the batch holds no text-only sample). GLM-Image's
+    refuses it too, and so must the collator (:func:`refused_typed`)."""
+    tiny = case(name)[0]
+    if tiny.config.model_type == "glm_image":
+        return True
+    try:
+        processor_batch(tiny, calls_of(tiny), "right")
+    except ValueError as refused:
+        if "at least one image per sample" not in str(refused):
+            raise
+        return False
+    return True
 
 
 def processor_batch(tiny, calls, side):
@@ -161,10 +178,10 @@ def equals_the_processors_batch(tiny, batch, calls, side):
 
 
 @pytest.mark.parametrize("side", SIDES)
-def test_hunyuan_vl_samples_with_images_train_as_alone_wherever_they_stand(side):
+@pytest.mark.parametrize("name", [name for name in names() if name.startswith("HunYuan-VL")])  # not in 5.10
+def test_hunyuan_vl_samples_with_images_train_as_alone_wherever_they_stand(name, side):
     """Its get_rope_index numbers the batch's images across rows: the second sample with an image
     gets other positions in the model's own batch than alone; the collator's are each alone."""
-    name = next(name for name in names() if cases()[name].name.startswith("HunYuan-VL"))
     tiny, engine = case(name)
     samples = [tiny.samples[0], tiny.samples[1], tiny.samples[0]]
     batch = PaddedCollator(engine, padding_side=side)(samples)
@@ -249,6 +266,8 @@ def tiny_of(model_type, **values):
     import transformers
     from tiny_models import _enliven, _model_class, _shrink
 
+    if model_type not in transformers.CONFIG_MAPPING:
+        pytest.skip(f"transformers {transformers.__version__} has no model type {model_type}")
     config = transformers.AutoConfig.for_model(model_type).to_dict()
     _shrink(config)
     for path, value in values.items():
