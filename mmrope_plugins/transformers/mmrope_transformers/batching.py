@@ -26,6 +26,8 @@ _MLLAMA = {
     "cross_attention_mask": MediaKey(items_dim=2, token_dim=1),
 }
 
+_IMAGE_ROWS = {"pixel_values": MediaKey(items_dim=1), "pixel_attention_mask": MediaKey(items_dim=1)}
+
 #: model_type -> what its processor's batched call does otherwise, and why packed rows cannot hold it.
 LAYOUTS: Mapping[str, BatchLayout] = {
     # one (1, 3, 14, W) strip per sample; the batch's strips joined into one, as the model takes them
@@ -35,7 +37,8 @@ LAYOUTS: Mapping[str, BatchLayout] = {
                                                  "a packed row would let every segment's tokens see the images "
                                                  "of the row's first sample only"),
     # every sample gets a row of the batch's most images; the model drops the all-zero ones
-    "idefics3": BatchLayout(media={"pixel_values": MediaKey(items_dim=1), "pixel_attention_mask": MediaKey(items_dim=1)}),
+    # (Idefics2 and SmolVLM: the same image processor and model code as Idefics3)
+    **dict.fromkeys(("idefics2", "idefics3", "smolvlm"), BatchLayout(media=_IMAGE_ROWS)),
     # the processor batches text-to-image or image-to-image samples with one source count, not a mix
     "glm_image": BatchLayout(media={"images_per_sample": MediaKey(uniform=True),
                                     "pixel_values": MediaKey(all_or_none=True)}),
@@ -72,7 +75,7 @@ def _placed_per_row(processor: Any, config: Any) -> dict[str, MediaKey]:
     if any(getattr(processor, name, None) is not None for name in ("image_token", "image_token_id")):
         return {}
     keys = getattr(image_processor, "model_input_names", None) or ["pixel_values"]
-    return {key: MediaKey(per_row=True) for key in keys}
+    return {key: MediaKey(per_row=True) for key in keys if key not in ("input_ids", "attention_mask")}
 
 
 def _refused_sides(config: Any) -> dict[str, str]:
