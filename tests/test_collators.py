@@ -228,3 +228,20 @@ def test_a_collator_pickles_for_data_loader_workers():
     collator = PackedCollator(engine, max_length=4096, flash_attn_kwargs=True)
     copy = pickle.loads(pickle.dumps(collator))
     assert torch.equal(copy(samples)["position_ids"], collator(samples)["position_ids"])
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_the_fuzzers_batch_check_finds_media_out_of_place(side):
+    from mmrope_core.testing._collated import collated_problem
+
+    engine, samples = engine_and_samples(QWEN)
+    collator = PaddedCollator(engine, padding_side=side)
+    batch = collator(samples)
+    assert collated_problem(samples, batch, collator, engine) == ""
+    rows = batch["pixel_values"].shape[0]
+    swapped = {**batch, "pixel_values": batch["pixel_values"].roll(1, 0)}  # another sample's patches first
+    assert "'pixel_values'" in collated_problem(samples, swapped, collator, engine)
+    short = {**batch, "pixel_values": batch["pixel_values"][: rows - 1]}
+    assert "'pixel_values'" in collated_problem(samples, short, collator, engine)
+    missing = {key: value for key, value in batch.items() if key != "image_grid_thw"}
+    assert "'image_grid_thw' of the samples is not in the batch" in collated_problem(samples, missing, collator, engine)

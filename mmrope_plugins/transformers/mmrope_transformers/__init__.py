@@ -50,10 +50,10 @@ def varlen_keys(processor: Any):
 
 @hookimpl
 def batch_layout(processor: Any, config: Any):
+    from .batching import layout_of
     from .bind import bound
 
-    what = bound(processor)
-    return None if what is None else what.layout
+    return None if bound(processor) is None else layout_of(processor, config)
 
 
 @hookimpl

@@ -14,10 +14,8 @@ from typing import Any
 import torch
 
 from mmrope_core import InvalidInputError, RopeBinding
-from mmrope_core.batching import BatchLayout
 from mmrope_core.reference import ReferenceKernel
 
-from .batching import layout_of
 from .fast import Candidate, candidates, probed_kernel
 from .models import Decision, decide, model_classes, sees_images
 from .reference import _SUPPLIED, TransformersReference, media_token_ids, processor_token_types
@@ -40,16 +38,13 @@ class Bound:
         rope_arguments: names of the reference's arguments taken from the processor's outputs
             (or from the keyword arguments it was called with).
         varlen_keys: the processor's outputs that are zero-padded to the largest sample.
-        layout: how the model takes a batch (None: the common way); see :mod:`.batching`.
     """
 
     rope_arguments: frozenset[str] = frozenset()
     varlen_keys: frozenset[str] = frozenset()
-    layout: BatchLayout | None = None
 
     def __or__(self, other: Bound) -> Bound:
-        return Bound(self.rope_arguments | other.rope_arguments, self.varlen_keys | other.varlen_keys,
-                     other.layout or self.layout)
+        return Bound(self.rope_arguments | other.rope_arguments, self.varlen_keys | other.varlen_keys)
 
 
 _bound: weakref.WeakKeyDictionary[Any, Bound] = weakref.WeakKeyDictionary()
@@ -88,7 +83,7 @@ def bind(processor: Any, config: Any, options: Mapping[str, Any]) -> RopeBinding
                 f"{decision.model_type!r}) describes a model that takes no images; pass the vision-language model's "
                 f"own config (AutoConfig.from_pretrained on its checkpoint)"
             )
-        _remember(processor, Bound(varlen_keys=varlen, layout=layout_of(processor, config)))
+        _remember(processor, Bound(varlen_keys=varlen))
         return RopeBinding("1d", implementation="mask",
                            description=f"{decision.model_type}: 1-D positions from the attention mask ({decision.reason})",
                            mixes_segments=_mixes_segments(config))
@@ -98,7 +93,7 @@ def bind(processor: Any, config: Any, options: Mapping[str, Any]) -> RopeBinding
                                 f"use one of {IMPLEMENTATIONS}")
     binding, reference = _mrope(processor, decision, implementation)
     binding = bind_convention(binding, decision.model_type, config, options)
-    _remember(processor, Bound(frozenset(reference.takes - _SUPPLIED), varlen, layout_of(processor, config)))
+    _remember(processor, Bound(frozenset(reference.takes - _SUPPLIED), varlen))
     return dataclasses.replace(binding, mixes_segments=_mixes_segments(config))
 
 
