@@ -34,6 +34,11 @@ class PaddedCollator:
     :mod:`mmrope_core.conventions`): the engine's family must offer it. A sample's
     ``generated_mask`` (like its ids: 1 where the rollout generated the token) reaches the
     positions and stays out of the batch.
+
+    Media are batched as the family's processor batches them (the engine's
+    :attr:`~mmrope_core.RopeEngine.batch_layout`); a padding side the model's own layers get
+    wrong raises :class:`~mmrope_core.PaddingUnsupportedError` here. Left-padded, a row's first
+    label is -100: the pad before it would predict it, which the sample alone never does.
     """
 
     @checked_keywords
