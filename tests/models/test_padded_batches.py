@@ -45,10 +45,60 @@ GRADIENTS_RTOL, GRADIENTS_ATOL = 1e-3, 5e-5
 TEXT = "the cat sat on a mat"
 
 
+def extra_specs():
+    """Model types the plugins bind that have no example case, built here as the transformers
+    plugin builds its cases: ``name -> (spec, overrides of the default config)``. SmolVLM is left
+    out: its processor needs ``num2words``, which the tests run without."""
+    from mmrope_transformers.specs import _IDEFICS_WORDS, Spec, available
+
+    idefics2 = Spec("Idefics2 (idefics2)", "idefics2", "Idefics2Processor",
+                    ("idefics2", "Idefics2ImageProcessorPil",
+                     {"size": {"longest_edge": 56, "shortest_edge": 28}, "do_image_splitting": False}),
+                    {"image_token": "<image>", "image_boundary_token": "<fake_token_around_image>",
+                     "end_of_utterance_token": "<end_of_utterance>"},
+                    {"image_token_id": "<image>"}, "<image>", words=_IDEFICS_WORDS,
+                    processor_kwargs={"image_seq_len": 4}, images_in_a_list=True)
+    # the processor's tokens per image, patches that tile its images
+    overrides = {idefics2.name: (("perceiver_config.resampler_n_latents", 4), ("vision_config.patch_size", 14),
+                                 ("vision_config.image_size", 56))}
+    return {spec.name: (spec, overrides[spec.name]) for spec in (idefics2,) if available(spec)}
+
+
+EXTRA = extra_specs()
+
+
 @functools.cache
 def case(name):
-    tiny = tiny_model(name)
+    tiny = tiny_model(name) if name not in EXTRA else tiny_of_spec(name)
     return tiny, RopeEngine.from_processor(tiny.processor, tiny.config)
+
+
+def tiny_of_spec(name):
+    from tiny_models import TinyModel, _enliven, _fit_rope_sections, _model_class, _tiny_config
+
+    from mmrope_transformers.examples import build
+    from mmrope_transformers.examples import samples as spec_samples
+
+    spec, overrides = EXTRA[name]
+    processor, config = build(spec)
+    samples = [dict(processor(**call)) for call in spec_samples(spec, processor, random.Random(0))]
+    tiny = _tiny_config(config, processor, samples, overrides)
+    model_class = _model_class(tiny)
+    tiny._attn_implementation = "sdpa" if getattr(model_class, "_supports_sdpa", True) else "eager"
+    _fit_rope_sections(model_class, tiny)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = model_class(tiny).eval()
+        _enliven(model)
+    return TinyModel(name, processor, tiny, model, samples, (), {}, {})
+
+
+def samples_calls(name, processor):
+    if name in EXTRA:
+        from mmrope_transformers.examples import samples as spec_samples
+
+        return spec_samples(EXTRA[name][0], processor, random.Random(0))
+    return cases()[name].samples(processor, random.Random(0))
 
 
 MEDIA = ("images", "videos", "audio")
@@ -56,7 +106,7 @@ MEDIA = ("images", "videos", "audio")
 
 def calls_of(tiny):
     """The processor calls of the case's samples, and one of text alone (the last sample)."""
-    calls = [dict(call) for call in cases()[tiny.name].samples(tiny.processor, random.Random(0))]
+    calls = [dict(call) for call in samples_calls(tiny.name, tiny.processor)]
     rest = {key: value for key, value in calls[0].items() if key not in ("text", *MEDIA)}
     return [*calls, {**rest, "text": [TEXT]}]
 
@@ -114,7 +164,7 @@ def refused_typed(tiny, engine, samples):
 
 
 @pytest.mark.parametrize("side", SIDES)
-@pytest.mark.parametrize("name", names())
+@pytest.mark.parametrize("name", [*names(), *EXTRA])
 def test_a_padded_batch_trains_as_its_samples_alone(name, side):
     tiny, engine = case(name)
     model = tiny.model
