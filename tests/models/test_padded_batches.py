@@ -45,10 +45,14 @@ GRADIENTS_RTOL, GRADIENTS_ATOL = 1e-3, 5e-5
 TEXT = "the cat sat on a mat"
 
 
-def extra_specs():
-    """Model types the plugins bind that have no example case, built here as the transformers
-    plugin builds its cases: ``name -> (spec, overrides of the default config)``. SmolVLM is left
-    out: its processor needs ``num2words``, which the tests run without."""
+def extra_cases():
+    """Model types the plugins bind that have no example case, built here as the plugins build
+    their cases: ``name -> (build() -> (processor, config), calls(processor, rng), overrides of
+    the default config)``. SmolVLM is left out: its processor needs ``num2words``, which the tests
+    run without."""
+    import transformers
+
+    from mmrope_transformers.examples import build, samples
     from mmrope_transformers.specs import _IDEFICS_WORDS, Spec, available
 
     idefics2 = Spec("Idefics2 (idefics2)", "idefics2", "Idefics2Processor",
@@ -58,13 +62,45 @@ def extra_specs():
                      "end_of_utterance_token": "<end_of_utterance>"},
                     {"image_token_id": "<image>"}, "<image>", words=_IDEFICS_WORDS,
                     processor_kwargs={"image_seq_len": 4}, images_in_a_list=True)
-    # the processor's tokens per image, patches that tile its images
-    overrides = {idefics2.name: (("perceiver_config.resampler_n_latents", 4), ("vision_config.patch_size", 14),
-                                 ("vision_config.image_size", 56))}
-    return {spec.name: (spec, overrides[spec.name]) for spec in (idefics2,) if available(spec)}
+    found = {}
+    if available(idefics2):  # the processor's tokens per image, patches that tile its images
+        found[idefics2.name] = (functools.partial(build, idefics2), functools.partial(samples, idefics2),
+                                (("perceiver_config.resampler_n_latents", 4), ("vision_config.patch_size", 14),
+                                 ("vision_config.image_size", 56)))
+    if "qwen2_audio" in transformers.CONFIG_MAPPING:
+        found["Qwen2-Audio (qwen2_audio)"] = (qwen2_audio, audio_calls, ())
+    return found
 
 
-EXTRA = extra_specs()
+AUDIO_TOKENS = {"audio_token": "<|AUDIO|>", "audio_bos_token": "<|audio_bos|>", "audio_eos_token": "<|audio_eos|>"}
+
+
+def qwen2_audio():
+    import transformers
+
+    from mmrope_core.tiny import word_level_tokenizer
+
+    tokenizer = word_level_tokenizer(AUDIO_TOKENS)
+    processor = transformers.Qwen2AudioProcessor(feature_extractor=transformers.WhisperFeatureExtractor(),
+                                                 tokenizer=tokenizer)
+    config = transformers.AutoConfig.for_model("qwen2_audio")
+    config.audio_token_id = tokenizer.convert_tokens_to_ids(AUDIO_TOKENS["audio_token"])
+    return processor, config
+
+
+def audio_calls(processor, rng):
+    """Two samples with an audio clip each, of 1 and 2 seconds."""
+    import numpy as np
+
+    from mmrope_core.tiny import filler_text
+
+    audio = f"{AUDIO_TOKENS['audio_bos_token']}{AUDIO_TOKENS['audio_token']}{AUDIO_TOKENS['audio_eos_token']}"
+    return [{"text": [f"{filler_text(rng, 2)} {audio} {filler_text(rng, 3)}"],
+             "audio": [np.sin(np.arange(16000 * seconds) / rng.uniform(5, 40)).astype(np.float32)],
+             "return_tensors": "pt"} for seconds in (1, 2)]
+
+
+EXTRA = extra_cases()
 
 
 @functools.cache
@@ -76,12 +112,9 @@ def case(name):
 def tiny_of_spec(name):
     from tiny_models import TinyModel, _enliven, _fit_rope_sections, _model_class, _tiny_config
 
-    from mmrope_transformers.examples import build
-    from mmrope_transformers.examples import samples as spec_samples
-
-    spec, overrides = EXTRA[name]
-    processor, config = build(spec)
-    samples = [dict(processor(**call)) for call in spec_samples(spec, processor, random.Random(0))]
+    build, calls, overrides = EXTRA[name]
+    processor, config = build()
+    samples = [dict(processor(**call)) for call in calls(processor, random.Random(0))]
     tiny = _tiny_config(config, processor, samples, overrides)
     model_class = _model_class(tiny)
     tiny._attn_implementation = "sdpa" if getattr(model_class, "_supports_sdpa", True) else "eager"
@@ -95,9 +128,7 @@ def tiny_of_spec(name):
 
 def samples_calls(name, processor):
     if name in EXTRA:
-        from mmrope_transformers.examples import samples as spec_samples
-
-        return spec_samples(EXTRA[name][0], processor, random.Random(0))
+        return EXTRA[name][1](processor, random.Random(0))
     return cases()[name].samples(processor, random.Random(0))
 
 
