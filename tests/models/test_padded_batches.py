@@ -67,6 +67,9 @@ def extra_cases():
         found[idefics2.name] = (functools.partial(build, idefics2), functools.partial(samples, idefics2),
                                 (("perceiver_config.resampler_n_latents", 4), ("vision_config.patch_size", 14),
                                  ("vision_config.image_size", 56)))
+    if "paligemma" in transformers.CONFIG_MAPPING:  # patches that tile its 28-pixel images
+        found["PaliGemma (paligemma)"] = (paligemma, image_calls, (("vision_config.patch_size", 14),
+                                                                   ("vision_config.image_size", 28)))
     if "qwen2_audio" in transformers.CONFIG_MAPPING:
         found["Qwen2-Audio (qwen2_audio)"] = (qwen2_audio, audio_calls, ())
     return found
@@ -86,6 +89,29 @@ def qwen2_audio():
     config = transformers.AutoConfig.for_model("qwen2_audio")
     config.audio_token_id = tokenizer.convert_tokens_to_ids(AUDIO_TOKENS["audio_token"])
     return processor, config
+
+
+def paligemma():
+    import transformers
+    from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
+
+    from mmrope_core.tiny import word_level_tokenizer
+
+    tokenizer = word_level_tokenizer({"image_token": "<image>", "bos_token": "<bos>"})
+    image_processor = SiglipImageProcessorPil(size={"height": 28, "width": 28})
+    image_processor.image_seq_length = 4  # what the processor reads: tokens per image
+    processor = transformers.PaliGemmaProcessor(image_processor=image_processor, tokenizer=tokenizer)
+    config = transformers.AutoConfig.for_model("paligemma")
+    config.image_token_id = tokenizer.convert_tokens_to_ids("<image>")
+    return processor, config
+
+
+def image_calls(processor, rng):
+    """Two samples with an image each (PaliGemma's processor places its image tokens itself)."""
+    from mmrope_core.tiny import filler_text, random_image
+
+    return [{"text": [filler_text(rng, count)], "images": [random_image(rng, 28, 28)], "return_tensors": "pt"}
+            for count in (4, 2)]
 
 
 def audio_calls(processor, rng):
@@ -114,7 +140,10 @@ def tiny_of_spec(name):
 
     build, calls, overrides = EXTRA[name]
     processor, config = build()
-    samples = [dict(processor(**call)) for call in calls(processor, random.Random(0))]
+    # PaliGemma's processor gives labels masking the whole prompt (no suffix): the ids are the
+    # labels here, as for every other case
+    samples = [{key: value for key, value in processor(**call).items() if key != "labels"}
+               for call in calls(processor, random.Random(0))]
     tiny = _tiny_config(config, processor, samples, overrides)
     model_class = _model_class(tiny)
     tiny._attn_implementation = "sdpa" if getattr(model_class, "_supports_sdpa", True) else "eager"
@@ -143,22 +172,28 @@ def calls_of(tiny):
 
 
 def samples_of(tiny):
-    text = dict(tiny.processor(**calls_of(tiny)[-1]))
-    return [*tiny.samples, text] if takes_text_beside_images(tiny.name) else list(tiny.samples)
+    if not takes_text_beside_images(tiny.name):
+        return list(tiny.samples)
+    return [*tiny.samples, dict(tiny.processor(**calls_of(tiny)[-1]))]
+
+
+#: What processors say when they refuse a text-only sample, alone (PaliGemma's) or beside samples
+#: with images (transformers 5.10's Mllama's): their batches then hold none.
+NO_TEXT_ONLY = ("at least one image per sample", "`images` are expected")
 
 
 @functools.cache
 def takes_text_beside_images(name):
-    """Whether the processor batches a text-only sample beside samples with images (transformers
-    5.10's Mllama processor refuses it: there the batch holds no text-only sample). GLM-Image's
-    refuses it too, and so must the collator (:func:`refused_typed`)."""
+    """Whether the processor batches a text-only sample beside samples with images. GLM-Image's
+    refuses it, and so must the collator (:func:`refused_typed`)."""
     tiny = case(name)[0]
     if tiny.config.model_type == "glm_image":
         return True
     try:
+        tiny.processor(**calls_of(tiny)[-1])
         processor_batch(tiny, calls_of(tiny), "right")
     except ValueError as refused:
-        if "at least one image per sample" not in str(refused):
+        if not any(message in str(refused) for message in NO_TEXT_ONLY):
             raise
         return False
     return True
@@ -242,7 +277,7 @@ def equals_the_processors_batch(tiny, batch, calls, side):
     torch.testing.assert_close(batch["attention_mask"], reference["attention_mask"].to(batch["attention_mask"].dtype),
                                rtol=0, atol=0)
     for key, value in reference.items():
-        if not isinstance(value, torch.Tensor) or key in ("input_ids", "attention_mask"):
+        if not isinstance(value, torch.Tensor) or key in ("input_ids", "attention_mask", "labels"):
             continue
         assert key in batch, f"{key}: in the processor's batch, not in the collator's"
         mine = batch[key]
