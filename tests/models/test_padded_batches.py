@@ -239,21 +239,26 @@ def test_a_padded_batch_trains_as_its_samples_alone(name, side):
     equals_the_processors_batch(tiny, batch, calls_of(tiny)[:len(samples)], side)
     mask = batch["attention_mask"].bool()
     model_type = tiny.config.model_type
+    reference = None
     with torch.no_grad():
         logits = model(**batch, use_cache=False).logits
-        if model_type in PROCESSOR_BATCH_IS_REFERENCE:
+        if model_type in PROCESSOR_BATCH_IS_REFERENCE:  # the model computing its positions on it
             reference = processor_batch(tiny, calls_of(tiny)[:len(samples)], side)
             theirs = model(**reference, use_cache=False).logits
             torch.testing.assert_close(logits[mask], theirs[mask], **LOGITS)
-            return
-        for index, sample in enumerate(samples):
-            own = alone(model, sample)[0]
-            torch.testing.assert_close(logits[index][mask[index]], own, **LOGITS,
-                                       msg=lambda m, index=index: f"sample {index}: {m}")
-    # the loss and its gradients: the samples' summed token losses over their token count
+        else:
+            for index, sample in enumerate(samples):
+                own = alone(model, sample)[0]
+                torch.testing.assert_close(logits[index][mask[index]], own, **LOGITS,
+                                           msg=lambda m, index=index: f"sample {index}: {m}")
+    # the loss and its gradients: the samples' summed token losses over their token count (or the
+    # processor's batch's loss, on the same labels)
     model.zero_grad(set_to_none=True)
-    losses = [alone(model, sample)[1:] for sample in samples]
-    expected = sum(loss for loss, _ in losses) / sum(count for _, count in losses)
+    if reference is None:
+        losses = [alone(model, sample)[1:] for sample in samples]
+        expected = sum(loss for loss, _ in losses) / sum(count for _, count in losses)
+    else:
+        expected = model(**reference, labels=batch["labels"], use_cache=False).loss
     expected.backward()
     theirs = {key: parameter.grad.clone() for key, parameter in model.named_parameters() if parameter.grad is not None}
     model.zero_grad(set_to_none=True)
