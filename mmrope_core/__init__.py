@@ -20,6 +20,8 @@ _PUBLIC = {
     "PluginManager": "manager",
     "get_plugin_manager": "manager",
     "ExampleCase": "types",
+    "BatchLayout": "batching",
+    "MediaKey": "batching",
     "RopeBinding": "types",
     "RopeKernel": "kernel",
     "ValidationPolicy": "types",
@@ -31,6 +33,7 @@ _PUBLIC = {
             "InvalidInputError",
             "MmropeError",
             "PackingUnsupportedError",
+            "PaddingUnsupportedError",
             "PlaceholderMismatchError",
             "PluginConflictError",
             "PluginContractError",
@@ -53,13 +56,16 @@ _PUBLIC = {
 }
 
 __all__ = [
+    "BatchLayout",
     "CollateError",
     "CompiledLoopsWarning",
     "ExampleCase",
     "GeneratedMaskWarning",
     "InvalidInputError",
+    "MediaKey",
     "MmropeError",
     "PackingUnsupportedError",
+    "PaddingUnsupportedError",
     "PlaceholderMismatchError",
     "PluginConflictError",
     "PluginContractError",
@@ -101,6 +107,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
+    from .batching import BatchLayout, MediaKey
     from .engine import RopeEngine
     from .errors import (
         CollateError,
@@ -108,6 +115,8 @@ if TYPE_CHECKING:
         GeneratedMaskWarning,
         InvalidInputError,
         MmropeError,
+        PackingUnsupportedError,
+        PaddingUnsupportedError,
         PlaceholderMismatchError,
         PluginConflictError,
         PluginContractError,

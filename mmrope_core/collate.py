@@ -9,12 +9,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .batching import MediaKey
 from .errors import CollateError, a
 from .media import require_string_keys, require_values
 
+_ROWS = MediaKey()
+
 
 def collate(samples: Iterable[Mapping[str, Any]], varlen_keys: Iterable[str] = (), *,
-            token_aligned: Iterable[str] = (), padding_side: str = "right") -> dict[str, Any]:
+            token_aligned: Iterable[str] = (), padding_side: str = "right",
+            media: Mapping[str, MediaKey] | None = None, lengths: Sequence[int] | None = None) -> dict[str, Any]:
     """Merge per-sample multimodal inputs into one batch.
 
     Tensors of ``varlen_keys`` are zero-padded at the end of every dimension but the first to
@@ -24,18 +28,26 @@ def collate(samples: Iterable[Mapping[str, Any]], varlen_keys: Iterable[str] = (
     are. A key missing from some samples (a text-only sample has no ``pixel_values``) is
     concatenated over the samples that have it; a value of None counts as missing (a ``datasets``
     row holds None for a key its sample lacks). Lists are concatenated. Inputs are not modified.
+
+    ``media`` maps keys the family's processor batches otherwise to their
+    :class:`~mmrope_core.batching.MediaKey` (joined on the last dim, a row for every sample, a
+    token dim padded as the ids are); ``lengths``, each sample's token count, sizes the token
+    dims of such keys to the batch's length.
     """
     samples = _listed(samples, "collate takes an iterable of per-sample dicts")
     if padding_side not in ("left", "right"):
         raise CollateError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
-    varlen, aligned = frozenset(varlen_keys), frozenset(token_aligned)
+    varlen, aligned, rules = frozenset(varlen_keys), frozenset(token_aligned), dict(media or {})
     keys: dict[str, None] = {}
     for index, sample in enumerate(samples):
         if not isinstance(sample, Mapping):
             raise CollateError(f"sample {index} is {a(type(sample).__name__)}, not a dict of multimodal inputs")
         require_string_keys(f"sample {index}", sample)
         keys.update(dict.fromkeys(key for key, value in sample.items() if value is not None))
-    return {key: _merge(key, samples, key in varlen, padding_side == "left" and key in aligned) for key in keys}
+    for key, rule in rules.items():
+        _check_presence(key, rule, samples)
+    return {key: _by_rule(key, samples, rules[key], padding_side, lengths) if key in rules
+            else _merge(key, samples, key in varlen, padding_side == "left" and key in aligned) for key in keys}
 
 
 def batch_processor_outputs(
@@ -44,13 +56,14 @@ def batch_processor_outputs(
     *,
     pad_token_id: int = 0,
     padding_side: str = "right",
+    media: Mapping[str, MediaKey] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
     """Batch the outputs of one processor call per sample, as trainers do.
 
     Returns ``(input_ids, attention_mask, multi_modal_inputs)``: ids padded with ``pad_token_id``
     and masks with 0 on ``padding_side``, every other key through :func:`collate`; varlen keys
     holding one value per token (shaped like each sample's ``input_ids``) are padded on
-    ``padding_side`` too, so that they stay in line with the tokens.
+    ``padding_side`` too, so that they stay in line with the tokens. ``media`` as in :func:`collate`.
     """
     if padding_side not in ("left", "right"):
         raise CollateError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
@@ -88,7 +101,8 @@ def batch_processor_outputs(
                       for extra, (ids, _) in zip(rest, rows))]
     for extra in rest:
         extra.update({key: extra[key].reshape(1, -1) for key in aligned})
-    return input_ids, attention_mask, collate(rest, varlen_keys, token_aligned=aligned, padding_side=padding_side)
+    return input_ids, attention_mask, collate(rest, varlen_keys, token_aligned=aligned, padding_side=padding_side,
+                                              media=media, lengths=[length] * len(rows))
 
 
 def _common_dtype(tensors: Iterable[torch.Tensor]) -> torch.dtype:
@@ -152,3 +166,93 @@ def _pad_to(value: torch.Tensor, sizes: list[int], pad_left: bool = False) -> to
     for have, want in zip(reversed(value.shape[1:]), reversed(sizes)):
         padding += [want - have, 0] if pad_left and not padding else [0, want - have]  # left: the last dim only
     return F.pad(value, padding) if any(padding) else value
+
+
+# -- keys batched by their family's own rule -------------------------------------------------------
+
+
+def _check_presence(key: str, rule: MediaKey, samples: Sequence[Mapping[str, Any]]) -> None:
+    """A key the model places per row must be in every sample; one read for the whole batch must
+    be the same in every sample."""
+    held = [index for index, sample in enumerate(samples) if sample.get(key) is not None]
+    if (rule.per_row or rule.all_or_none) and held and len(held) < len(samples):
+        missing = next(index for index in range(len(samples)) if index not in held)
+        why = (f"the model places each row's {key} itself (its text holds no placeholder), so every sample of a batch "
+               f"needs one" if rule.per_row else
+               f"the model reads a batch whose samples all hold {key} or none does, as its processor batches them")
+        raise CollateError(f"sample {missing} has no {key!r}, which samples {held} hold: {why}; batch samples "
+                           f"without it apart")
+    if rule.uniform:
+        values = [sample.get(key) for sample in samples]
+        first = values[0]
+        for index, value in enumerate(values[1:], 1):
+            same = (first is None and value is None) or (
+                isinstance(first, torch.Tensor) and isinstance(value, torch.Tensor) and first.shape == value.shape
+                and bool((first == value).all()))
+            if not same:
+                raise CollateError(f"samples 0 and {index} differ in {key!r} ({_shown(first)} and {_shown(value)}): "
+                                   f"the model reads one {key} for the whole batch, as its processor batches only "
+                                   f"such samples; batch samples of one kind together")
+
+
+def _shown(value: Any) -> str:
+    return "none" if value is None else str(value.tolist()) if isinstance(value, torch.Tensor) else type(value).__name__
+
+
+def _by_rule(key: str, samples: Sequence[Mapping[str, Any]], rule: MediaKey, padding_side: str,
+             lengths: Sequence[int] | None) -> torch.Tensor:
+    present = [(index, sample[key]) for index, sample in enumerate(samples) if sample.get(key) is not None]
+    shapes = ", ".join(f"sample {index}: {tuple(value.shape)}" if isinstance(value, torch.Tensor)
+                       else f"sample {index}: {type(value).__name__}" for index, value in present)
+    if not all(isinstance(value, torch.Tensor) and value.dim() >= (2 if rule.join == "last" else 1)
+               for _, value in present):
+        raise CollateError(f"key {key!r} must hold a tensor of its sample's rows per sample ({shapes}); call the "
+                           f"processor with return_tensors='pt'")
+    if rule.join == "last":
+        if any(value.shape[0] != 1 for _, value in present) or len({value.shape[:-1] for _, value in present}) > 1:
+            raise CollateError(f"key {key!r} joins each sample's (1, ..., W) on its last dim and needs the other "
+                               f"dims equal ({shapes}); pass one processor output per sample")
+        return torch.cat([value for _, value in present], dim=-1)
+    rank = present[0][1].dim()
+    if any(value.dim() != rank for _, value in present):
+        raise CollateError(f"key {key!r} has tensors of different ranks ({shapes})")
+    if (rule.token_dim is not None and rule.token_dim >= rank) or (rule.items_dim is not None and rule.items_dim >= rank):
+        raise CollateError(f"key {key!r} has {rank} dims, fewer than its plugin's batching rule reads ({shapes})")
+    tensors = dict(present)
+    if rule.token_dim is not None and lengths is None and rule.items_dim is not None and len(tensors) < len(samples):
+        raise CollateError(f"key {key!r} holds one entry per token, and a sample without it needs a row as long as "
+                           f"its tokens: batch it with the token ids (engine.batch or a collator)")
+    if rule.items_dim is not None:  # every sample gets a row: one holding no items where the sample has none
+        template = present[0][1]
+        for index in range(len(samples)):
+            if index not in tensors:
+                shape = [1, *template.shape[1:]]
+                shape[rule.items_dim] = 0
+                if rule.token_dim is not None and lengths is not None:
+                    shape[rule.token_dim] = lengths[index]
+                tensors[index] = template.new_zeros(shape)
+    ordered = [tensors[index] for index in sorted(tensors)]
+    sizes = [max(value.shape[dim] for value in ordered) for dim in range(rank)]
+    if rule.token_dim is not None and lengths is not None:
+        sizes[rule.token_dim] = max(lengths)
+    padded = [_padded_by_rule(value, sizes, rule, padding_side) for value in ordered]
+    return torch.cat(padded, dim=0)
+
+
+def _padded_by_rule(value: torch.Tensor, sizes: list[int], rule: MediaKey, padding_side: str) -> torch.Tensor:
+    if rule.token_dim is not None and value.shape[rule.token_dim] > sizes[rule.token_dim]:
+        raise CollateError(f"a sample's token dim holds {value.shape[rule.token_dim]} entries, more than the batch's "
+                           f"{sizes[rule.token_dim]} tokens; pass each sample's own processor output")
+    for dim in range(1, value.dim()):
+        missing = sizes[dim] - value.shape[dim]
+        if missing <= 0:
+            continue
+        shape = list(value.shape)
+        shape[dim] = missing
+        if dim == rule.items_dim and rule.empty_item is not None:
+            fill = rule.empty_item(tuple(shape), value.dtype).to(value.device)
+        else:
+            fill = value.new_zeros(shape)
+        left = dim == rule.token_dim and padding_side == "left"
+        value = torch.cat([fill, value] if left else [value, fill], dim=dim)
+    return value

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from ._names import checked_keywords
 from .engine import RopeEngine
-from .errors import CollateError, InvalidInputError, a
+from .errors import CollateError, InvalidInputError, PackingUnsupportedError, PaddingUnsupportedError, a
 from .media import require_string_keys, require_values
 from .parallel import check_split, split_packed_row
 from .segments import packed_row_support
@@ -35,6 +35,11 @@ class PaddedCollator:
     :mod:`mmrope_core.conventions`): the engine's family must offer it. A sample's
     ``generated_mask`` (like its ids: 1 where the rollout generated the token) reaches the
     positions and stays out of the batch.
+
+    Media are batched as the family's processor batches them (the engine's
+    :attr:`~mmrope_core.RopeEngine.batch_layout`); a padding side the model's own layers get
+    wrong raises :class:`~mmrope_core.PaddingUnsupportedError` here. Left-padded, a row's first
+    label is -100: the pad before it would predict it, which the sample alone never does.
     """
 
     @checked_keywords
@@ -44,6 +49,11 @@ class PaddedCollator:
         if padding_side not in ("left", "right"):
             raise InvalidInputError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
         self.engine = engine if convention is None else engine.with_convention(convention)
+        refused = self.engine.batch_layout.refused_sides.get(padding_side)
+        if refused:
+            other = "right" if padding_side == "left" else "left"
+            raise PaddingUnsupportedError(f"{_model_name(self.engine)} cannot train samples padded on the "
+                                          f"{padding_side}: {refused}; use padding_side={other!r}")
         self.padding_side = padding_side
         self.mm_processor_kwargs = _processor_kwargs(mm_processor_kwargs)
 
@@ -57,13 +67,38 @@ class PaddedCollator:
         positions = self.engine.compute_position_ids(
             input_ids, attention_mask, inputs, self.mm_processor_kwargs,
             generated_mask=None if generated is None else self._padded(generated, input_ids.shape[1], 0))
+        if not getattr(self.engine.binding.kernel, "samples_independent", True):
+            self._each_alone(positions, read, generated)
         if self.engine.rope_kind == "mrope":
             positions = positions.transpose(0, 1)  # (B, 4, L) -> (4, B, L): the model takes the rows first
-        batch_labels = self._padded(labels, input_ids.shape[1], IGNORE_INDEX).masked_fill(attention_mask == 0,
-                                                                                          IGNORE_INDEX)
+            if not self.engine.batch_layout.text_positions:
+                positions = positions[1:]  # only the rows its rotary embedding reads
+        if self.engine.batch_layout.labels_right:  # a sequence of their own (decoder targets): padded on the right
+            batch_labels = torch.cat([F.pad(row, (0, input_ids.shape[1] - row.shape[1]), value=IGNORE_INDEX)
+                                      for row in labels])
+        else:
+            batch_labels = self._padded(labels, input_ids.shape[1], IGNORE_INDEX).masked_fill(attention_mask == 0,
+                                                                                              IGNORE_INDEX)
+            if self.padding_side == "left":  # a pad would predict the first token, which the sample alone never does
+                starts = input_ids.shape[1] - torch.tensor([row.shape[1] for row in labels])
+                batch_labels[torch.arange(len(labels)), starts] = IGNORE_INDEX
         types = {key: self._padded(rows, input_ids.shape[1], 0) for key, rows in per_token.items()}
         return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": positions,
                 "labels": batch_labels, **types, **inputs}
+
+    def _each_alone(self, positions: torch.Tensor, read: list[dict[str, Any]],
+                    generated: list[torch.Tensor] | None) -> None:
+        """Each row's positions as its sample's alone, where the model's method numbers the batch's
+        media across rows (HunYuan-VL): a sample must not depend on the samples before it."""
+        width = positions.shape[-1]
+        for row, sample in enumerate(read):
+            length = sample["input_ids"].shape[1]
+            media = {key: value for key, value in sample.items() if key not in ("input_ids", "attention_mask")}
+            own = self.engine.compute_position_ids(sample["input_ids"], sample.get("attention_mask"), media,
+                                                   self.mm_processor_kwargs,
+                                                   generated_mask=None if generated is None else generated[row])
+            span = slice(width - length, width) if self.padding_side == "left" else slice(0, length)
+            positions[row, ..., span] = own[0]
 
     def _padded(self, rows: list[torch.Tensor], width: int, value: int) -> torch.Tensor:
         """``(1, L_i)`` rows as one ``(B, width)`` tensor, padded with ``value`` where the ids are."""
@@ -113,6 +148,10 @@ class PackedCollator:
         self.engine = engine if convention is None else engine.with_convention(convention)
         self.support = packed_row_support(self.engine)
         self.support.require()
+        if self.engine.batch_layout.packing_refusal:  # the media, which the layers' support does not see
+            raise PackingUnsupportedError(f"{_model_name(self.engine)} cannot train a packed row as its samples "
+                                          f"alone: {self.engine.batch_layout.packing_refusal}. To train it, pad the "
+                                          f"batch instead (mmrope_core.collators.PaddedCollator)")
         self.max_length = max_length
         self.flash_attn_kwargs = flash_attn_kwargs
         self.mm_processor_kwargs = _processor_kwargs(mm_processor_kwargs)
@@ -174,6 +213,12 @@ def _check_engine(engine: Any) -> None:
     if not isinstance(engine, RopeEngine):
         raise InvalidInputError(f"a collator takes a RopeEngine, got {type(engine).__name__}; build it once with "
                                 f"RopeEngine.from_pretrained(path) or RopeEngine.from_processor(processor, config)")
+
+
+def _model_name(engine: RopeEngine) -> str:
+    processor = type(engine.processor).__name__
+    model_type = getattr(engine.config, "model_type", None)
+    return f"{model_type} ({processor})" if model_type else processor
 
 
 def _processor_kwargs(value: Mapping[str, Any] | None) -> dict[str, Any] | None:

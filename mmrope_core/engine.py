@@ -15,6 +15,7 @@ import torch
 from . import _guard
 from ._binding import bind, expect, read_mask_options
 from ._names import checked_keywords, refuse_misspelt_keywords
+from .batching import COMMON, BatchLayout
 from .collate import batch_processor_outputs
 from .collate import collate as _collate
 from .conventions import ALIASES, asked
@@ -51,13 +52,16 @@ class RopeEngine:
 
     def __init__(self, processor: Any, config: Any, binding: RopeBinding, *, plugin: PluginInfo | None = None,
                  policy: ValidationPolicy = STRICT, varlen_keys: frozenset[str] = frozenset(),
-                 plugins: PluginManager | None = None, options: Mapping[str, Any] | None = None) -> None:
+                 plugins: PluginManager | None = None, options: Mapping[str, Any] | None = None,
+                 layout: BatchLayout = COMMON) -> None:
         self.processor = processor
         self.config = config
         self.binding = binding
         self.plugin = plugin
         self.validation_policy = policy
         self.varlen_keys = varlen_keys
+        #: how the model takes a batch (media keys batched by the family's own rule, padding sides)
+        self.batch_layout = layout
         self._plugins = plugins or get_plugin_manager()
         self._options = types.MappingProxyType(dict(options or {}))
 
@@ -92,8 +96,12 @@ class RopeEngine:
             expect(isinstance(result, Iterable) and not isinstance(result, (str, bytes)),
                     info, "varlen_keys", "an iterable of key names", result)
             keys.update(result)
+        layout = COMMON
+        for info, result in plugins.results("batch_layout", processor=processor, config=config):
+            expect(isinstance(result, BatchLayout), info, "batch_layout", "a BatchLayout", result)
+            layout = result
         return cls(processor, config, binding, plugin=plugin, policy=policy, varlen_keys=frozenset(keys),
-                   plugins=plugins, options=options)
+                   plugins=plugins, options=options, layout=layout)
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | os.PathLike[str], *, revision: str | None = None,
@@ -352,8 +360,9 @@ class RopeEngine:
 
     @checked_keywords
     def collate(self, samples: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-        """Batch per-sample multimodal inputs; :attr:`varlen_keys` are zero-padded to the largest sample."""
-        return _collate(samples, self.varlen_keys)
+        """Batch per-sample multimodal inputs; :attr:`varlen_keys` are zero-padded to the largest sample,
+        the keys of :attr:`batch_layout` batched as the family's processor batches them."""
+        return _collate(samples, self.varlen_keys, media=self.batch_layout.media)
 
     @checked_keywords
     def batch(self, outputs: Iterable[Mapping[str, Any]], padding_side: str = "right") -> tuple[Any, Any, dict[str, Any]]:
@@ -361,7 +370,8 @@ class RopeEngine:
         ``(input_ids, attention_mask, multi_modal_inputs)``."""
         tokenizer = getattr(self.processor, "tokenizer", None)
         pad = getattr(tokenizer, "pad_token_id", None)
-        return batch_processor_outputs(outputs, self.varlen_keys, pad_token_id=pad or 0, padding_side=padding_side)
+        return batch_processor_outputs(outputs, self.varlen_keys, pad_token_id=pad or 0, padding_side=padding_side,
+                                       media=self.batch_layout.media)
 
     def process(self, **processor_kwargs: Any) -> Any:
         """Call the processor under the plugins' validation policy.

@@ -81,6 +81,11 @@ class PackingUnsupportedError(MmropeError):
     forward, naming the layers and what to do instead."""
 
 
+class PaddingUnsupportedError(MmropeError, ValueError):
+    """The model's own layers give a sample padded on this side other logits than the sample
+    alone: ``PaddedCollator`` refuses the side, naming why and the side to use."""
+
+
 class CollateError(InvalidInputError):
     """Per-sample multimodal inputs cannot be batched."""
 

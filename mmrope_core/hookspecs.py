@@ -19,6 +19,7 @@ from typing import Any
 
 import pluggy
 
+from .batching import BatchLayout
 from .types import ExampleCase, RopeBinding, ValidationPolicy
 
 PROJECT_NAME = "mmrope"
@@ -119,6 +120,25 @@ def varlen_keys(processor: Any) -> Iterable[str] | None:
         def varlen_keys(processor):
             if type(processor).__name__ == "MyOmniProcessor":
                 return {"input_features", "feature_attention_mask"}
+    """
+
+
+@hookspec(firstresult=True)
+def batch_layout(processor: Any, config: Any) -> BatchLayout | None:
+    """How the model takes a batch, where its processor batches media otherwise than the common
+    way (every key concatenated on dim 0, varying dims zero-padded), or its layers get a padding
+    side wrong.
+
+    Called once when an engine is built. Return a :class:`~mmrope_core.batching.BatchLayout`
+    for processors you bound, None otherwise; the engine's ``batch``/``collate`` and both
+    collators follow it, and the processor's own batched call is what it must reproduce.
+
+    Example::
+
+        @hookimpl
+        def batch_layout(processor, config):
+            if type(processor).__name__ == "MyStripProcessor":  # one (1, 3, 14, W) strip per sample
+                return BatchLayout(media={"pixel_values": MediaKey(join="last")})
     """
 
 

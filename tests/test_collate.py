@@ -162,3 +162,64 @@ def test_token_types_given_as_l_rows_are_padded_with_their_tokens(side):
     _, _, inputs = batch_processor_outputs(outputs, {"mm_token_type_ids"}, padding_side=side)
     want = [[0, 1, 0], [1, 1, 0]] if side == "right" else [[0, 1, 0], [0, 1, 1]]
     assert inputs["mm_token_type_ids"].tolist() == want
+
+
+# -- keys batched by their family's own rule (mmrope_core.batching) ---------------------------------
+
+
+def test_strips_are_joined_on_the_last_dim_into_one():
+    from mmrope_core import MediaKey
+
+    strips = [{"pixel_values": torch.full((1, 3, 2, width), float(width))} for width in (4, 6)]
+    batch = collate(strips, varlen_keys={"pixel_values"}, media={"pixel_values": MediaKey(join="last")})
+    assert batch["pixel_values"].shape == (1, 3, 2, 10)
+    assert batch["pixel_values"][..., :4].eq(4).all() and batch["pixel_values"][..., 4:].eq(6).all()
+    with pytest.raises(CollateError, match="joins each sample's"):
+        collate([{"pixel_values": torch.ones(2, 3, 2, 4)}], media={"pixel_values": MediaKey(join="last")})
+
+
+def test_every_sample_gets_a_row_of_the_batchs_items_and_empty_slots_take_their_value():
+    from mmrope_core import MediaKey
+    from mmrope_core.batching import first_item_slot
+
+    rules = {"masks": MediaKey(items_dim=1, empty_item=first_item_slot),
+             "cross": MediaKey(items_dim=2, token_dim=1)}
+    samples = [{"masks": torch.tensor([[[1, 1, 0]]]), "cross": torch.ones(1, 2, 1, 3, dtype=torch.long)},
+               {},
+               {"masks": torch.tensor([[[1, 0, 0], [1, 1, 1]]]), "cross": torch.full((1, 3, 2, 3), 2)}]
+    before = {key: value.clone() for key, value in samples[0].items()}
+    batch = collate(samples, media=rules, padding_side="left", lengths=[4, 4, 4])
+    assert batch["masks"].tolist() == [[[1, 1, 0], [1, 0, 0]], [[1, 0, 0], [1, 0, 0]], [[1, 0, 0], [1, 1, 1]]]
+    cross = batch["cross"]
+    assert cross.shape == (3, 4, 2, 3)
+    assert cross[0, 2:, 0].eq(1).all() and cross[0, :2].eq(0).all() and cross[0, :, 1].eq(0).all()  # padded left
+    assert cross[1].eq(0).all() and cross[2, 1:].eq(2).all() and cross[2, 0].eq(0).all()
+    assert all(torch.equal(samples[0][key], value) for key, value in before.items())  # inputs untouched
+
+
+def test_a_key_placed_per_row_or_read_once_per_batch_refuses_a_mixed_batch():
+    from mmrope_core import MediaKey
+
+    with pytest.raises(CollateError, match=r"sample 1 has no 'pixel_values', which samples \[0, 2\] hold"):
+        collate([{"pixel_values": torch.ones(1, 2)}, {}, {"pixel_values": torch.ones(1, 2)}],
+                media={"pixel_values": MediaKey(per_row=True)})
+    with pytest.raises(CollateError, match=r"samples 0 and 1 differ in 'count' \(\[1\] and none\)"):
+        collate([{"count": torch.tensor([1])}, {}], media={"count": MediaKey(uniform=True)})
+    same = collate([{"count": torch.tensor([2])}, {"count": torch.tensor([2])}], media={"count": MediaKey(uniform=True)})
+    assert same["count"].tolist() == [2, 2]
+
+
+def test_a_batch_layout_checks_itself():
+    from mmrope_core import BatchLayout, MediaKey
+
+    with pytest.raises(TypeError, match="join"):
+        MediaKey(join="first")
+    with pytest.raises(TypeError, match="dim >= 1"):
+        MediaKey(items_dim=0)
+    with pytest.raises(TypeError, match="needs items_dim"):
+        MediaKey(empty_item=lambda shape, dtype: torch.zeros(shape, dtype=dtype))
+    with pytest.raises(TypeError, match="reason"):
+        BatchLayout(refused_sides={"left": ""})
+    with pytest.raises(TypeError, match="MediaKey"):
+        BatchLayout(media={"pixel_values": "last"})
+    assert "pixel_values" in BatchLayout(media={"pixel_values": MediaKey(per_row=True)}).packing_refusal

@@ -81,8 +81,13 @@ def test_a_padded_batch_holds_the_engines_positions(name, side):
     for row, sample in enumerate(samples):
         valid = batch["attention_mask"][row].bool()
         mine = batch["position_ids"][:, row, valid] if engine.rope_kind == "mrope" else batch["position_ids"][row, valid]
-        assert torch.equal(mine, alone(engine, sample))
-        assert torch.equal(batch["labels"][row, valid], sample["input_ids"][0])
+        own = alone(engine, sample)
+        # a model that reads only its M-RoPE rows (HunYuan-VL's four) gets them without the text row
+        assert torch.equal(mine, own if engine.batch_layout.text_positions else own[1:])
+        labels = batch["labels"][row, valid]
+        assert torch.equal(labels[1:], sample["input_ids"][0, 1:])
+        # left-padded, a pad would predict the first token, which the sample alone never does
+        assert labels[0] == (-100 if side == "left" else sample["input_ids"][0, 0])
         assert (batch["labels"][row, ~valid] == -100).all()
 
 
@@ -223,3 +228,20 @@ def test_a_collator_pickles_for_data_loader_workers():
     collator = PackedCollator(engine, max_length=4096, flash_attn_kwargs=True)
     copy = pickle.loads(pickle.dumps(collator))
     assert torch.equal(copy(samples)["position_ids"], collator(samples)["position_ids"])
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_the_fuzzers_batch_check_finds_media_out_of_place(side):
+    from mmrope_core.testing._collated import collated_problem
+
+    engine, samples = engine_and_samples(QWEN)
+    collator = PaddedCollator(engine, padding_side=side)
+    batch = collator(samples)
+    assert collated_problem(samples, batch, collator, engine) == ""
+    rows = batch["pixel_values"].shape[0]
+    swapped = {**batch, "pixel_values": batch["pixel_values"].roll(1, 0)}  # another sample's patches first
+    assert "'pixel_values'" in collated_problem(samples, swapped, collator, engine)
+    short = {**batch, "pixel_values": batch["pixel_values"][: rows - 1]}
+    assert "'pixel_values'" in collated_problem(samples, short, collator, engine)
+    missing = {key: value for key, value in batch.items() if key != "image_grid_thw"}
+    assert "'image_grid_thw' of the samples is not in the batch" in collated_problem(samples, missing, collator, engine)

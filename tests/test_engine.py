@@ -309,6 +309,29 @@ def test_varlen_keys_are_the_union_and_collate_pads_them(toy_manager, toy):
     assert batch["features"][0, :, 3:].eq(0).all() and batch["features"][1].eq(1).all()
 
 
+def test_a_plugins_batch_layout_reaches_batch_and_collate(toy_manager, toy):
+    from mmrope_core import BatchLayout, MediaKey
+
+    class Strips:
+        @hookimpl
+        def batch_layout(self, processor):
+            return BatchLayout(media={"strip": MediaKey(join="last")})
+
+    class Wrong:
+        @hookimpl
+        def batch_layout(self, processor):
+            return {"strip": "last"}
+
+    with toy_manager.registered(Strips(), "strips"):
+        engine = RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager)
+    samples = [{"input_ids": torch.tensor([[1, 2]]), "strip": torch.ones(1, 3, width)} for width in (2, 5)]
+    assert engine.collate([{"strip": sample["strip"]} for sample in samples])["strip"].shape == (1, 3, 7)
+    assert engine.batch(samples)[2]["strip"].shape == (1, 3, 7)
+    with toy_manager.registered(Wrong(), "wrong"):
+        with pytest.raises(PluginContractError, match="wrong .*returned dict from batch_layout; expected a BatchLayout"):
+            RopeEngine.from_processor(toy.ToyProcessor(), plugin_manager=toy_manager)
+
+
 def test_process_applies_the_policy_to_a_copy(toy_manager, toy):
     processor = toy.ToyProcessor()
     engine = RopeEngine.from_processor(processor, plugin_manager=toy_manager)

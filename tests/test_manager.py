@@ -142,7 +142,8 @@ def test_plugin_info_serialises_for_json():
 
 def test_hook_names_are_the_documented_ones():
     assert PluginManager.hook_names() == [
-        "bind_rope_index", "example_cases", "get_rope_index_kwargs", "validate_inputs_policy", "varlen_keys",
+        "batch_layout", "bind_rope_index", "example_cases", "get_rope_index_kwargs", "validate_inputs_policy",
+        "varlen_keys",
     ]
 
 

@@ -1,6 +1,8 @@
 """What a collator's batch must hold for the fuzzer: each sample's tokens and labels where the
-collator put them, and there the positions the model computes for that sample alone (for a
-padded batch, the model's own positions on the whole batch too)."""
+collator put them, there the positions the model computes for that sample alone (for a padded
+batch, the model's own positions on the whole batch too), and each sample's media, unchanged, in
+the sample's order, where the family's batching rule puts them (padding holding zeros or the
+rule's empty items)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Any
 
 import torch
 
+from ..batching import MediaKey
 from ._direct import ModelPositions
 from ._mutations import COLLATOR_CALLS
 
@@ -35,6 +38,7 @@ def collated_problem(samples: Sequence[Mapping[str, Any]], batch: Mapping[str, A
     laid = positions.transpose(0, 1) if four_rows else positions  # (B, rows, L) or (B, L)
     exact = ids.dtype == torch.int64
     kwargs = collator.mm_processor_kwargs
+    layout = collator.engine.batch_layout
     packed = isinstance(collator, PackedCollator)
     if packed and ("attention_mask" in batch or batch.get("use_cache") is not False):
         return "a packed row comes with an attention_mask, or without use_cache=False"
@@ -54,6 +58,8 @@ def collated_problem(samples: Sequence[Mapping[str, Any]], batch: Mapping[str, A
             where = index
             span = slice(0, row.numel()) if collator.padding_side == "right" else slice(ids.shape[1] - row.numel(), None)
             want_labels = torch.where(mask.bool(), given, IGNORE_INDEX)
+            if collator.padding_side == "left":  # no pad predicts the first token: alone, nothing does
+                want_labels[0] = IGNORE_INDEX
             outside = torch.ones(ids.shape[1], dtype=torch.bool)
             outside[span] = False
             if bool(batch["attention_mask"][where, outside].any()) or \
@@ -64,20 +70,76 @@ def collated_problem(samples: Sequence[Mapping[str, Any]], batch: Mapping[str, A
         if not torch.equal(labels[where, span].long(), want_labels.long()):
             return f"sample {index}'s labels are not its own (-100 where it has no loss) at row {where}"
         # at its valid tokens: what the model puts at padding depends on the batch (Qwen3-Omni's on its media)
-        alone = _positions(own, row[None], None if packed else mask[None], media_of(sample), kwargs)
+        alone = _rows(layout, _positions(own, row[None], None if packed else mask[None], media_of(sample), kwargs))
         valid = mask.bool()
         if alone is not None and not _same(laid[where, ..., span][..., valid], alone[0][..., valid], exact):
             return f"sample {index}'s positions differ from what the model computes for it alone"
         start = span.stop
+    problem = _media_problem(samples, batch, layout, collator)
+    if problem:
+        return problem
     if packed:
         bounds = torch.tensor([0, *(sample["input_ids"].numel() for sample in samples)]).cumsum(0)
         if start != ids.shape[1] or not torch.equal(batch["cu_seq_lens_q"].long(), bounds):
             return f"cu_seq_lens_q {batch['cu_seq_lens_q'].tolist()} for samples ending at {bounds.tolist()}"
         return ""
-    whole = _positions(own, ids, batch["attention_mask"], media_of(batch), kwargs)
+    if not getattr(collator.engine.binding.kernel, "samples_independent", True):
+        return ""  # the model's method numbers the batch's media in order: each sample alone is the reference
+    whole = _rows(layout, _positions(own, ids, batch["attention_mask"], media_of(batch), kwargs))
     if whole is not None and not _same(laid, whole, exact):
         return "the batch's positions differ from what the model computes on it"
     return ""
+
+
+def _rows(layout: Any, positions: Any) -> Any:
+    """M-RoPE positions without the text row, for a model that reads only its rotary rows."""
+    if positions is None or layout.text_positions or positions.dim() != 3:
+        return positions
+    return positions[:, 1:]
+
+
+def _media_problem(samples: Sequence[Mapping[str, Any]], batch: Mapping[str, Any], layout: Any,
+                   collator: Any) -> str:
+    """Where a sample's media are not in the batch as they are, in order, by the key's rule."""
+    keys = dict.fromkeys(key for sample in samples for key in media_of(sample))
+    for key in keys:
+        if key not in batch:
+            return f"media key {key!r} of the samples is not in the batch"
+        got, rule = batch[key], layout.media.get(key, MediaKey())
+        values: list[tuple[int, Any]] = [(index, media_of(sample)[key]) for index, sample in enumerate(samples)
+                                         if key in media_of(sample)]
+        if not isinstance(got, torch.Tensor):
+            if isinstance(got, list) and got != [item for _, value in values for item in value]:
+                return f"{key!r}: the batch's list is not the samples' lists in order"
+            continue
+        if rule.join == "last":
+            joined = torch.cat([value for _, value in values], dim=-1)
+            if not _equal(got, joined):
+                return f"{key!r}: not each sample's {tuple(values[0][1].shape[:-1])} strip joined on the last dim"
+            continue
+        offset = 0
+        for index, value in values:
+            rows = 1 if rule.items_dim is not None else value.shape[0]
+            where = index if rule.items_dim is not None else offset
+            if got.dim() != value.dim() or got.shape[0] < where + rows:
+                return f"{key!r}: sample {index}'s {tuple(value.shape)} does not fit the batch's {tuple(got.shape)}"
+            region = got[where:where + rows]
+            for dim in range(1, value.dim()):
+                width = value.shape[dim]
+                if width > region.shape[dim]:
+                    return f"{key!r}: sample {index}'s {tuple(value.shape)} does not fit the batch's {tuple(got.shape)}"
+                left = dim == rule.token_dim and getattr(collator, "padding_side", "right") == "left"
+                region = region.narrow(dim, region.shape[dim] - width if left else 0, width)
+            if not _equal(region, value):
+                return f"{key!r}: sample {index}'s value is not at its place in the batch (rows {where}..{where + rows})"
+            offset += rows
+        if rule.items_dim is None and offset != got.shape[0]:
+            return f"{key!r}: the batch holds {got.shape[0]} rows for the samples' {offset}"
+    return ""
+
+
+def _equal(got: torch.Tensor, want: torch.Tensor) -> bool:
+    return got.shape == want.shape and bool(torch.equal(got, want.to(got.dtype)))
 
 
 def _positions(own: Any, ids: torch.Tensor, mask: Any, media: dict[str, Any], kwargs: Any) -> Any:

@@ -9,7 +9,7 @@ import torch
 import transformers
 
 import mmrope_core.errors as errors
-from mmrope_core import PluginManager, RopeEngine
+from mmrope_core import MediaKey, PluginManager, RopeEngine
 from mmrope_core.collate import collate
 from mmrope_core.collators import PackedCollator, PaddedCollator
 from mmrope_core.parallel import split_batch, split_index
@@ -179,6 +179,15 @@ TRIGGERS = {
     "batch-mask-length": lambda: engine("Qwen2-VL").batch([{"input_ids": torch.tensor([[1, 2, 3]]),
                                                             "attention_mask": torch.ones(1, 2, dtype=torch.long)}]),
     "collate-shapes": lambda: collate([{"input_features": torch.ones(1, 4, 3)}, {"input_features": torch.ones(1, 4, 5)}]),
+    "collate-row-without-media": lambda: collate([{"pixel_values": torch.ones(1, 3, 2, 2)}, {}],
+                                                 media={"pixel_values": MediaKey(per_row=True)}),
+    "collate-mixed-kinds": lambda: collate([{"pixel_values": torch.ones(4, 6)}, {"images_per_sample": torch.tensor([2])}],
+                                           media={"pixel_values": MediaKey(all_or_none=True)}),
+    "collate-one-value": lambda: collate([{"images_per_sample": torch.tensor([2])},
+                                          {"images_per_sample": torch.tensor([3])}],
+                                         media={"images_per_sample": MediaKey(uniform=True)}),
+    "padding-side-refused": lambda: PaddedCollator(tiny_engine("Mllama (mllama)", "llama4"), padding_side="left"),
+    "packed-media-per-row": lambda: PackedCollator(git_engine()),
     "collate-types": lambda: collate([{"metadata": "x"}, {"metadata": {"fps": 2}}]),
     "collator-no-engine": lambda: PaddedCollator(engine("Qwen2-VL").processor),
     "collator-not-samples": lambda: PaddedCollator(engine("Qwen2-VL"))({"input_ids": torch.tensor([[1, 2, 3]])}),
@@ -212,6 +221,24 @@ def convention_at_install():
     from mmrope_core.integrations import llamafactory
 
     llamafactory.install(convention="vlm")
+
+
+def tiny_engine(case, model_type):
+    """The transformers plugin's tiny processor of ``case`` for ``model_type``'s default config."""
+    from mmrope_transformers.examples import example_cases
+
+    processor, _ = next(found for found in example_cases() if found.name == case).build()
+    return RopeEngine.from_processor(processor, transformers.AutoConfig.for_model(model_type))
+
+
+def git_engine():
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    from mmrope_core.tiny import FILLER_WORDS, word_level_tokenizer
+
+    processor = transformers.GitProcessor(image_processor=CLIPImageProcessorPil(),
+                                          tokenizer=word_level_tokenizer({}, words=FILLER_WORDS))
+    return RopeEngine.from_processor(processor, transformers.GitConfig())
 
 
 def cohere_compass_video():

@@ -49,6 +49,14 @@ def varlen_keys(processor: Any):
 
 
 @hookimpl
+def batch_layout(processor: Any, config: Any):
+    from .batching import layout_of
+    from .bind import bound
+
+    return None if bound(processor) is None else layout_of(processor, config)
+
+
+@hookimpl
 def example_cases():
     from .examples import example_cases as cases
 

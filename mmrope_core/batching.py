@@ -1,0 +1,122 @@
+"""How a model takes a batch, as its plugin declares it: the media keys its processor batches in
+its own way, the padding side the model itself gets wrong, the rows of positions it reads.
+
+A plugin returns a :class:`BatchLayout` from the ``batch_layout`` hook; the engine's ``batch``
+and ``collate`` and both collators follow it. A family whose processor concatenates every media
+key on dim 0, padding the varying dimensions with zeros (most of them), declares nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import torch
+
+#: ``empty_item(shape, dtype)``: the value of the item slots a sample does not fill.
+EmptyItem = Callable[[tuple[int, ...], Any], Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class MediaKey:
+    """How one media key's per-sample tensors become the batch's, as the processor's own batched
+    call makes them.
+
+    Attributes:
+        join: ``"rows"``: each sample's tensor is one or more rows, concatenated on dim 0;
+            ``"last"``: each sample's ``(1, ..., W_i)`` is joined on the last dim into one
+            ``(1, ..., sum W_i)`` (MiniCPM-V's image strips).
+        items_dim: the dim counting a sample's items (Mllama's images): every sample gets a row,
+            a sample without the key one with no items, and the slots a sample does not fill
+            hold ``empty_item`` (zeros by default).
+        empty_item: ``empty_item(shape, dtype)``, the value of unfilled item slots of that shape.
+        token_dim: the dim holding one entry per token (Mllama's ``cross_attention_mask``: 1):
+            padded to the batch's length on the padding side, as the ids are.
+        per_row: the model places the key itself, one per batch row (GIT prepends each row's
+            image; the text holds no placeholder): every sample must hold it, and a packed row
+            cannot hold several.
+        uniform: the model reads one value for the whole batch (GLM-Image's
+            ``images_per_sample``): samples whose values differ cannot share a batch.
+        all_or_none: every sample of a batch holds the key or none does (GLM-Image's source
+            images: its processor batches image-to-image or text-to-image samples, not a mix).
+    """
+
+    join: Literal["rows", "last"] = "rows"
+    items_dim: int | None = None
+    empty_item: EmptyItem | None = None
+    token_dim: int | None = None
+    per_row: bool = False
+    uniform: bool = False
+    all_or_none: bool = False
+
+    def __post_init__(self) -> None:
+        if self.join not in ("rows", "last"):
+            raise TypeError(f"MediaKey.join must be 'rows' or 'last', got {self.join!r}")
+        for name in ("items_dim", "token_dim"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise TypeError(f"MediaKey.{name} must be a dim >= 1 (dim 0 is the batch's) or None, got {value!r}")
+        if self.empty_item is not None and (self.items_dim is None or not callable(self.empty_item)):
+            raise TypeError("MediaKey.empty_item must be callable, and needs items_dim")
+        if self.join == "last" and (self.items_dim is not None or self.token_dim is not None):
+            raise TypeError("MediaKey(join='last') joins one row per sample: it takes no items_dim or token_dim")
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchLayout:
+    """How a model takes a batch of samples, where it differs from the common case.
+
+    Attributes:
+        media: media key -> :class:`MediaKey`; keys not listed are concatenated on dim 0.
+        text_positions: whether the model takes M-RoPE positions with the text positions as their
+            first row (transformers' ``(4, B, L)`` for three M-RoPE rows); False: only the rows
+            its rotary embedding reads (HunYuan-VL's four xD-RoPE rows).
+        refused_sides: padding side -> why the model's own layers give a sample padded on that
+            side other logits than the sample alone; ``PaddedCollator`` refuses the side.
+        labels_right: the labels are a sequence of their own (an encoder-decoder's decoder
+            targets): padded on the right whatever side the ids are padded on.
+        packing: why a packed row cannot hold this model's media (empty when it can).
+    """
+
+    media: Mapping[str, MediaKey] = dataclasses.field(default_factory=dict)
+    text_positions: bool = True
+    refused_sides: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    labels_right: bool = False
+    packing: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.media, Mapping) or not all(
+                isinstance(key, str) and isinstance(rule, MediaKey) for key, rule in self.media.items()):
+            raise TypeError("BatchLayout.media must map key names to MediaKey")
+        if not set(self.refused_sides) <= {"left", "right"} or not all(
+                isinstance(why, str) and why for why in self.refused_sides.values()):
+            raise TypeError("BatchLayout.refused_sides must map 'left'/'right' to a reason users can read")
+        if not isinstance(self.packing, str):
+            raise TypeError("BatchLayout.packing must be a string (empty when packed rows hold the media)")
+        object.__setattr__(self, "media", types.MappingProxyType(dict(self.media)))
+        object.__setattr__(self, "refused_sides", types.MappingProxyType(dict(self.refused_sides)))
+
+    @property
+    def packing_refusal(self) -> str:
+        """Why a packed row cannot hold the media: the layout's own reason, or the keys placed per row."""
+        per_row = [key for key, rule in self.media.items() if rule.per_row]
+        if self.packing or not per_row:
+            return self.packing
+        return (f"the model places {', '.join(per_row)} itself, one per batch row (the text holds no placeholder), "
+                f"so a packed row would hand every segment's media to one row")
+
+
+COMMON = BatchLayout()
+
+
+def first_item_slot(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Unfilled item slots marking their first entry (Mllama's ``aspect_ratio_mask``: an absent
+    image counts one tile, as its image processor pads it)."""
+    import torch  # listing plugins does not need it
+
+    value = torch.zeros(shape, dtype=dtype)
+    value[..., 0] = 1
+    return value

@@ -1,0 +1,95 @@
+"""How each bound model takes a batch: the media its processor batches in its own way, the padding
+side its layers get wrong, the rows of positions it reads (see :mod:`mmrope_core.batching`).
+
+What a processor's batched call does otherwise than concatenating every key on dim 0 is stated
+per model type below, each checked against the processor's own batched call by the tests; what
+follows from the config (its layers, an encoder-decoder) or the processor (no placeholder
+tokens) is read from them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from mmrope_core.batching import BatchLayout, MediaKey, first_item_slot
+
+from .reference import media_token_ids
+
+_STRIP = MediaKey(join="last")
+#: Mllama: every sample gets a row of the batch's most images (and tiles), its cross-attention
+#: mask one entry per token, padded as the ids are
+_MLLAMA = {
+    "pixel_values": MediaKey(items_dim=1),
+    "aspect_ratio_ids": MediaKey(items_dim=1),
+    "aspect_ratio_mask": MediaKey(items_dim=1, empty_item=first_item_slot),
+    "cross_attention_mask": MediaKey(items_dim=2, token_dim=1),
+}
+
+_IMAGE_ROWS = {"pixel_values": MediaKey(items_dim=1), "pixel_attention_mask": MediaKey(items_dim=1)}
+
+#: model_type -> what its processor's batched call does otherwise, and why packed rows cannot hold it.
+LAYOUTS: Mapping[str, BatchLayout] = {
+    # one (1, 3, 14, W) strip per sample; the batch's strips joined into one, as the model takes them
+    "minicpmv4_6": BatchLayout(media={"pixel_values": _STRIP}),
+    "minicpmv4_7": BatchLayout(media={"pixel_values": _STRIP}),
+    "mllama": BatchLayout(media=_MLLAMA, packing="its cross-attention mask and image rows are per batch row: "
+                                                 "a packed row would let every segment's tokens see the images "
+                                                 "of the row's first sample only"),
+    # every sample gets a row of the batch's most images; the model drops the all-zero ones
+    # (Idefics2 and SmolVLM: the same image processor and model code as Idefics3)
+    **dict.fromkeys(("idefics2", "idefics3", "smolvlm"), BatchLayout(media=_IMAGE_ROWS)),
+    # the processor batches text-to-image or image-to-image samples with one source count, not a mix
+    "glm_image": BatchLayout(media={"images_per_sample": MediaKey(uniform=True),
+                                    "pixel_values": MediaKey(all_or_none=True)}),
+    # its text model takes exactly its xD-RoPE rows (it raises on the text row transformers 5.x
+    # prepends), and without that row it cannot find a packed row's segments
+    "hunyuan_vl": BatchLayout(text_positions=False,
+                              packing="its text model takes only its xD-RoPE rows of positions, not the text row "
+                                      "that tells transformers where a packed row's segments start"),
+}
+
+
+def layout_of(processor: Any, config: Any) -> BatchLayout | None:
+    """The batch layout of ``config``'s model fed by ``processor``, None for the common one."""
+    model_type = str(getattr(config, "model_type", ""))
+    stated = LAYOUTS.get(model_type)
+    media = dict(stated.media) if stated else {}
+    media.update(_placed_per_row(processor, config))
+    refused = _refused_sides(config)
+    labels_right = bool(getattr(config, "is_encoder_decoder", False))
+    if not (stated or media or refused or labels_right):
+        return None
+    return BatchLayout(media=media, text_positions=stated.text_positions if stated else True,
+                       refused_sides=refused, labels_right=labels_right, packing=stated.packing if stated else "")
+
+
+def _placed_per_row(processor: Any, config: Any) -> dict[str, MediaKey]:
+    """A processor that takes images but writes no placeholder for them feeds a model that places
+    each row's image itself (GIT prepends it): one per batch row, every row."""
+    from .models import sees_images
+
+    image_processor = getattr(processor, "image_processor", None)
+    if image_processor is None or any(media_token_ids(processor)) or not sees_images(config):
+        return {}
+    if any(getattr(processor, name, None) is not None for name in ("image_token", "image_token_id")):
+        return {}
+    keys = getattr(image_processor, "model_input_names", None) or ["pixel_values"]
+    return {key: MediaKey(per_row=True) for key in keys if key not in ("input_ids", "attention_mask")}
+
+
+def _refused_sides(config: Any) -> dict[str, str]:
+    """Padding sides the model's own layers get wrong, read from its text config."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    refused: list[str] = []
+    no_rope = getattr(text, "no_rope_layers", None) or ()
+    if getattr(text, "attn_temperature_tuning", False) and any(not uses_rope for uses_rope in no_rope):
+        floor = getattr(text, "floor_scale", None)
+        refused.append(f"its NoPE layers scale attention by a temperature read from each token's slot in the row, "
+                       f"which left padding shifts (rows longer than floor_scale={floor} tokens differ)")
+    kinds = set(getattr(text, "layer_types", None) or ())
+    block = getattr(text, "index_block_size", None)
+    if block and kinds - {"full_attention", "sliding_attention"}:
+        refused.append(f"its sparse indexer picks key blocks by slot (slot // index_block_size={block}), which left "
+                       f"padding shifts")
+    return {"left": "; ".join(refused)} if refused else {}

@@ -1,0 +1,513 @@
+"""A padded batch trains each sample as the sample alone, or is refused: for every example case,
+tiny random models of the real model classes run ``PaddedCollator`` batches padded on either side,
+and each sample's logits at its tokens, the loss and its gradients are compared with the sample run
+alone, the model computing its own positions. The batch's media equal the processor's own batched
+call: the reference for keys, shapes and order. Where the model's own padding changes a sample
+(Mllama's empty image slots take part in its cross-attention), the processor's batch through the
+model is the reference instead of the samples alone."""
+
+from __future__ import annotations
+
+import functools
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_models import cases, names, tiny_model
+
+from mmrope_core import CollateError, PackingUnsupportedError, RopeEngine
+from mmrope_core.collators import PackedCollator, PaddedCollator
+
+torch.set_num_threads(1)  # two cores, shared
+pytestmark = pytest.mark.differential
+
+SIDES = ("right", "left")
+#: Model types whose own padded batch differs from its samples alone (an empty image slot takes
+#: part in the cross-attention): the processor's batch through the model is the reference.
+PROCESSOR_BATCH_IS_REFERENCE = {
+    "mllama": "an empty image slot of a row takes part in its cross-attention",
+    "hy_v4_vl": "the model's own batch changes a sample: its processor's batch through the model gives a sample with "
+                "an image other logits than alone (by 2.5e-5 in float64), the same as the collator's batch does",
+}
+#: Keys compared at the real tokens only: the processor fills them at padding tokens too (Mllama's
+#: last image attends to the end of the padded row), which no real token reads.
+AT_TOKENS_ONLY = {"cross_attention_mask"}
+#: Audio features compared at each clip's frames but its last: the processor's batch computes the
+#: last frame of a shorter clip from a window reaching into its padding, which the clip alone never
+#: has; the model reads only the frames the mask marks, and trains each sample as it comes alone.
+FRAMES = {"input_features": "feature_attention_mask"}
+# float32 sums in another order (over padding, HY-V4-VL's eager attention): up to 2.5e-5 on small logits
+LOGITS = {"rtol": 1e-4, "atol": 5e-5}
+GRADIENTS_RTOL, GRADIENTS_ATOL = 1e-3, 5e-5
+TEXT = "the cat sat on a mat"
+
+
+def extra_cases():
+    """Model types the plugins bind that have no example case, built here as the plugins build
+    their cases: ``name -> (build() -> (processor, config), calls(processor, rng), overrides of
+    the default config)``. SmolVLM is left out: its processor needs ``num2words``, which the tests
+    run without."""
+    import transformers
+
+    from mmrope_transformers.examples import build, samples
+    from mmrope_transformers.specs import _IDEFICS_WORDS, Spec, available
+
+    idefics2 = Spec("Idefics2 (idefics2)", "idefics2", "Idefics2Processor",
+                    ("idefics2", "Idefics2ImageProcessorPil",
+                     {"size": {"longest_edge": 56, "shortest_edge": 28}, "do_image_splitting": False}),
+                    {"image_token": "<image>", "image_boundary_token": "<fake_token_around_image>",
+                     "end_of_utterance_token": "<end_of_utterance>"},
+                    {"image_token_id": "<image>"}, "<image>", words=_IDEFICS_WORDS,
+                    processor_kwargs={"image_seq_len": 4}, images_in_a_list=True)
+    found = {}
+    if available(idefics2):  # the processor's tokens per image, patches that tile its images
+        found[idefics2.name] = (functools.partial(build, idefics2), functools.partial(samples, idefics2),
+                                (("perceiver_config.resampler_n_latents", 4), ("vision_config.patch_size", 14),
+                                 ("vision_config.image_size", 56)))
+    if "paligemma" in transformers.CONFIG_MAPPING:  # patches that tile its 28-pixel images
+        found["PaliGemma (paligemma)"] = (paligemma, image_calls, (("vision_config.patch_size", 14),
+                                                                   ("vision_config.image_size", 28)))
+    if "qwen2_audio" in transformers.CONFIG_MAPPING:
+        found["Qwen2-Audio (qwen2_audio)"] = (qwen2_audio, audio_calls, ())
+    return found
+
+
+AUDIO_TOKENS = {"audio_token": "<|AUDIO|>", "audio_bos_token": "<|audio_bos|>", "audio_eos_token": "<|audio_eos|>"}
+
+
+def qwen2_audio():
+    import transformers
+
+    from mmrope_core.tiny import word_level_tokenizer
+
+    tokenizer = word_level_tokenizer(AUDIO_TOKENS)
+    processor = transformers.Qwen2AudioProcessor(feature_extractor=transformers.WhisperFeatureExtractor(),
+                                                 tokenizer=tokenizer)
+    config = transformers.AutoConfig.for_model("qwen2_audio")
+    config.audio_token_id = tokenizer.convert_tokens_to_ids(AUDIO_TOKENS["audio_token"])
+    return processor, config
+
+
+def paligemma():
+    import transformers
+    from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
+
+    from mmrope_core.tiny import word_level_tokenizer
+
+    tokenizer = word_level_tokenizer({"image_token": "<image>", "bos_token": "<bos>"})
+    image_processor = SiglipImageProcessorPil(size={"height": 28, "width": 28})
+    image_processor.image_seq_length = 4  # what the processor reads: tokens per image
+    processor = transformers.PaliGemmaProcessor(image_processor=image_processor, tokenizer=tokenizer)
+    config = transformers.AutoConfig.for_model("paligemma")
+    config.image_token_id = tokenizer.convert_tokens_to_ids("<image>")
+    return processor, config
+
+
+def image_calls(processor, rng):
+    """Two samples with an image each (PaliGemma's processor places its image tokens itself)."""
+    from mmrope_core.tiny import filler_text, random_image
+
+    return [{"text": [filler_text(rng, count)], "images": [random_image(rng, 28, 28)], "return_tensors": "pt"}
+            for count in (4, 2)]
+
+
+def audio_calls(processor, rng):
+    """Two samples with an audio clip each, of 1 and 2 seconds."""
+    import numpy as np
+
+    from mmrope_core.tiny import filler_text
+
+    audio = f"{AUDIO_TOKENS['audio_bos_token']}{AUDIO_TOKENS['audio_token']}{AUDIO_TOKENS['audio_eos_token']}"
+    return [{"text": [f"{filler_text(rng, 2)} {audio} {filler_text(rng, 3)}"],
+             "audio": [np.sin(np.arange(16000 * seconds) / rng.uniform(5, 40)).astype(np.float32)],
+             "return_tensors": "pt"} for seconds in (1, 2)]
+
+
+EXTRA = extra_cases()
+
+
+@functools.cache
+def case(name):
+    tiny = tiny_model(name) if name not in EXTRA else tiny_of_spec(name)
+    return tiny, RopeEngine.from_processor(tiny.processor, tiny.config)
+
+
+def tiny_of_spec(name):
+    from tiny_models import TinyModel, _enliven, _fit_rope_sections, _model_class, _tiny_config
+
+    build, calls, overrides = EXTRA[name]
+    processor, config = build()
+    # PaliGemma's processor gives labels masking the whole prompt (no suffix): the ids are the
+    # labels here, as for every other case
+    samples = [{key: value for key, value in processor(**call).items() if key != "labels"}
+               for call in calls(processor, random.Random(0))]
+    tiny = _tiny_config(config, processor, samples, overrides)
+    model_class = _model_class(tiny)
+    tiny._attn_implementation = "sdpa" if getattr(model_class, "_supports_sdpa", True) else "eager"
+    _fit_rope_sections(model_class, tiny)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = model_class(tiny).eval()
+        _enliven(model)
+    return TinyModel(name, processor, tiny, model, samples, (), {}, {})
+
+
+def samples_calls(name, processor):
+    if name in EXTRA:
+        return EXTRA[name][1](processor, random.Random(0))
+    return cases()[name].samples(processor, random.Random(0))
+
+
+MEDIA = ("images", "videos", "audio")
+
+
+def calls_of(tiny):
+    """The processor calls of the case's samples, and one of text alone (the last sample)."""
+    calls = [dict(call) for call in samples_calls(tiny.name, tiny.processor)]
+    rest = {key: value for key, value in calls[0].items() if key not in ("text", *MEDIA)}
+    return [*calls, {**rest, "text": [TEXT]}]
+
+
+def samples_of(tiny):
+    if not takes_text_beside_images(tiny.name):
+        return list(tiny.samples)
+    return [*tiny.samples, dict(tiny.processor(**calls_of(tiny)[-1]))]
+
+
+#: What processors say when they refuse a text-only sample, alone (PaliGemma's) or beside samples
+#: with images (transformers 5.10's Mllama's): their batches then hold none.
+NO_TEXT_ONLY = ("at least one image per sample", "`images` are expected")
+
+
+@functools.cache
+def takes_text_beside_images(name):
+    """Whether the processor batches a text-only sample beside samples with images. GLM-Image's
+    refuses it, and so must the collator (:func:`refused_typed`)."""
+    tiny = case(name)[0]
+    if tiny.config.model_type == "glm_image":
+        return True
+    try:
+        tiny.processor(**calls_of(tiny)[-1])
+        processor_batch(tiny, calls_of(tiny), "right")
+    except ValueError as refused:
+        if not any(message in str(refused) for message in NO_TEXT_ONLY):
+            raise
+        return False
+    return True
+
+
+def processor_batch(tiny, calls, side):
+    """The processor's own batched call on the samples' texts and media, padded on ``side``."""
+    media = {}
+    for kind in MEDIA:
+        if any(kind in call for call in calls):
+            nested = any(isinstance(call.get(kind, [None])[0], list) for call in calls)
+            media[kind] = ([call[kind][0] if kind in call else [] for call in calls] if nested
+                           else [item for call in calls for item in call.get(kind, ())])
+    texts = [text for call in calls for text in call["text"]]
+    rest = {key: value for key, value in calls[0].items() if key not in ("text", "return_tensors", *MEDIA)}
+    return dict(tiny.processor(text=texts, **media, padding=True, padding_side=side, return_tensors="pt", **rest))
+
+
+def alone(model, sample):
+    """The sample's logits and its summed token loss, the model computing its own positions."""
+    labels = sample["input_ids"]
+    out = model(**sample, use_cache=False)
+    loss = torch.nn.functional.cross_entropy(out.logits[0, :-1].float(), labels[0, 1:], reduction="sum")
+    return out.logits[0], loss, labels.shape[1] - 1
+
+
+def refused_typed(tiny, engine, samples):
+    """Samples the model cannot take in one batch are refused at the call, typed."""
+    if tiny.config.model_type == "glm_image":  # a text-to-image sample beside image-to-image ones
+        with pytest.raises(CollateError, match="sample 2 has no 'pixel_values'"):
+            PaddedCollator(engine)(samples)
+        return samples[:-1]
+    return samples
+
+
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize("name", [*names(), *EXTRA])
+def test_a_padded_batch_trains_as_its_samples_alone(name, side):
+    tiny, engine = case(name)
+    model = tiny.model
+    samples = refused_typed(tiny, engine, samples_of(tiny))
+    batch = PaddedCollator(engine, padding_side=side)(samples)
+    equals_the_processors_batch(tiny, batch, calls_of(tiny)[:len(samples)], side)
+    mask = batch["attention_mask"].bool()
+    model_type = tiny.config.model_type
+    reference = None
+    with torch.no_grad():
+        logits = model(**batch, use_cache=False).logits
+        if model_type in PROCESSOR_BATCH_IS_REFERENCE:  # the model computing its positions on it
+            reference = processor_batch(tiny, calls_of(tiny)[:len(samples)], side)
+            theirs = model(**reference, use_cache=False).logits
+            torch.testing.assert_close(logits[mask], theirs[mask], **LOGITS)
+        else:
+            for index, sample in enumerate(samples):
+                own = alone(model, sample)[0]
+                torch.testing.assert_close(logits[index][mask[index]], own, **LOGITS,
+                                           msg=lambda m, index=index: f"sample {index}: {m}")
+    # the loss and its gradients: the samples' summed token losses over their token count (or the
+    # processor's batch's loss, on the same labels)
+    model.zero_grad(set_to_none=True)
+    if reference is None:
+        losses = [alone(model, sample)[1:] for sample in samples]
+        expected = sum(loss for loss, _ in losses) / sum(count for _, count in losses)
+    else:
+        expected = model(**reference, labels=batch["labels"], use_cache=False).loss
+    expected.backward()
+    theirs = {key: parameter.grad.clone() for key, parameter in model.named_parameters() if parameter.grad is not None}
+    model.zero_grad(set_to_none=True)
+    loss = model(**batch, use_cache=False).loss
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
+    loss.backward()
+    mine = {key: parameter.grad for key, parameter in model.named_parameters() if parameter.grad is not None}
+    model.zero_grad(set_to_none=True)
+    assert mine.keys() == theirs.keys()
+    for key, gradient in theirs.items():
+        atol = max(1e-6, GRADIENTS_ATOL * float(gradient.abs().max()))
+        torch.testing.assert_close(mine[key], gradient, rtol=GRADIENTS_RTOL, atol=atol,
+                                   msg=lambda m, key=key: f"{key}: {m}")
+
+
+def equals_the_processors_batch(tiny, batch, calls, side):
+    """Every key of the processor's batched call, in the collator's batch, equal."""
+    reference = processor_batch(tiny, calls, side)
+    mask = reference["attention_mask"].bool()
+    torch.testing.assert_close(batch["input_ids"], reference["input_ids"], rtol=0, atol=0)
+    torch.testing.assert_close(batch["attention_mask"], reference["attention_mask"].to(batch["attention_mask"].dtype),
+                               rtol=0, atol=0)
+    for key, value in reference.items():
+        if not isinstance(value, torch.Tensor) or key in ("input_ids", "attention_mask", "labels"):
+            continue
+        assert key in batch, f"{key}: in the processor's batch, not in the collator's"
+        mine = batch[key]
+        assert mine.shape == value.shape, f"{key}: {tuple(mine.shape)}, the processor's {tuple(value.shape)}"
+        if key in AT_TOKENS_ONLY:
+            mine, value = mine[mask], value[mask]
+        if key in FRAMES:
+            frames = reference[FRAMES[key]].sum(-1)
+            for row, count in enumerate(frames.tolist()):
+                torch.testing.assert_close(mine[row, ..., :count - 1], value[row, ..., :count - 1], rtol=0, atol=0,
+                                           msg=lambda m, row=row, key=key: f"{key} of clip {row}: {m}")
+            continue
+        torch.testing.assert_close(mine, value.to(mine.dtype), rtol=0, atol=0, msg=lambda m, key=key: f"{key}: {m}")
+
+
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize("name", [name for name in names() if name.startswith("HunYuan-VL")])  # not in 5.10
+def test_hunyuan_vl_samples_with_images_train_as_alone_wherever_they_stand(name, side):
+    """Its get_rope_index numbers the batch's images across rows: the second sample with an image
+    gets other positions in the model's own batch than alone; the collator's are each alone."""
+    tiny, engine = case(name)
+    samples = [tiny.samples[0], tiny.samples[1], tiny.samples[0]]
+    batch = PaddedCollator(engine, padding_side=side)(samples)
+    assert batch["position_ids"].shape[0] == 4  # its xD-RoPE rows, no text row
+    mask = batch["attention_mask"].bool()
+    with torch.no_grad():
+        logits = tiny.model(**batch, use_cache=False).logits
+        own = alone(tiny.model, samples[2])[0]
+        torch.testing.assert_close(logits[2][mask[2]], own, **LOGITS)
+        theirs = tiny.model(**{key: value for key, value in batch.items() if key != "position_ids"},
+                            use_cache=False).logits  # the model numbering the images itself
+        assert not torch.allclose(theirs[2][mask[2]], own, **LOGITS)
+
+
+#: Cases whose media a packed row batches otherwise than on dim 0 (one strip for all samples).
+PACKED_MEDIA = [name for name in names() if cases()[name].name.startswith("MiniCPM-V")]
+
+
+@pytest.mark.parametrize("name", PACKED_MEDIA)
+def test_a_packed_row_takes_its_media_as_the_model_does_or_is_refused(name):
+    tiny, engine = case(name)
+    samples = [{**sample, "labels": sample["input_ids"]} for sample in tiny.samples]
+    reference = processor_batch(tiny, calls_of(tiny)[:len(samples)], "right")
+    media = engine.collate([{key: value for key, value in sample.items()
+                             if key in ("pixel_values", "target_sizes")} for sample in samples])
+    for key, value in media.items():  # what a packed row hands the model: the processor's batch
+        torch.testing.assert_close(value, reference[key].to(value.dtype), rtol=0, atol=0)
+    try:
+        collator = PackedCollator(engine)
+    except PackingUnsupportedError as refused:  # its layers' reason (MiniCPM-V 4.7: linear attention, no kernels)
+        assert tiny.config.model_type in str(refused)
+        return
+    batch = collator(samples)
+    with torch.no_grad():
+        logits = tiny.model(**batch).logits[0]
+        start = 0
+        for index, sample in enumerate(samples):
+            length = sample["input_ids"].shape[1]
+            torch.testing.assert_close(logits[start:start + length], alone(tiny.model, tiny.samples[index])[0],
+                                       **LOGITS, msg=lambda m, index=index: f"sample {index}: {m}")
+            start += length
+        losses = [alone(tiny.model, sample)[1:] for sample in tiny.samples]
+        expected = sum(loss for loss, _ in losses) / sum(count for _, count in losses)
+        torch.testing.assert_close(tiny.model(**batch).loss, expected, rtol=1e-5, atol=1e-6)
+
+
+#: In a child process: the linear-attention kernels MiniCPM-V 4.7's layers need for packed rows
+#: (CUDA only) replaced by the stand-ins of ``stand_in_kernels/`` (see test_linear_attention_kernels.py).
+CHILD = f"""
+import sys
+sys.path[:0] = [{str(Path(__file__).parent / "stand_in_kernels")!r}, {str(Path(__file__).parent)!r}]
+import torch
+import transformers.utils.import_utils as import_utils
+import_utils.is_flash_linear_attention_available = lambda: True
+import_utils.is_causal_conv1d_available = lambda: True
+torch.cuda.current_device = lambda: 0
+import test_padded_batches as tests
+from mmrope_core.collators import PackedCollator
+for name in {PACKED_MEDIA!r}:
+    PackedCollator(tests.case(name)[1])  # accepted: the kernels take the boundaries
+    tests.test_a_packed_row_takes_its_media_as_the_model_does_or_is_refused(name)
+    print(name, "packs exactly")
+"""
+
+
+def test_a_packed_minicpm_v_row_trains_exactly_once_its_kernels_take_the_boundaries():
+    result = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=900, check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    for name in PACKED_MEDIA:
+        assert f"{name} packs exactly" in result.stdout
+
+
+# -- model types without an example case --------------------------------------------------------
+# Their own image processors need torchvision, which the tests run without: the samples are text
+# (what the padding side changes does not depend on images), and the engine is built from the
+# Mllama case's processor as a stand-in, which only tokenizes; GIT's processor is its own.
+
+
+def tiny_of(model_type, **values):
+    """A tiny random model of ``model_type``'s default config, ``values`` (dotted paths) set after
+    shrinking, and the config."""
+    import transformers
+    from tiny_models import _enliven, _model_class, _shrink
+
+    if model_type not in transformers.CONFIG_MAPPING:
+        pytest.skip(f"transformers {transformers.__version__} has no model type {model_type}")
+    config = transformers.AutoConfig.for_model(model_type).to_dict()
+    _shrink(config)
+    for path, value in values.items():
+        *parents, last = path.split(".")
+        tree = config
+        for parent in parents:
+            tree = tree[parent]
+        tree[last] = value
+    config = transformers.AutoConfig.for_model(model_type).__class__.from_dict(config)
+    model_class = _model_class(config)
+    config._attn_implementation = "sdpa" if getattr(model_class, "_supports_sdpa", True) else "eager"
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = model_class(config).eval()
+        _enliven(model)
+    return config, model
+
+
+def text_samples(length=(9, 5)):
+    generator = torch.Generator().manual_seed(0)
+    samples = []
+    for count in length:
+        ids = torch.randint(3, 60, (1, count), generator=generator)
+        samples.append({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+    return samples
+
+
+def logits_differ_on_the_left(model, engine, samples, forward=None):
+    """Each sample's logits at its tokens in a right- and a left-padded batch against alone:
+    (right equal, left's largest difference)."""
+    forward = forward or (lambda **batch: model(**batch, use_cache=False).logits)
+    differences = {}
+    for side in SIDES:
+        ids, mask, _ = engine.batch(samples, padding_side=side)
+        positions = engine.compute_position_ids(ids, mask, {})
+        with torch.no_grad():
+            logits = forward(input_ids=ids, attention_mask=mask, position_ids=positions)
+            differences[side] = max(float((logits[row][mask[row].bool()] - forward(**sample)[0]).abs().max())
+                                    for row, sample in enumerate(samples))
+    return differences
+
+
+def test_llama4_left_padding_is_refused_where_its_nope_layers_read_the_slot():
+    from mmrope_core import PaddingUnsupportedError
+
+    # rows longer than floor_scale get another attention temperature in NoPE layers
+    config, _ = tiny_of("llama4", **{"text_config.floor_scale": 2, "text_config.attn_scale": 1.0,
+                                     "text_config.vocab_size": 64})
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.Llama4ForCausalLM(config.text_config).eval()
+    engine = RopeEngine.from_processor(tiny_model("Mllama (mllama)").processor, config)
+    with pytest.raises(PaddingUnsupportedError, match=r"NoPE layers .* floor_scale=2"):
+        PaddedCollator(engine, padding_side="left")
+    differences = logits_differ_on_the_left(model, engine, text_samples())
+    assert differences["right"] < 1e-5 and differences["left"] > 1e-4, differences
+    PaddedCollator(engine, padding_side="right")  # the side it trains exactly
+
+
+def test_minimax_m3_left_padding_is_refused_where_its_sparse_indexer_reads_the_slot():
+    from mmrope_core import PaddingUnsupportedError
+
+    config, model = tiny_of("minimax_m3_vl", **{
+        "text_config.vocab_size": 64, "text_config.layer_types": ["minimax_m3_sparse", "full_attention"],
+        "text_config.index_block_size": 2, "text_config.index_topk_blocks": 1, "text_config.index_local_blocks": 1})
+    engine = RopeEngine.from_processor(tiny_model("Mllama (mllama)").processor, config)
+    with pytest.raises(PaddingUnsupportedError, match="sparse indexer"):
+        PaddedCollator(engine, padding_side="left")
+    differences = logits_differ_on_the_left(model, engine, text_samples((11, 4)))
+    assert differences["right"] < 1e-5 and differences["left"] > 1e-4, differences
+
+
+@pytest.mark.parametrize("side", SIDES)
+def test_t5gemma2_labels_are_padded_right_as_its_decoder_reads_them(side):
+    config, model = tiny_of("t5gemma2", **{"encoder.text_config.vocab_size": 64, "decoder.vocab_size": 64})
+    engine = RopeEngine.from_processor(tiny_model("Gemma3 (gemma3)").processor, config)
+    samples = text_samples()
+    batch = PaddedCollator(engine, padding_side=side)(samples)
+    assert all(bool((row[:sample["input_ids"].shape[1]] == sample["input_ids"][0]).all())
+               for row, sample in zip(batch["labels"], samples))
+    with torch.no_grad():
+        logits = model(**batch).logits
+        for row, sample in enumerate(samples):
+            own = model(**sample, labels=sample["input_ids"]).logits[0]
+            torch.testing.assert_close(logits[row, :own.shape[0]], own, **LOGITS)
+
+
+def git_case():
+    import transformers
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    from mmrope_core.tiny import FILLER_WORDS, random_image, word_level_tokenizer
+
+    tokenizer = word_level_tokenizer({}, words=FILLER_WORDS)
+    image_processor = CLIPImageProcessorPil(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28})
+    processor = transformers.GitProcessor(image_processor=image_processor, tokenizer=tokenizer)
+    config, model = tiny_of("git", **{"vocab_size": len(tokenizer), "vision_config.image_size": 28,
+                                      "vision_config.patch_size": 14})
+    rng = random.Random(0)
+    samples = [dict(processor(text=[text], images=[random_image(rng, 28, 28)], return_tensors="pt"))
+               for text in ("the cat sat on the mat", "a cat")]
+    text = dict(processor(text=["the mat"], return_tensors="pt"))
+    return processor, config, model, samples, text
+
+
+@pytest.mark.parametrize("side", SIDES)
+def test_git_prepends_each_rows_image_and_refuses_a_row_without_one(side):
+    processor, config, model, samples, text = git_case()
+    engine = RopeEngine.from_processor(processor, config)
+    batch = PaddedCollator(engine, padding_side=side)(samples)
+    torch.testing.assert_close(batch["pixel_values"], torch.cat([sample["pixel_values"] for sample in samples]))
+    mask = batch["attention_mask"].bool()
+    with torch.no_grad():
+        logits = model(**batch).logits[:, -mask.shape[1]:]  # the image's tokens come first in every row
+        for row, sample in enumerate(samples):
+            own = model(**sample).logits[0, -sample["input_ids"].shape[1]:]
+            torch.testing.assert_close(logits[row][mask[row]], own, **LOGITS)
+    with pytest.raises(CollateError, match=r"sample 2 has no .pixel_values.*places each row.s pixel_values itself"):
+        PaddedCollator(engine, padding_side=side)([*samples, text])
+    with pytest.raises(PackingUnsupportedError, match="git"):  # the layers' reason, or the media's
+        PackedCollator(engine)
