@@ -33,6 +33,16 @@ from .errors import PackingUnsupportedError
 #: picks keys from the whole row, state carried along it, or a kind mmrope has not seen.
 _PER_TOKEN_KINDS = frozenset({"mlp", "moe", "dense"})
 _CUT_ATTENTION_KINDS = frozenset({"full_attention", "sliding_attention"})
+#: Attention kinds cut at the boundaries only in rows shorter than a config value: chunked
+#: attention's chunks start at multiples of the chunk size counted from the row's first token.
+_ROW_BOUNDED_KINDS = {"chunked_attention": "attention_chunk_size"}
+#: Why a layer kind that picks each query's keys with an indexer mixes a packed row's segments.
+_INDEXER_REASONS = {
+    "minimax_m3_sparse": "its minimax_m3_sparse layers' indexer pools the keys into blocks by their slot in the row "
+                         "and hides a query's future by comparing those slots with its position ids, which restart "
+                         "in each segment of a packed row, so a later segment's queries lose keys of their own "
+                         "segment",
+}
 #: Layer kinds that carry state along the row, whose kernels keep packed segments apart when
 #: given the boundaries, with what the model's code must run for that: transformers passes
 #: ``cu_seq_lens_q`` to flash-linear-attention's gated delta rule and ``seq_idx`` to
@@ -54,12 +64,15 @@ class PackedRowSupport:
         boundaries: the kind of the layers that read the segments' boundaries (``"linear_attention"``),
             or empty: where set, a packed batch must carry ``cu_seq_lens_q``/``cu_seq_lens_k``,
             ``max_length_q``/``max_length_k`` and ``seq_idx``.
+        max_tokens: the longest packed row the layers keep apart (None: any), and ``limit`` why.
     """
 
     model: str
     mixes: str = ""
     advice: str = ""
     boundaries: str = ""
+    max_tokens: int | None = None
+    limit: str = ""
 
     @property
     def exact(self) -> bool:
@@ -77,6 +90,15 @@ class PackedRowSupport:
                 f"segments apart only when given their boundaries (cu_seq_lens_q and seq_idx), which {what} do not "
                 f"carry. Train it on mmrope_core.collators.PackedCollator's rows, or without packing")
 
+    def require_tokens(self, tokens: int, what: str = "a packed row") -> None:
+        """Raise :class:`~mmrope_core.PackingUnsupportedError` when ``what`` of ``tokens`` tokens is
+        longer than the layers keep apart (:attr:`max_tokens`)."""
+        if self.max_tokens is not None and tokens > self.max_tokens:
+            raise PackingUnsupportedError(
+                f"{what} of {tokens} tokens is longer than {self.model} trains as its samples alone: at most "
+                f"{self.max_tokens} tokens, as {self.limit}. Pack fewer samples a row (max_length={self.max_tokens}), "
+                f"or pad the batch instead")
+
 
 def packed_row_support(engine: Any) -> PackedRowSupport:
     """How ``engine``'s model keeps the segments of a packed row apart (see the module docstring)."""
@@ -87,15 +109,16 @@ def packed_row_support(engine: Any) -> PackedRowSupport:
     pad = "pad the batch instead (mmrope_core.collators.PaddedCollator, or the trainer's padded batches)"
     if engine.binding.mixes_segments:
         return PackedRowSupport(model, engine.binding.mixes_segments, f"To train it, {pad}")
+    rows = getattr(engine.binding.kernel, "rope_rows", 3)
+    if rows != 3:
+        return PackedRowSupport(
+            model, f"its model takes {rows} rows of positions and no text row beside them, so it finds no boundaries "
+                   f"in a packed row (transformers reads them from the text row that three (t, h, w) rows come "
+                   f"with) and its segments attend to one another", f"To train it, {pad}")
     if not getattr(engine.binding.kernel, "samples_independent", True):
         return PackedRowSupport(
             model, "its get_rope_index counts media across the batch, so a packed segment's positions depend on the "
                    "segments before it", f"To train it, {pad}")
-    rows = getattr(engine.binding.kernel, "rope_rows", 3)
-    if rows != 3:
-        return PackedRowSupport(
-            model, f"its positions have {rows} rows, and transformers finds packed segments from a text row only above "
-                   f"three (t, h, w) rows", f"To train it, {pad}")
     texts = list(text_configs(config))
     if not texts:
         return PackedRowSupport(
@@ -107,7 +130,7 @@ def packed_row_support(engine: Any) -> PackedRowSupport:
             model, "its config describes no attention layers (no num_attention_heads): layers that are not "
                    "attention, such as recurrent ones, carry state along the row from one segment into the next",
             f"To train it, {pad}")
-    if any(getattr(text, "is_encoder_decoder", False) for text in texts):
+    if any(_read(text, "is_encoder_decoder") for text in texts):
         return PackedRowSupport(
             model, "it is an encoder-decoder model: its encoder attends both ways over the row, and its decoder "
                    "attends to one encoder output per row", f"To train it, {pad}")
@@ -122,11 +145,17 @@ def packed_row_support(engine: Any) -> PackedRowSupport:
             return PackedRowSupport(
                 model, f"its text attention is bidirectional ({bidirectional}), and transformers cuts attention at "
                        f"the segments' boundaries only where it is causal", f"To train it, {pad}")
-    kinds = {kind for text in texts for kind in getattr(text, "layer_types", None) or ()}
-    carrying = sorted(kinds - _PER_TOKEN_KINDS - _CUT_ATTENTION_KINDS)
+    kinds = {kind for text in texts for kind in _read(text, "layer_types") or ()}
+    carrying = sorted(kinds - _PER_TOKEN_KINDS - _CUT_ATTENTION_KINDS - set(_ROW_BOUNDED_KINDS))
     if not kinds:
         carrying = [f"layers described by {name}" for text in texts for name in vars(text)
                     if any(part in name for part in _STATE_ATTRIBUTES)][:1]
+    indexed = [kind for kind in carrying if kind in _INDEXER_REASONS or "index" in kind or "sparse" in kind]
+    if indexed:
+        return PackedRowSupport(
+            model, _INDEXER_REASONS.get(indexed[0], f"its {indexed[0]} layers pick each query's keys with an indexer, "
+                                                    f"and mmrope does not know that it keeps to a packed row's "
+                                                    f"segments"), f"To train it, {pad}")
     unbounded = [kind for kind in carrying if not any(_runs(text, _BOUNDED_KINDS.get(kind, ((),))[0]) for text in texts)]
     if unbounded:
         state = unbounded[0] in _BOUNDED_KINDS or not unbounded[0].endswith("attention")
@@ -136,6 +165,7 @@ def packed_row_support(engine: Any) -> PackedRowSupport:
         return PackedRowSupport(
             model, f"its {unbounded[0]} layers {what}, and mmrope knows no kernel of them that takes the boundaries",
             f"To train it, {pad}")
+    max_tokens, limit = _row_limit(texts, kinds)
     if carrying:
         needed = sorted({kernel for kind in carrying for kernel in _BOUNDED_KINDS[kind][1]})
         missing = [kernel for kernel in needed if not _kernel_available(kernel)]
@@ -145,8 +175,28 @@ def packed_row_support(engine: Any) -> PackedRowSupport:
                        f"the kernels of {' and '.join(needed)} take the segments' boundaries, and "
                        f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not available here "
                        f"(they need a CUDA GPU)", f"Install {' and '.join(missing)} on a GPU machine, or {pad}")
-        return PackedRowSupport(model, boundaries=carrying[0])
-    return PackedRowSupport(model)
+        return PackedRowSupport(model, boundaries=carrying[0], max_tokens=max_tokens, limit=limit)
+    return PackedRowSupport(model, max_tokens=max_tokens, limit=limit)
+
+
+def _row_limit(texts: list[Any], kinds: set[str]) -> tuple[int | None, str]:
+    """The longest packed row whose segments the layers keep apart, and why: chunked attention
+    counts its chunks from the row's first token; layers without RoPE (NoPE) that tune their
+    attention temperature read each token's index in the row, which stays 1 below ``floor_scale``."""
+    limits: list[tuple[int, str]] = []
+    for text in texts:
+        for kind in kinds & set(_ROW_BOUNDED_KINDS):
+            size = _read(text, _ROW_BOUNDED_KINDS[kind])
+            if isinstance(size, int) and size > 0:
+                limits.append((size, f"its {kind} layers count chunks of {_ROW_BOUNDED_KINDS[kind]}={size} tokens "
+                                     f"from the row's first token"))
+        floor = _read(text, "floor_scale")
+        nope = _read(text, "no_rope_layers")
+        if _read(text, "attn_temperature_tuning") and isinstance(floor, int) and floor > 1 and (
+                not isinstance(nope, list) or 0 in nope):
+            limits.append((floor - 1, f"its NoPE layers scale attention by a temperature taken from each token's "
+                                      f"index in the row, which leaves a token alone only below floor_scale={floor}"))
+    return min(limits) if limits else (None, "")
 
 
 def text_configs(config: Any) -> Iterator[Any]:
@@ -232,17 +282,31 @@ _ROW_LOOP = re.compile(r"\bfor \w+ in range\((?:batch_size|bsz|input_ids\.shape\
 
 
 def _attention_heads(text: Any) -> bool:
-    """Whether ``text`` describes attention layers: transformers' attention configs count their heads."""
-    heads = getattr(text, "num_attention_heads", None)
-    return isinstance(heads, int) and heads > 0
+    """Whether ``text`` describes attention layers: transformers' attention configs count their heads
+    (per layer, on configs whose layers differ)."""
+    heads = _read(text, "num_attention_heads")
+    return any(isinstance(count, int) and count > 0 for count in (heads if isinstance(heads, list) else [heads]))
+
+
+def _read(config: Any, name: str) -> Any:
+    """``config.<name>``, or None; on configs whose layers differ in it (transformers refuses a global
+    read of a per-layer attribute), the list of its per-layer values."""
+    try:
+        return getattr(config, name, None)
+    except RuntimeError:  # AmbiguousGlobalPerLayerAttributeError
+        layers = getattr(config, "per_layer_config", None)
+        count = vars(config).get("num_hidden_layers")
+        if layers is None or not isinstance(count, int):
+            return vars(config).get(name)
+        return [getattr(layers[index], name, None) for index in range(count)]
 
 
 def _bidirectional_text(text: Any) -> str:
     """The setting that makes ``text``'s attention bidirectional over every token, or ""."""
-    setting = getattr(text, "use_bidirectional_attention", None)
+    setting = _read(text, "use_bidirectional_attention")
     if setting is True or setting == "all":
         return f"use_bidirectional_attention={setting!r}"
-    if getattr(text, "is_causal", True) is False:
+    if _read(text, "is_causal") is False:
         return "is_causal=False"
     return ""
 

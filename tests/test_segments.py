@@ -33,16 +33,13 @@ def test_full_and_sliding_window_attention_keep_segments_apart():
 @pytest.mark.parametrize("kind, says", [
     ("conv", "its conv layers carry state along the row"),
     ("linear_attention", "its linear_attention layers carry state along the row"),  # Qwen2-VL's code runs none
-    ("chunked_attention", "its chunked_attention layers are neither full nor sliding-window attention"),
-    ("indexed_attention", "its indexed_attention layers are neither full nor sliding-window attention"),
+    ("mystery_attention", "its mystery_attention layers are neither full nor sliding-window attention"),
+    ("indexed_attention", "its indexed_attention layers pick each query's keys with an indexer"),
 ])
 def test_other_layer_kinds_are_refused_by_name(kind, says):
-    try:
-        config = qwen2_vl(layer_types=["full_attention", kind])
-    except Exception as exc:  # older releases validate the kinds they know
-        pytest.skip(f"this transformers' configs hold no {kind} layers ({type(exc).__name__})")
+    config = qwen2_vl()
+    config.text_config.layer_types = ["full_attention", kind]  # set after the checks of the kinds it knows
     found = support(config)
-    assert "mmrope knows no kernel of them that takes the boundaries" in found.mixes
     assert not found.exact and says in found.mixes
     with pytest.raises(PackingUnsupportedError, match=f"qwen2_vl .*cannot train a packed row as its samples alone: {says}"):
         found.require()
@@ -113,7 +110,7 @@ def test_a_model_whose_layers_mmrope_cannot_see_is_refused():
 
 #: Model types whose processors do not build offline, and what their default configs say.
 DEFAULT_CONFIGS = {
-    "llama4": "its chunked_attention layers",
+    "llama4": "",  # rows up to its floor_scale: test_llama4_packs_rows_shorter_than_its_limit
     "lfm3_vl": "its conv layers carry state",
     "florence2": "it is an encoder-decoder model",
     "idefics": "its cross-attention layers",
@@ -131,3 +128,58 @@ def test_default_configs_of_model_types_without_an_offline_processor(model_type)
     found = support(transformers.AutoConfig.for_model(model_type))
     assert (found.mixes[: len(DEFAULT_CONFIGS[model_type])] == DEFAULT_CONFIGS[model_type]
             if DEFAULT_CONFIGS[model_type] else found.exact), found.mixes
+
+
+def test_per_layer_attention_heads_are_read_per_layer():
+    """dots3's layers differ in their head counts: transformers refuses the global read, the
+    answer comes from the layers (its indexer layers refuse it, with their reason)."""
+    if "dots3_note" not in CONFIG_MAPPING:
+        pytest.skip("this transformers has no dots3_note")
+    found = support(transformers.AutoConfig.for_model("dots3_note"))
+    assert "its indexed_attention layers pick each query's keys with an indexer" in found.mixes
+
+
+def test_minimax_m3_sparse_layers_are_refused_for_their_indexer():
+    if "minimax_m3_vl" not in CONFIG_MAPPING:
+        pytest.skip("this transformers has no minimax_m3_vl")
+    config = transformers.AutoConfig.for_model("minimax_m3_vl")
+    config.text_config.layer_types = ["full_attention", "minimax_m3_sparse"]
+    found = support(config)
+    assert "indexer pools the keys into blocks by their slot in the row" in found.mixes
+    assert "position ids, which restart in each segment" in found.mixes
+
+
+def test_llama4_packs_rows_shorter_than_its_limit():
+    """Llama 4's chunked layers count chunks from the row's first token and its NoPE layers take
+    their attention temperature from the token's index in the row: a packed row is its samples
+    alone up to the smaller limit, and refused past it. Measured on a tiny text model."""
+    if "llama4" not in CONFIG_MAPPING:
+        pytest.skip("this transformers has no llama4")
+    import torch
+
+    text = {"hidden_size": 64, "intermediate_size": 64, "intermediate_size_mlp": 64, "num_attention_heads": 2,
+            "num_key_value_heads": 1, "head_dim": 32, "num_hidden_layers": 4, "vocab_size": 64,
+            "num_local_experts": 2, "attention_chunk_size": 16, "floor_scale": 12, "attn_scale": 0.5,
+            "pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
+    config = transformers.Llama4Config(text_config=text)
+    found = support(config)
+    assert found.exact and found.max_tokens == 11 and "floor_scale=12" in found.limit
+    found.require_tokens(11)
+    with pytest.raises(PackingUnsupportedError, match=r"a packed row of 12 tokens is longer .* at most 11 tokens"):
+        found.require_tokens(12)
+
+    def worst(lengths, **changes):
+        torch.manual_seed(0)
+        model = transformers.Llama4ForCausalLM(transformers.Llama4TextConfig(**{**text, **changes})).eval()
+        ids = [torch.randint(1, 64, (1, n)) for n in lengths]
+        positions = torch.cat([torch.arange(n) for n in lengths])[None]
+        with torch.no_grad():
+            packed = model(input_ids=torch.cat(ids, 1), position_ids=positions, use_cache=False).logits[0]
+            alone = [model(input_ids=row, use_cache=False).logits[0] for row in ids]
+        return max(float((mine - own).abs().max()) for mine, own in zip(packed.split(lengths), alone))
+
+    assert worst([5, 6]) < 1e-5  # 11 tokens: each segment as its sample alone
+    assert worst([6, 8]) > 1e-4  # 14 tokens: the last ones read another temperature
+    # the chunks alone: 16 tokens counted from the row's first
+    assert support(transformers.Llama4Config(text_config={**text, "floor_scale": 8192})).max_tokens == 16
+    assert worst([7, 9], floor_scale=8192) < 1e-5
