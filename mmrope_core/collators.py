@@ -115,7 +115,7 @@ class PackedCollator:
                                    f"hold; give each sample unpadded (one processor call per sample)")
         lengths = [sample["input_ids"].shape[1] for sample in read]
         self._check_length(lengths)
-        self.support.require_tokens(sum(lengths))  # layers that keep segments apart only in short rows
+        self.support.require_lengths(lengths)  # layers that keep segments apart only in short rows or samples
         generated = _generated(read)
         token_types = _token_aligned(read)
         cu_seqlens = torch.tensor([0, *itertools.accumulate(lengths)])

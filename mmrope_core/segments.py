@@ -23,7 +23,7 @@ import dataclasses
 import importlib
 import inspect
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .errors import PackingUnsupportedError
@@ -65,6 +65,8 @@ class PackedRowSupport:
             or empty: where set, a packed batch must carry ``cu_seq_lens_q``/``cu_seq_lens_k``,
             ``max_length_q``/``max_length_k`` and ``seq_idx``.
         max_tokens: the longest packed row the layers keep apart (None: any), and ``limit`` why.
+        max_sample_tokens: the longest sample a packed row holds as it is alone (None: any), and
+            ``sample_limit`` why.
     """
 
     model: str
@@ -73,6 +75,8 @@ class PackedRowSupport:
     boundaries: str = ""
     max_tokens: int | None = None
     limit: str = ""
+    max_sample_tokens: int | None = None
+    sample_limit: str = ""
 
     @property
     def exact(self) -> bool:
@@ -90,14 +94,23 @@ class PackedRowSupport:
                 f"segments apart only when given their boundaries (cu_seq_lens_q and seq_idx), which {what} do not "
                 f"carry. Train it on mmrope_core.collators.PackedCollator's rows, or without packing")
 
-    def require_tokens(self, tokens: int, what: str = "a packed row") -> None:
-        """Raise :class:`~mmrope_core.PackingUnsupportedError` when ``what`` of ``tokens`` tokens is
-        longer than the layers keep apart (:attr:`max_tokens`)."""
+    def require_lengths(self, lengths: Sequence[int], what: str = "a packed row") -> None:
+        """Raise :class:`~mmrope_core.PackingUnsupportedError` when ``what``, of samples of ``lengths``
+        tokens, is longer than the layers keep apart (:attr:`max_tokens`), or holds a sample longer
+        than they keep as it is alone (:attr:`max_sample_tokens`)."""
+        tokens = sum(lengths)
         if self.max_tokens is not None and tokens > self.max_tokens:
             raise PackingUnsupportedError(
                 f"{what} of {tokens} tokens is longer than {self.model} trains as its samples alone: at most "
                 f"{self.max_tokens} tokens, as {self.limit}. Pack fewer samples a row (max_length={self.max_tokens}), "
                 f"or pad the batch instead")
+        longer = [index for index, length in enumerate(lengths) if self.max_sample_tokens is not None
+                  and length > self.max_sample_tokens]
+        if longer:
+            raise PackingUnsupportedError(
+                f"sample {longer[0]} of {what} has {lengths[longer[0]]} tokens, more than {self.model} trains in a "
+                f"packed row as it is alone: at most {self.max_sample_tokens} tokens a sample, as {self.sample_limit}. "
+                f"Pack only shorter samples, or pad the batch instead")
 
 
 def packed_row_support(engine: Any) -> PackedRowSupport:
@@ -138,7 +151,9 @@ def packed_row_support(engine: Any) -> PackedRowSupport:
            for text in texts for name, value in vars(text).items()):
         return PackedRowSupport(
             model, "its cross-attention layers attend from each token to its sample's images through a per-token "
-                   "mask that a packed row does not join", f"To train it, {pad}")
+                   "mask, and run over every token of a row that holds an image: a sample without images skips them "
+                   "alone, and even joined block by block the mask leaves each segment's logits apart from its "
+                   "sample's alone", f"To train it, {pad}")
     for text in texts:
         bidirectional = _bidirectional_text(text)
         if bidirectional:
@@ -151,11 +166,13 @@ def packed_row_support(engine: Any) -> PackedRowSupport:
         carrying = [f"layers described by {name}" for text in texts for name in vars(text)
                     if any(part in name for part in _STATE_ATTRIBUTES)][:1]
     indexed = [kind for kind in carrying if kind in _INDEXER_REASONS or "index" in kind or "sparse" in kind]
-    if indexed:
+    top_k = _top_k(texts) if indexed == ["indexed_attention"] else None
+    if indexed and top_k is None:
         return PackedRowSupport(
-            model, _INDEXER_REASONS.get(indexed[0], f"its {indexed[0]} layers pick each query's keys with an indexer, "
-                                                    f"and mmrope does not know that it keeps to a packed row's "
-                                                    f"segments"), f"To train it, {pad}")
+            model, _INDEXER_REASONS.get(indexed[0], f"its {indexed[0]} layers pick each query's keys with an indexer "
+                                                    f"that mmrope does not know to keep to a packed row's segments"),
+            f"To train it, {pad}")
+    carrying = [kind for kind in carrying if kind not in indexed]
     unbounded = [kind for kind in carrying if not any(_runs(text, _BOUNDED_KINDS.get(kind, ((),))[0]) for text in texts)]
     if unbounded:
         state = unbounded[0] in _BOUNDED_KINDS or not unbounded[0].endswith("attention")
@@ -166,6 +183,9 @@ def packed_row_support(engine: Any) -> PackedRowSupport:
             model, f"its {unbounded[0]} layers {what}, and mmrope knows no kernel of them that takes the boundaries",
             f"To train it, {pad}")
     max_tokens, limit = _row_limit(texts, kinds)
+    sample_limit = (f"its indexed_attention layers keep a query's index_topk={top_k} best-scored keys, and keys "
+                    f"scored alike (a ReLU scores many 0) are told apart by their place in the row: a sample of at "
+                    f"most {top_k} tokens keeps all of its own") if top_k is not None else ""
     if carrying:
         needed = sorted({kernel for kind in carrying for kernel in _BOUNDED_KINDS[kind][1]})
         missing = [kernel for kernel in needed if not _kernel_available(kernel)]
@@ -175,8 +195,19 @@ def packed_row_support(engine: Any) -> PackedRowSupport:
                        f"the kernels of {' and '.join(needed)} take the segments' boundaries, and "
                        f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not available here "
                        f"(they need a CUDA GPU)", f"Install {' and '.join(missing)} on a GPU machine, or {pad}")
-        return PackedRowSupport(model, boundaries=carrying[0], max_tokens=max_tokens, limit=limit)
-    return PackedRowSupport(model, max_tokens=max_tokens, limit=limit)
+        return PackedRowSupport(model, boundaries=carrying[0], max_tokens=max_tokens, limit=limit,
+                                max_sample_tokens=top_k, sample_limit=sample_limit)
+    return PackedRowSupport(model, max_tokens=max_tokens, limit=limit, max_sample_tokens=top_k,
+                            sample_limit=sample_limit)
+
+
+def _top_k(texts: list[Any]) -> int | None:
+    """How many keys the indexer of ``indexed_attention`` layers keeps per query (``index_topk``), or
+    None where the config says no such number (an indexer that compresses or pools keys instead).
+    The indexer scores keys under the attention mask, which holds the segments' boundaries."""
+    counts = [_read(text, "index_topk") for text in texts]
+    found = [count for count in counts if isinstance(count, int) and count > 0]
+    return min(found) if found else None
 
 
 def _row_limit(texts: list[Any], kinds: set[str]) -> tuple[int | None, str]:

@@ -131,12 +131,39 @@ def test_default_configs_of_model_types_without_an_offline_processor(model_type)
 
 
 def test_per_layer_attention_heads_are_read_per_layer():
-    """dots3's layers differ in their head counts: transformers refuses the global read, the
-    answer comes from the layers (its indexer layers refuse it, with their reason)."""
+    """dots3's layers differ in their head counts, which transformers refuses to read globally:
+    the answer comes from the layers. Its indexer layers score keys under the mask that holds the
+    boundaries, so a packed row of samples up to index_topk tokens is its samples alone; measured
+    on a tiny text model whose layers differ in their heads too."""
     if "dots3_note" not in CONFIG_MAPPING:
         pytest.skip("this transformers has no dots3_note")
-    found = support(transformers.AutoConfig.for_model("dots3_note"))
-    assert "its indexed_attention layers pick each query's keys with an indexer" in found.mixes
+    import torch
+
+    config = transformers.AutoConfig.for_model("dots3_note")
+    found = support(config)
+    assert found.exact and found.max_sample_tokens == config.text_config.index_topk
+    with pytest.raises(PackingUnsupportedError, match=r"sample 1 of a packed row has 2049 tokens, more than"):
+        found.require_lengths([5, 2049])
+    values = {**config.text_config.to_dict(), "hidden_size": 64, "intermediate_size": 64, "moe_intermediate_size": 32,
+              "shared_experts_intermediate_size": 32, "num_attention_heads": 2, "num_key_value_heads": 2,
+              "q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16, "v_head_dim": 16,
+              "head_dim": 32, "index_head_dim": 16, "index_n_heads": 2, "index_topk": 8, "n_routed_experts": 4,
+              "num_experts_per_tok": 2, "vocab_size": 64, "num_hidden_layers": 3, "sliding_window": 4,
+              "layer_types": ["indexed_attention", "sliding_attention", "indexed_attention"],
+              "mlp_layer_types": ["dense", "sparse", "sparse"], "pad_token_id": None, "bos_token_id": None,
+              "eos_token_id": None, "per_layer_config": {"1": {"num_attention_heads": 4, "num_key_value_heads": 4}}}
+    text = type(config.text_config).from_dict(values)
+    assert support(text).max_sample_tokens == 8
+    torch.manual_seed(0)
+    model = transformers.AutoModel.from_config(text).eval()
+    lengths = [5, 8, 6]
+    ids = [torch.randint(1, 64, (1, n)) for n in lengths]
+    with torch.no_grad():
+        alone = [model(input_ids=row, use_cache=False).last_hidden_state[0] for row in ids]
+        positions = torch.cat([torch.arange(n) for n in lengths])[None]
+        packed = model(input_ids=torch.cat(ids, 1), position_ids=positions, use_cache=False).last_hidden_state[0]
+    for mine, own in zip(packed.split(lengths), alone):
+        torch.testing.assert_close(mine, own, rtol=1e-4, atol=1e-5)
 
 
 def test_minimax_m3_sparse_layers_are_refused_for_their_indexer():
@@ -164,9 +191,9 @@ def test_llama4_packs_rows_shorter_than_its_limit():
     config = transformers.Llama4Config(text_config=text)
     found = support(config)
     assert found.exact and found.max_tokens == 11 and "floor_scale=12" in found.limit
-    found.require_tokens(11)
+    found.require_lengths([5, 6])
     with pytest.raises(PackingUnsupportedError, match=r"a packed row of 12 tokens is longer .* at most 11 tokens"):
-        found.require_tokens(12)
+        found.require_lengths([6, 6])
 
     def worst(lengths, **changes):
         torch.manual_seed(0)
