@@ -8,7 +8,8 @@ segments of a packed row apart. Other layers need more, or cannot be given it:
   run from one segment into the next unless their kernels take the boundaries
   (flash-linear-attention's varlen kernels read ``cu_seqlens``, causal-conv1d reads ``seq_idx``);
 - bidirectional attention is never cut at the boundaries (transformers finds them only for
-  causal masks);
+  causal masks), unless the model above the text config builds a mask of its own that is (a
+  prefix-LM's): measured on a tiny random model of the config (:mod:`mmrope_core.measured`);
 - a model may say more about itself through its binding (:attr:`RopeBinding.mixes_segments`),
   such as image tokens that attend to one another through a mask overlay, or media handed to the
   batch's rows one by one.
@@ -27,6 +28,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .errors import PackingUnsupportedError
+from .measured import keeps_segments_apart, packed_segments_differ
 
 #: Layer kinds (``layer_types`` entries) that work token by token, and the attention kinds whose
 #: masks transformers cuts at the segments' boundaries. Any other kind is refused: an indexer that
@@ -128,10 +130,17 @@ def packed_row_support(engine: Any) -> PackedRowSupport:
             model, f"its model takes {rows} rows of positions and no text row beside them, so it finds no boundaries "
                    f"in a packed row (transformers reads them from the text row that three (t, h, w) rows come "
                    f"with) and its segments attend to one another", f"To train it, {pad}")
-    if not getattr(engine.binding.kernel, "samples_independent", True):
+    found = _layers_support(model, config, pad)
+    if found.exact and not getattr(engine.binding.kernel, "samples_independent", True):
         return PackedRowSupport(
-            model, "its get_rope_index counts media across the batch, so a packed segment's positions depend on the "
-                   "segments before it", f"To train it, {pad}")
+            model, "mmrope cannot show that its get_rope_index gives a sample the positions it gives it alone "
+                   "wherever it stands in a batch (it may number media across the batch), so a packed segment's "
+                   "positions may depend on the segments before it", f"To train it, {pad}")
+    return found
+
+
+def _layers_support(model: str, config: Any, pad: str) -> PackedRowSupport:
+    """What the layers ``config`` describes need to keep a packed row's segments apart."""
     texts = list(text_configs(config))
     if not texts:
         return PackedRowSupport(
@@ -154,12 +163,16 @@ def packed_row_support(engine: Any) -> PackedRowSupport:
                    "mask, and run over every token of a row that holds an image: a sample without images skips them "
                    "alone, and even joined block by block the mask leaves each segment's logits apart from its "
                    "sample's alone", f"To train it, {pad}")
-    for text in texts:
-        bidirectional = _bidirectional_text(text)
-        if bidirectional:
+    bidirectional = next(filter(None, map(_bidirectional_text, texts)), "")
+    if bidirectional:  # the model above the text config may build a mask of its own, cut or not: measured
+        difference = packed_segments_differ(config)
+        if not keeps_segments_apart(difference):
+            measured = (f"measured on a tiny random model of its config, a packed segment differs from its sample "
+                        f"alone by {difference:.2g}" if difference is not None else
+                        "mmrope could not build a tiny model of its config to measure whether its own mask cuts them")
             return PackedRowSupport(
                 model, f"its text attention is bidirectional ({bidirectional}), and transformers cuts attention at "
-                       f"the segments' boundaries only where it is causal", f"To train it, {pad}")
+                       f"the segments' boundaries only where it is causal ({measured})", f"To train it, {pad}")
     kinds = {kind for text in texts for kind in _read(text, "layer_types") or ()}
     carrying = sorted(kinds - _PER_TOKEN_KINDS - _CUT_ATTENTION_KINDS - set(_ROW_BOUNDED_KINDS))
     if not kinds:

@@ -72,7 +72,9 @@ def test_bidirectional_text_attention_is_refused(model_type, setting):
     config = transformers.AutoConfig.for_model(model_type)
     for key, value in setting.items():
         setattr(config.text_config, key, value)
-    assert "its text attention is bidirectional" in support(config).mixes
+    found = support(config)
+    assert "its text attention is bidirectional" in found.mixes
+    assert "measured on a tiny random model of its config, a packed segment differs" in found.mixes
 
 
 def test_what_the_binding_says_comes_first():
@@ -114,7 +116,7 @@ DEFAULT_CONFIGS = {
     "lfm3_vl": "its conv layers carry state",
     "florence2": "it is an encoder-decoder model",
     "idefics": "its cross-attention layers",
-    "paligemma": "its text attention is bidirectional",
+    "paligemma": "",  # its prefix-LM mask, which replaces the text config's bidirectional one, is cut (measured)
     "minicpm_ocr": "its linear_attention layers",
     "smolvlm": "",
     "mistral3": "",
@@ -210,3 +212,17 @@ def test_llama4_packs_rows_shorter_than_its_limit():
     # the chunks alone: 16 tokens counted from the row's first
     assert support(transformers.Llama4Config(text_config={**text, "floor_scale": 8192})).max_tokens == 16
     assert worst([7, 9], floor_scale=8192) < 1e-5
+
+
+def test_a_prefix_lm_mask_cut_at_the_boundaries_is_measured_exact():
+    """PaliGemma's text config asks for bidirectional attention; its model replaces that with a
+    prefix-LM mask (bidirectional over the image and prompt) which transformers cuts at the
+    segments' boundaries: measured on a tiny model, and a config that cannot be built is refused."""
+    from mmrope_core.measured import packed_segments_differ
+
+    config = transformers.AutoConfig.for_model("paligemma")
+    assert config.text_config.use_bidirectional_attention is True
+    assert packed_segments_differ(config) < 1e-4 and support(config).exact
+    unknown = types.SimpleNamespace(num_attention_heads=2, use_bidirectional_attention=True)  # no model to build
+    assert packed_segments_differ(unknown) is None
+    assert "mmrope could not build a tiny model of its config" in support(unknown).mixes

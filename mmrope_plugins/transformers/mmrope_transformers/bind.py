@@ -143,25 +143,26 @@ def _mrope(processor: Any, decision: Decision, implementation: str) -> tuple[Rop
 def _samples_independent(model_type: str, processor: Any, config: Any, reference: TransformersReference) -> bool:
     """Whether the reference gives a sample the positions it gives it alone, wherever it stands
     in a batch: one sample with media, twice in a batch, must get the same positions twice (not
-    so where a method numbers the batch's media in order). Model types without a layout to
-    draw such a sample from are taken to be independent."""
+    so where a method numbers the batch's media in order). What is not shown is not assumed: a
+    model type without a layout to draw such a sample from, or whose method fails on it, is
+    taken to depend on the samples before it (its packed rows are refused, padded ones kept)."""
     from .layouts import LAYOUTS, random_batch
 
     if model_type not in LAYOUTS:
-        return True
+        return False
     rng = random.Random(f"mmrope-transformers independence {model_type}")
     for _ in range(16):
         sample = random_batch(model_type, processor, config, rng, samples=1)
         if "image_grid_thw" in sample or "video_grid_thw" in sample:
             break
     else:
-        return True
+        return False
     # twice: the rows are stacked, the grids (one row per item) and per-sample counts repeated
     twice = {key: torch.cat([value, value]) for key, value in sample.items()}
     try:
         positions, _ = reference.rope_index(**twice)
-    except Exception:  # the probe cannot tell: the batches users give decide
-        return True
+    except Exception:  # the probe cannot tell: not shown independent
+        return False
     return torch.equal(positions[:, 0], positions[:, 1])
 
 
