@@ -57,8 +57,9 @@ def _measured(config: Any) -> float | None:
     try:
         model = _tiny_model(config)
         lengths = [prefix + suffix for prefix, suffix in _SEGMENTS]
+        allowed = _plain_token_ids(model.config.to_dict())
         generator = torch.Generator().manual_seed(0)
-        rows = [torch.randint(4, 64, (1, length), generator=generator) for length in lengths]
+        rows = [allowed[torch.randint(len(allowed), (1, length), generator=generator)] for length in lengths]
         types = [torch.tensor([[0] * prefix + [1] * suffix]) for prefix, suffix in _SEGMENTS]
         takes = inspect.signature(model.forward).parameters
         type_key = next((name for name in ("token_type_ids", "mm_token_type_ids") if name in takes), None)
@@ -76,6 +77,31 @@ def _measured(config: Any) -> float | None:
         return max(float((mine - own).abs().max()) for mine, own in zip(packed.split(lengths), alone))
     except Exception:  # a config or model this does not fit: not measured, and so refused
         return None
+
+
+def _plain_token_ids(values: dict[str, Any]) -> Any:
+    """Ids below every vocabulary of the config (at most 64) that name no special token (an image
+    placeholder would ask for pixels): the measured rows' tokens."""
+    import torch
+
+    vocabularies, special = [64], set()
+    pending = [values]
+    while pending:
+        current = pending.pop()
+        for key, value in current.items():
+            if isinstance(value, dict):
+                pending.append(value)
+            elif isinstance(value, int) and not isinstance(value, bool):
+                if key.startswith("vocab_size"):
+                    vocabularies.append(value)
+                elif key.endswith(("_id", "_index")):
+                    special.add(value)
+            elif isinstance(value, list) and key.endswith(("_ids", "_id")):
+                special.update(item for item in value if isinstance(item, int))
+    allowed = [token for token in range(1, min(vocabularies)) if token not in special]
+    if len(allowed) < 4:
+        raise ValueError("too few plain token ids to measure with")
+    return torch.tensor(allowed)
 
 
 def _tiny_model(config: Any) -> Any:

@@ -10,9 +10,9 @@ segments of a packed row apart. Other layers need more, or cannot be given it:
 - bidirectional attention is never cut at the boundaries (transformers finds them only for
   causal masks), unless the model above the text config builds a mask of its own that is (a
   prefix-LM's): measured on a tiny random model of the config (:mod:`mmrope_core.measured`);
-- a model may say more about itself through its binding (:attr:`RopeBinding.mixes_segments`),
-  such as image tokens that attend to one another through a mask overlay, or media handed to the
-  batch's rows one by one.
+- the model's code may mix them: image tokens that attend to one another through a mask overlay
+  (measured on a tiny random model of the config), or media handed to the batch's rows one by
+  one; a plugin may say more through its binding (:attr:`RopeBinding.mixes_segments`).
 
 The collators ask once, when they are built; a model that would mix segments is refused before
 any forward, with what to do instead.
@@ -122,8 +122,9 @@ def packed_row_support(engine: Any) -> PackedRowSupport:
     model_type = getattr(config, "model_type", None)
     model = f"{model_type} ({processor})" if model_type else processor
     pad = "pad the batch instead (mmrope_core.collators.PaddedCollator, or the trainer's padded batches)"
-    if engine.binding.mixes_segments:
-        return PackedRowSupport(model, engine.binding.mixes_segments, f"To train it, {pad}")
+    mixes = engine.binding.mixes_segments or (model_code_mixes_segments(config) if config is not None else "")
+    if mixes:
+        return PackedRowSupport(model, mixes, f"To train it, {pad}")
     rows = getattr(engine.binding.kernel, "rope_rows", 3)
     if rows != 3:
         return PackedRowSupport(
@@ -265,22 +266,60 @@ def nested_language_models(config: Any) -> list[Any]:
             if value is not config and hasattr(value, "to_dict") and hasattr(value, "text_config")]
 
 
-def mask_overlay_mixes_segments(model_class: type) -> str:
-    """Why ``model_class`` mixes packed segments when its modeling module builds attention masks
-    with an overlay (``or_mask_function``, how Gemma-style models let image tokens attend to one
-    another), or "" when it builds none. transformers reads such an overlay at each token's
-    position within its segment, so in a packed row a later segment reads the overlay of the
-    first segment's tokens. A module whose source cannot be read is taken to build one."""
+def model_code_mixes_segments(config: Any) -> str:
+    """Why the model class transformers maps ``config`` to mixes packed segments through its own
+    code, or "": a mask overlay (how Gemma-style models let image tokens attend to one another),
+    measured; media handed to the batch's rows one by one (:func:`media_by_rows_mixes_segments`).
+    Asked for every binding, once per config."""
+    model_class = _model_class(config)
+    if model_class is None:
+        return ""
+    return mask_overlay_mixes_segments(model_class, config) or media_by_rows_mixes_segments(model_class)
+
+
+def mask_overlay_mixes_segments(model_class: type, config: Any) -> str:
+    """Why ``model_class`` mixes packed segments through a mask overlay, or "". Where its modeling
+    module builds masks with one (``or_mask_function``, ``block_sequence_ids``), a packed row of
+    text segments with token types is measured on a tiny random model of ``config``
+    (:mod:`mmrope_core.measured`): transformers reads some overlays at each token's position within
+    its segment, so that a later segment reads the overlay of the first segment's tokens, and cuts
+    others at the boundaries. A module whose source cannot be read is measured too."""
     module = inspect.getmodule(model_class)
     try:
-        source = inspect.getsource(module) if module is not None else ""
+        source = inspect.getsource(module) if module is not None else _OVERLAYS[0]
     except (OSError, TypeError):
-        source = "or_mask_function="
-    if "or_mask_function=" not in source:
+        source = _OVERLAYS[0]
+    if not any(overlay in source for overlay in _OVERLAYS):
         return ""
-    return (f"{model_class.__name__} builds its attention masks with an overlay (or_mask_function: image tokens "
-            f"attending to one another), which transformers reads at each token's position within its segment, so "
-            f"a later segment of a packed row reads the overlay of the first segment's tokens")
+    difference = packed_segments_differ(config)
+    if keeps_segments_apart(difference):
+        return ""
+    measured = (f"measured on a tiny random model of its config, a packed segment differs from its sample alone by "
+                f"{difference:.2g}" if difference is not None else
+                "mmrope could not build a tiny model of its config to measure whether transformers cuts it at the "
+                "segments' boundaries")
+    return (f"{model_class.__name__} builds its attention masks with an overlay (tokens of some types attending to "
+            f"one another), which transformers reads at each token's position within its segment, so a later "
+            f"segment of a packed row reads the overlay of the first segment's tokens ({measured})")
+
+
+#: How a modeling module builds a mask overlay: worth measuring.
+_OVERLAYS = ("or_mask_function", "block_sequence_ids")
+
+
+def _model_class(config: Any) -> type | None:
+    """The model class transformers' auto mappings give ``config``'s class (its base model first)."""
+    try:
+        from transformers.models.auto import modeling_auto
+    except ImportError:
+        return None
+    for mapping in ("MODEL_MAPPING", "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING", "MODEL_FOR_MULTIMODAL_LM_MAPPING"):
+        try:
+            found = getattr(modeling_auto, mapping)[type(config)]
+        except Exception:  # not in this mapping, or not importable
+            continue
+        return found[0] if isinstance(found, (tuple, list)) else found
+    return None
 
 
 def _runs(text: Any, names: tuple[str, ...]) -> bool:

@@ -12,7 +12,7 @@ import transformers
 from transformers import CONFIG_MAPPING
 
 from mmrope_core import PackingUnsupportedError, RopeBinding
-from mmrope_core.segments import mask_overlay_mixes_segments, packed_row_support
+from mmrope_core.segments import packed_row_support
 
 
 def support(config, mixes_segments=""):
@@ -72,8 +72,8 @@ def test_bidirectional_text_attention_is_refused(model_type, setting):
     config = transformers.AutoConfig.for_model(model_type)
     for key, value in setting.items():
         setattr(config.text_config, key, value)
-    found = support(config)
-    assert "its text attention is bidirectional" in found.mixes
+    found = support(config)  # Gemma3's image overlay is measured first, and refuses it on its own
+    assert "its text attention is bidirectional" in found.mixes or "builds its attention masks with an overlay" in found.mixes
     assert "measured on a tiny random model of its config, a packed segment differs" in found.mixes
 
 
@@ -82,21 +82,24 @@ def test_what_the_binding_says_comes_first():
     assert found.mixes == "its image tokens attend both ways" and "PaddedCollator" in found.advice
 
 
-def test_a_mask_overlay_in_the_models_code_is_found(tmp_path, monkeypatch):
-    """A modeling module that builds its masks with ``or_mask_function`` mixes segments; Qwen2-VL's
-    builds none. (tests/models measures the answer for Gemma3 at the model, per release.)"""
+def test_a_mask_overlay_is_measured_on_a_tiny_model_of_the_config():
+    """A modeling module that builds its masks with an overlay gets its config measured: Gemma3's
+    overlay (image tokens attending to one another) mixes a packed row's segments; Gemma4's,
+    built only for ``use_bidirectional_attention="vision"``, does not by default. Qwen2-VL's
+    module builds none: nothing is measured. (tests/models measures the answers with images.)"""
     from transformers import Qwen2VLModel
 
-    (tmp_path / "modeling_overlaid.py").write_text(
-        "def create_causal_mask(**kwargs):\n    return kwargs\n\n\n"
-        "class OverlaidModel:\n    def forward(self, mask):\n"
-        "        return create_causal_mask(or_mask_function=mask)\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    from modeling_overlaid import OverlaidModel
+    from mmrope_core.segments import mask_overlay_mixes_segments
 
-    assert mask_overlay_mixes_segments(Qwen2VLModel) == ""
-    assert mask_overlay_mixes_segments(OverlaidModel).startswith("OverlaidModel builds its attention masks with an "
-                                                                 "overlay (or_mask_function")
+    assert mask_overlay_mixes_segments(Qwen2VLModel, None) == ""
+    gemma3 = support(transformers.AutoConfig.for_model("gemma3"))
+    assert gemma3.mixes.startswith("Gemma3Model builds its attention masks with an overlay")
+    assert "measured on a tiny random model of its config, a packed segment differs" in gemma3.mixes
+    if "gemma4" in CONFIG_MAPPING:
+        gemma4 = transformers.AutoConfig.for_model("gemma4")
+        assert support(gemma4).exact
+        gemma4.text_config.use_bidirectional_attention = "vision"
+        assert "Gemma4Model builds its attention masks with an overlay" in support(gemma4).mixes
 
 
 def test_a_model_whose_layers_mmrope_cannot_see_is_refused():

@@ -17,7 +17,7 @@ from mmrope_core import InvalidInputError, RopeBinding
 from mmrope_core.reference import ReferenceKernel
 
 from .fast import Candidate, candidates, probed_kernel
-from .models import Decision, decide, model_classes, sees_images
+from .models import Decision, decide, sees_images
 from .reference import _SUPPLIED, TransformersReference, media_token_ids, processor_token_types
 from .rollouts import bind_convention
 
@@ -85,8 +85,7 @@ def bind(processor: Any, config: Any, options: Mapping[str, Any]) -> RopeBinding
             )
         _remember(processor, Bound(varlen_keys=varlen))
         return RopeBinding("1d", implementation="mask",
-                           description=f"{decision.model_type}: 1-D positions from the attention mask ({decision.reason})",
-                           mixes_segments=_mixes_segments(config))
+                           description=f"{decision.model_type}: 1-D positions from the attention mask ({decision.reason})")
     implementation = options.get("implementation", "fast")
     if implementation not in IMPLEMENTATIONS:
         raise InvalidInputError(f"implementation={implementation!r} is not an implementation of {decision.model_type}; "
@@ -94,17 +93,7 @@ def bind(processor: Any, config: Any, options: Mapping[str, Any]) -> RopeBinding
     binding, reference = _mrope(processor, decision, implementation)
     binding = bind_convention(binding, decision.model_type, config, options)
     _remember(processor, Bound(frozenset(reference.takes - _SUPPLIED), varlen))
-    return dataclasses.replace(binding, mixes_segments=_mixes_segments(config))
-
-
-def _mixes_segments(config: Any) -> str:
-    """What of the model's own code mixes packed segments (see :mod:`mmrope_core.segments`)."""
-    from mmrope_core.segments import mask_overlay_mixes_segments, media_by_rows_mixes_segments
-
-    model_class = next(model_classes(config), None)
-    if model_class is None:
-        return ""
-    return mask_overlay_mixes_segments(model_class) or media_by_rows_mixes_segments(model_class)
+    return binding
 
 
 def _mrope(processor: Any, decision: Decision, implementation: str) -> tuple[RopeBinding, TransformersReference]:
