@@ -9,10 +9,15 @@ import types
 
 import pytest
 import transformers
+from packaging.version import Version
 from transformers import CONFIG_MAPPING
 
 from mmrope_core import PackingUnsupportedError, RopeBinding
+from mmrope_core.measured import keeps_segments_apart, packed_segments_differ
 from mmrope_core.segments import packed_row_support
+
+#: transformers 5.24 or newer, whose model code the docs' first table describes
+NEWEST = Version(transformers.__version__) >= Version("5.24")
 
 
 def support(config, mixes_segments=""):
@@ -66,15 +71,21 @@ def test_linear_attention_needs_the_kernels_that_read_the_boundaries(monkeypatch
 @pytest.mark.parametrize("model_type, setting", [("gemma3", {"use_bidirectional_attention": True}),
                                                  ("gemma4", {"use_bidirectional_attention": "all"}),
                                                  ("gemma3", {"is_causal": False})])
-def test_bidirectional_text_attention_is_refused(model_type, setting):
+def test_bidirectional_text_attention_is_measured(model_type, setting):
+    """The model above a text config asking for bidirectional attention may build a mask of its
+    own: the answer is what a tiny model of the config measures (on transformers 5.24, each of
+    these mixes the segments)."""
     if model_type not in CONFIG_MAPPING:
         pytest.skip(f"this transformers has no {model_type}")
     config = transformers.AutoConfig.for_model(model_type)
     for key, value in setting.items():
         setattr(config.text_config, key, value)
     found = support(config)  # Gemma3's image overlay is measured first, and refuses it on its own
-    assert "its text attention is bidirectional" in found.mixes or "builds its attention masks with an overlay" in found.mixes
-    assert "measured on a tiny random model of its config, a packed segment differs" in found.mixes
+    assert found.exact == keeps_segments_apart(packed_segments_differ(config))
+    if NEWEST:
+        assert "its text attention is bidirectional" in found.mixes or "with an overlay" in found.mixes
+    if not found.exact:
+        assert "measured on a tiny random model of its config, a packed segment differs" in found.mixes
 
 
 def test_what_the_binding_says_comes_first():
@@ -92,14 +103,17 @@ def test_a_mask_overlay_is_measured_on_a_tiny_model_of_the_config():
     from mmrope_core.segments import mask_overlay_mixes_segments
 
     assert mask_overlay_mixes_segments(Qwen2VLModel, None) == ""
-    gemma3 = support(transformers.AutoConfig.for_model("gemma3"))
-    assert gemma3.mixes.startswith("Gemma3Model builds its attention masks with an overlay")
-    assert "measured on a tiny random model of its config, a packed segment differs" in gemma3.mixes
+    configs = [transformers.AutoConfig.for_model("gemma3")]
     if "gemma4" in CONFIG_MAPPING:
-        gemma4 = transformers.AutoConfig.for_model("gemma4")
-        assert support(gemma4).exact
-        gemma4.text_config.use_bidirectional_attention = "vision"
-        assert "Gemma4Model builds its attention masks with an overlay" in support(gemma4).mixes
+        configs += [transformers.AutoConfig.for_model("gemma4"), transformers.AutoConfig.for_model("gemma4")]
+        configs[-1].text_config.use_bidirectional_attention = "vision"
+    found = [support(config) for config in configs]
+    for config, answer in zip(configs, found):
+        assert answer.exact == keeps_segments_apart(packed_segments_differ(config))
+    if NEWEST:  # transformers 5.10 cuts Gemma3's and Gemma4's image blocks at the boundaries
+        assert found[0].mixes.startswith("Gemma3Model builds its attention masks with an overlay")
+        assert "measured on a tiny random model of its config, a packed segment differs" in found[0].mixes
+        assert found[1].exact and "Gemma4Model builds its attention masks with an overlay" in found[2].mixes
 
 
 def test_a_model_whose_layers_mmrope_cannot_see_is_refused():
@@ -119,7 +133,6 @@ DEFAULT_CONFIGS = {
     "lfm3_vl": "its conv layers carry state",
     "florence2": "it is an encoder-decoder model",
     "idefics": "its cross-attention layers",
-    "paligemma": "",  # its prefix-LM mask, which replaces the text config's bidirectional one, is cut (measured)
     "minicpm_ocr": "its linear_attention layers",
     "smolvlm": "",
     "mistral3": "",
@@ -221,11 +234,24 @@ def test_a_prefix_lm_mask_cut_at_the_boundaries_is_measured_exact():
     """PaliGemma's text config asks for bidirectional attention; its model replaces that with a
     prefix-LM mask (bidirectional over the image and prompt) which transformers cuts at the
     segments' boundaries: measured on a tiny model, and a config that cannot be built is refused."""
-    from mmrope_core.measured import packed_segments_differ
-
     config = transformers.AutoConfig.for_model("paligemma")
     assert config.text_config.use_bidirectional_attention is True
-    assert packed_segments_differ(config) < 1e-4 and support(config).exact
+    assert support(config).exact == keeps_segments_apart(packed_segments_differ(config))
+    if NEWEST:  # transformers 5.10 lets a later segment's prefix attend to an earlier one's
+        assert packed_segments_differ(config) < 1e-4 and support(config).exact
     unknown = types.SimpleNamespace(num_attention_heads=2, use_bidirectional_attention=True)  # no model to build
     assert packed_segments_differ(unknown) is None
     assert "mmrope could not build a tiny model of its config" in support(unknown).mixes
+
+
+def test_positions_not_shown_to_be_a_samples_own_are_refused():
+    """A reference get_rope_index that mmrope could not show to give a sample its own positions
+    wherever it stands in a batch (no probe for its model type, or a probe that fails) refuses
+    packing, though its layers keep segments apart."""
+    kernel = types.SimpleNamespace(samples_independent=False, rope_rows=3)
+    engine = types.SimpleNamespace(processor=None, config=qwen2_vl(), binding=types.SimpleNamespace(
+        mixes_segments="", kernel=kernel))
+    found = packed_row_support(engine)
+    assert "mmrope cannot show that its get_rope_index gives a sample the positions it gives it alone" in found.mixes
+    kernel.samples_independent = True
+    assert packed_row_support(engine).exact
