@@ -21,6 +21,7 @@ _SIZES = {
     **dict.fromkeys(("num_attention_heads", "num_heads"), 2),
     "num_key_value_heads": 1,
     "head_dim": 32,
+    "hidden_size_per_layer_input": 16,
     **dict.fromkeys(("num_hidden_layers", "depth"), 2),
     **dict.fromkeys(("num_experts", "num_local_experts"), 2),
     "num_experts_per_tok": 1,
@@ -133,8 +134,9 @@ def _shrink(values: dict[str, Any]) -> None:
     if isinstance(layers, dict) and isinstance(values.get("num_hidden_layers"), int):
         values["per_layer_config"] = {index: layer for index, layer in layers.items()
                                       if int(index) < values["num_hidden_layers"]}
-    if isinstance(values.get("vocab_size"), int):  # ids above it are never fed: the measured rows hold ids below 64
-        values["vocab_size"] = min(values["vocab_size"], 1024)
+    for key, value in list(values.items()):  # ids above them are never fed: the measured rows hold ids below 64
+        if key.startswith("vocab_size") and isinstance(value, int) and not isinstance(value, bool):
+            values[key] = min(value, 1024)
     for value in values.values():
         if isinstance(value, dict) and ("model_type" in value or "hidden_size" in value):
             _shrink(value)

@@ -14,8 +14,11 @@ segments of a packed row apart. Other layers need more, or cannot be given it:
   (measured on a tiny random model of the config), or media handed to the batch's rows one by
   one; a plugin may say more through its binding (:attr:`RopeBinding.mixes_segments`).
 
+- some layers keep them apart only up to a length: Llama 4's chunked and NoPE layers read the
+  token's index in the row, an indexer keeping ``index_topk`` keys tells tied keys apart by it.
+
 The collators ask once, when they are built; a model that would mix segments is refused before
-any forward, with what to do instead.
+any forward, with what to do instead, and a batch past a model's length limits when it comes.
 """
 
 from __future__ import annotations
