@@ -80,7 +80,8 @@ class PackedCollator:
     layers would mix them (state carried along the row without the kernels that take the
     boundaries, bidirectional attention, image masks read by position) raises
     :class:`~mmrope_core.PackingUnsupportedError` here, naming why and what to do. Models whose
-    layers read the boundaries (linear attention with its kernels) get them in every batch.
+    layers read the boundaries (linear attention with its kernels) get them in every batch; a
+    batch longer than a model keeps apart (Llama 4's rows, an indexer's samples) raises it too.
 
     Labels are the given ones (or the ids) with -100 at every segment's first token, so that no
     sample learns to predict the next sample's first token. ``max_length`` refuses rows longer
