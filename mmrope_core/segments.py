@@ -14,8 +14,8 @@ segments of a packed row apart. Other layers need more, or cannot be given it:
   (measured on a tiny random model of the config), or media handed to the batch's rows one by
   one; a plugin may say more through its binding (:attr:`RopeBinding.mixes_segments`).
 
-- some layers keep them apart only up to a length: Llama 4's chunked and NoPE layers read the
-  token's index in the row, an indexer keeping ``index_topk`` keys tells tied keys apart by it.
+- some layers keep them apart only up to a length: Llama 4's NoPE layers read the token's index
+  in the row, an indexer keeping ``index_topk`` keys tells tied keys apart by it.
 
 The collators ask once, when they are built; a model that would mix segments is refused before
 any forward, with what to do instead, and a batch past a model's length limits when it comes.
@@ -37,10 +37,7 @@ from .measured import keeps_segments_apart, packed_segments_differ
 #: masks transformers cuts at the segments' boundaries. Any other kind is refused: an indexer that
 #: picks keys from the whole row, state carried along it, or a kind mmrope has not seen.
 _PER_TOKEN_KINDS = frozenset({"mlp", "moe", "dense"})
-_CUT_ATTENTION_KINDS = frozenset({"full_attention", "sliding_attention"})
-#: Attention kinds cut at the boundaries only in rows shorter than a config value: chunked
-#: attention's chunks start at multiples of the chunk size counted from the row's first token.
-_ROW_BOUNDED_KINDS = {"chunked_attention": "attention_chunk_size"}
+_CUT_ATTENTION_KINDS = frozenset({"full_attention", "sliding_attention", "chunked_attention"})
 #: Why a layer kind that picks each query's keys with an indexer mixes a packed row's segments.
 _INDEXER_REASONS = {
     "minimax_m3_sparse": "its minimax_m3_sparse layers' indexer pools the keys into blocks by their slot in the row "
@@ -178,7 +175,7 @@ def _layers_support(model: str, config: Any, pad: str) -> PackedRowSupport:
                 model, f"its text attention is bidirectional ({bidirectional}), and transformers cuts attention at "
                        f"the segments' boundaries only where it is causal ({measured})", f"To train it, {pad}")
     kinds = {kind for text in texts for kind in _read(text, "layer_types") or ()}
-    carrying = sorted(kinds - _PER_TOKEN_KINDS - _CUT_ATTENTION_KINDS - set(_ROW_BOUNDED_KINDS))
+    carrying = sorted(kinds - _PER_TOKEN_KINDS - _CUT_ATTENTION_KINDS)
     if not kinds:
         carrying = [f"layers described by {name}" for text in texts for name in vars(text)
                     if any(part in name for part in _STATE_ATTRIBUTES)][:1]
@@ -199,7 +196,7 @@ def _layers_support(model: str, config: Any, pad: str) -> PackedRowSupport:
         return PackedRowSupport(
             model, f"its {unbounded[0]} layers {what}, and mmrope knows no kernel of them that takes the boundaries",
             f"To train it, {pad}")
-    max_tokens, limit = _row_limit(texts, kinds)
+    max_tokens, limit = _row_limit(texts)
     sample_limit = (f"its indexed_attention layers keep a query's index_topk={top_k} best-scored keys, and keys "
                     f"scored alike (a ReLU scores many 0) are told apart by their place in the row: a sample of at "
                     f"most {top_k} tokens keeps all of its own") if top_k is not None else ""
@@ -227,17 +224,12 @@ def _top_k(texts: list[Any]) -> int | None:
     return min(found) if found else None
 
 
-def _row_limit(texts: list[Any], kinds: set[str]) -> tuple[int | None, str]:
-    """The longest packed row whose segments the layers keep apart, and why: chunked attention
-    counts its chunks from the row's first token; layers without RoPE (NoPE) that tune their
-    attention temperature read each token's index in the row, which stays 1 below ``floor_scale``."""
+def _row_limit(texts: list[Any]) -> tuple[int | None, str]:
+    """The longest packed row whose segments the layers keep apart, and why: layers without RoPE
+    (NoPE) that tune their attention temperature take it from each token's index in the row,
+    which leaves a token as it is alone only below ``floor_scale`` (Llama 4)."""
     limits: list[tuple[int, str]] = []
     for text in texts:
-        for kind in kinds & set(_ROW_BOUNDED_KINDS):
-            size = _read(text, _ROW_BOUNDED_KINDS[kind])
-            if isinstance(size, int) and size > 0:
-                limits.append((size, f"its {kind} layers count chunks of {_ROW_BOUNDED_KINDS[kind]}={size} tokens "
-                                     f"from the row's first token"))
         floor = _read(text, "floor_scale")
         nope = _read(text, "no_rope_layers")
         if _read(text, "attn_temperature_tuning") and isinstance(floor, int) and floor > 1 and (

@@ -195,9 +195,9 @@ def test_minimax_m3_sparse_layers_are_refused_for_their_indexer():
 
 
 def test_llama4_packs_rows_shorter_than_its_limit():
-    """Llama 4's chunked layers count chunks from the row's first token and its NoPE layers take
-    their attention temperature from the token's index in the row: a packed row is its samples
-    alone up to the smaller limit, and refused past it. Measured on a tiny text model."""
+    """Llama 4's NoPE layers take their attention temperature from the token's index in the row: a
+    packed row is its samples alone below floor_scale, and refused past it; its chunked layers
+    are cut at the boundaries at any length. Measured on a tiny text model."""
     if "llama4" not in CONFIG_MAPPING:
         pytest.skip("this transformers has no llama4")
     import torch
@@ -225,9 +225,9 @@ def test_llama4_packs_rows_shorter_than_its_limit():
 
     assert worst([5, 6]) < 1e-5  # 11 tokens: each segment as its sample alone
     assert worst([6, 8]) > 1e-4  # 14 tokens: the last ones read another temperature
-    # the chunks alone: 16 tokens counted from the row's first
-    assert support(transformers.Llama4Config(text_config={**text, "floor_scale": 8192})).max_tokens == 16
-    assert worst([7, 9], floor_scale=8192) < 1e-5
+    # chunks of 16 tokens: rows longer than a chunk pack exactly too
+    assert support(transformers.Llama4Config(text_config={**text, "floor_scale": 8192})).max_tokens == 8191
+    assert worst([20, 20], floor_scale=8192) < 1e-5
 
 
 def test_a_prefix_lm_mask_cut_at_the_boundaries_is_measured_exact():
