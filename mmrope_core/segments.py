@@ -160,10 +160,10 @@ def _layers_support(model: str, config: Any, pad: str) -> PackedRowSupport:
     if any(value and ("cross_attention" in name or "cross_layer" in name)
            for text in texts for name, value in vars(text).items()):
         return PackedRowSupport(
-            model, "its cross-attention layers attend from each token to its sample's images through a per-token "
-                   "mask, and run over every token of a row that holds an image: a sample without images skips them "
-                   "alone, and even joined block by block the mask leaves each segment's logits apart from its "
-                   "sample's alone", f"To train it, {pad}")
+            model, "its cross-attention layers attend from each token to the images of its row through a "
+                   "per-token mask, and a token masked out of every image (text before a sample's first image, a "
+                   "sample without images) attends evenly to all of them (as Mllama's do): in a packed row, to other "
+                   "samples' images, even with the mask joined block by block", f"To train it, {pad}")
     bidirectional = next(filter(None, map(_bidirectional_text, texts)), "")
     if bidirectional:  # the model above the text config may build a mask of its own, cut or not: measured
         difference = packed_segments_differ(config)
