@@ -32,16 +32,19 @@ _SEGMENTS = ((3, 4), (5, 2), (2, 6))
 _TOLERANCE = 1e-4
 
 
-def packed_segments_differ(config: Any) -> float | None:
+def packed_segments_differ(config: Any, **settings: int) -> float | None:
     """The largest difference between a packed text segment's hidden states and its sample's
-    alone, on a tiny random model of ``config``'s base model class; None where it cannot be
-    measured (no model class, a config that does not shrink, a forward that fails)."""
+    alone, on a tiny random model of ``config``'s base model class, with ``settings`` set wherever
+    the config or a sub-config holds them (``attention_chunk_size=4``: chunks shorter than the
+    measured rows); None where it cannot be measured (no model class, a config that does not
+    shrink, a forward that fails)."""
     try:
-        key = (type(config).__module__, type(config).__qualname__, config.to_json_string(use_diff=False))
+        key = (type(config).__module__, type(config).__qualname__, config.to_json_string(use_diff=False),
+               tuple(sorted(settings.items())))
     except (AttributeError, TypeError, ValueError):
         return None
     if key not in _MEASURED:
-        _MEASURED[key] = _measured(config)
+        _MEASURED[key] = _measured(config, settings)
     return _MEASURED[key]
 
 
@@ -49,14 +52,14 @@ def keeps_segments_apart(difference: float | None) -> bool:
     return difference is not None and difference <= _TOLERANCE
 
 
-_MEASURED: dict[tuple[str, str, str], float | None] = {}
+_MEASURED: dict[tuple[Any, ...], float | None] = {}
 
 
-def _measured(config: Any) -> float | None:
+def _measured(config: Any, settings: dict[str, int]) -> float | None:
     import torch
 
     try:
-        model = _tiny_model(config)
+        model = _tiny_model(config, settings)
         lengths = [prefix + suffix for prefix, suffix in _SEGMENTS]
         allowed = _plain_token_ids(model.config.to_dict())
         generator = torch.Generator().manual_seed(0)
@@ -105,12 +108,12 @@ def _plain_token_ids(values: dict[str, Any]) -> Any:
     return torch.tensor(allowed)
 
 
-def _tiny_model(config: Any) -> Any:
+def _tiny_model(config: Any, settings: dict[str, int]) -> Any:
     import torch
     from transformers import AutoModel
 
     values = config.to_dict()
-    _shrink(values)
+    _shrink(values, settings)
     tiny = type(config).from_dict(values)
     tiny._attn_implementation = "sdpa"
     with torch.random.fork_rng():
@@ -119,11 +122,11 @@ def _tiny_model(config: Any) -> Any:
     return model.eval().float()
 
 
-def _shrink(values: dict[str, Any]) -> None:
+def _shrink(values: dict[str, Any], settings: dict[str, int]) -> None:
     """Tiny sizes in ``values`` (a config's ``to_dict()``) and its sub-configs, per-layer lists
-    cut to the layers kept."""
+    cut to the layers kept, and ``settings`` set where they are held."""
     count = values.get("num_hidden_layers")
-    for key, size in _SIZES.items():
+    for key, size in {**_SIZES, **settings}.items():
         if isinstance(values.get(key), int) and not isinstance(values.get(key), bool):
             values[key] = size
     if isinstance(count, int) and count > values.get("num_hidden_layers", count):
@@ -139,4 +142,4 @@ def _shrink(values: dict[str, Any]) -> None:
             values[key] = min(value, 1024)
     for value in values.values():
         if isinstance(value, dict) and ("model_type" in value or "hidden_size" in value):
-            _shrink(value)
+            _shrink(value, settings)

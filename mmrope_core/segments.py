@@ -196,7 +196,7 @@ def _layers_support(model: str, config: Any, pad: str) -> PackedRowSupport:
         return PackedRowSupport(
             model, f"its {unbounded[0]} layers {what}, and mmrope knows no kernel of them that takes the boundaries",
             f"To train it, {pad}")
-    max_tokens, limit = _row_limit(texts)
+    max_tokens, limit = _row_limit(texts, kinds)
     sample_limit = (f"its indexed_attention layers keep a query's index_topk={top_k} best-scored keys, and keys "
                     f"scored alike (a ReLU scores many 0) are told apart by their place in the row: a sample of at "
                     f"most {top_k} tokens keeps all of its own") if top_k is not None else ""
@@ -224,12 +224,19 @@ def _top_k(texts: list[Any]) -> int | None:
     return min(found) if found else None
 
 
-def _row_limit(texts: list[Any]) -> tuple[int | None, str]:
-    """The longest packed row whose segments the layers keep apart, and why: layers without RoPE
-    (NoPE) that tune their attention temperature take it from each token's index in the row,
-    which leaves a token as it is alone only below ``floor_scale`` (Llama 4)."""
+def _row_limit(texts: list[Any], kinds: set[str]) -> tuple[int | None, str]:
+    """The longest packed row whose segments the layers keep apart, and why. Chunked attention:
+    where this transformers counts the chunks from the row's first token (measured with chunks
+    shorter than the measured rows), a row up to one chunk. Layers without RoPE (NoPE) that tune
+    their attention temperature take it from each token's index in the row, which leaves a token
+    as it is alone only below ``floor_scale`` (Llama 4)."""
     limits: list[tuple[int, str]] = []
     for text in texts:
+        size = _read(text, "attention_chunk_size")
+        if "chunked_attention" in kinds and isinstance(size, int) and size > 0 and not keeps_segments_apart(
+                packed_segments_differ(text, attention_chunk_size=4)):
+            limits.append((size, f"its chunked_attention layers count chunks of attention_chunk_size={size} tokens "
+                                 f"from the row's first token (measured on a tiny random model of its text config)"))
         floor = _read(text, "floor_scale")
         nope = _read(text, "no_rope_layers")
         if _read(text, "attn_temperature_tuning") and isinstance(floor, int) and floor > 1 and (
