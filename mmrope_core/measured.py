@@ -2,11 +2,13 @@
 from a shrunk copy of its config runs a packed row of text segments (each with a prefix of
 token type 0 and a suffix of type 1, where the model takes token types) and each segment alone.
 
-Where a config's settings alone cannot tell (a text config asking for bidirectional attention,
-which the multimodal model above it may replace with a mask of its own, cut at the boundaries
-or not), this is what the model does with them. One measurement per config (class and values),
-kept for the process; a model that cannot be built or run this way is not measured (None), and
-the caller refuses it.
+Where a config's settings and the model's code alone cannot tell (a text config asking for
+bidirectional attention, which the multimodal model above it may replace with a mask of its own;
+a mask overlay that transformers cuts at the boundaries or reads by position; chunks counted
+from the row's first token or from each segment's), this is what the installed transformers'
+model does. One measurement per config (class and values) and settings, kept for the process,
+about a second; a model that cannot be built or run this way is not measured (None), and the
+caller refuses it.
 """
 
 from __future__ import annotations
