@@ -14,7 +14,7 @@ from ._names import checked_keywords
 from .engine import RopeEngine
 from .errors import CollateError, InvalidInputError, a
 from .media import require_string_keys, require_values
-from .parallel import check_split, next_token_labels, padded_lengths, split_packed_row
+from .parallel import check_split, padded_lengths, split_packed_row
 from .segments import packed_row_support
 
 IGNORE_INDEX = -100  # what transformers' and TRL's losses skip
@@ -158,9 +158,8 @@ class PackedCollator:
         if self.split is not None:
             pad = getattr(getattr(self.engine.processor, "tokenizer", None), "pad_token_id", None)
             # a rank's part ends mid-row: its model cannot shift its labels, so each token's target travels
-            batch["shift_labels"] = next_token_labels(labels)
-            return split_packed_row(batch, lengths, self.split, pad_token_id=pad or 0,
-                                    token_keys=["input_ids", "labels", "shift_labels", "position_ids", *per_token])
+            return split_packed_row(batch, lengths, self.split, pad_token_id=pad or 0, shift_labels=True,
+                                    token_keys=["input_ids", "labels", "position_ids", *per_token])
         return batch
 
     def _check_length(self, lengths: list[int]) -> None:

@@ -271,23 +271,17 @@ def padded_lengths(lengths: Sequence[int], split: tuple[str, int, int | None]) -
     return padded
 
 
-def next_token_labels(labels: torch.Tensor) -> torch.Tensor:
-    """Each token's target: the label of the token after it, -100 after the row's last.
-
-    On a packed row whose segments start with label -100, each segment's last token gets -100 too.
-    """
-    return torch.nn.functional.pad(labels[..., 1:], (0, 1), value=IGNORE_INDEX)
-
-
 def split_packed_row(batch: dict[str, Any], lengths: Sequence[int], split: tuple[str, int, int | None], *,
-                     pad_token_id: int, token_keys: Sequence[str]) -> dict[str, Any]:
+                     pad_token_id: int, token_keys: Sequence[str], shift_labels: bool = False) -> dict[str, Any]:
     """Rank ``split[2]``'s part of a collator's whole packed row (its segments of ``lengths``),
     as if the row were first padded so that the scheme can cut it; rank None: that padded row.
 
     Padding goes at the end of each segment (``"zigzag"``) or of the last one (the other schemes):
     ids ``pad_token_id``, labels -100, token types 0, and positions those of text continuing the
     segment (its last real token's plus 1, 2, ... on every row), which no real token attends to.
-    Only the rank's tokens are gathered: the padded row is never built.
+    Only the rank's tokens are gathered: the padded row is never built. ``shift_labels`` adds each
+    token's target on the padded row (the next token's label; -100 at each segment's last real
+    token and on padding), gathered like the tokens.
     """
     scheme, size, rank = split
     sizes = torch.tensor(lengths)
@@ -309,9 +303,13 @@ def split_packed_row(batch: dict[str, Any], lengths: Sequence[int], split: tuple
         if key == "position_ids":
             value[..., is_pad] += steps.to(value.dtype)
         else:
-            value[..., is_pad] = (IGNORE_INDEX if key in ("labels", "shift_labels") else
-                                  pad_token_id if key == "input_ids" else 0)
+            value[..., is_pad] = IGNORE_INDEX if key == "labels" else pad_token_id if key == "input_ids" else 0
         part[key] = value
+    if shift_labels:  # the next token's label, read from the unpadded row: no shifted copy of it
+        labels = batch["labels"]
+        after = labels[..., torch.clamp(source + 1, max=labels.shape[-1] - 1)]
+        after[..., place + 1 >= end] = IGNORE_INDEX
+        part["shift_labels"] = after
     attention = attention_segments(real, layout).to(torch.int32)
     longest = int((attention[1:] - attention[:-1]).max())
     part.update(cu_seqlens_padded=layout.to(torch.int32), cu_seq_lens_q=attention, cu_seq_lens_k=attention.clone(),
