@@ -19,9 +19,9 @@ def megatron_batch(engine, outputs, cp_size):
     """One packed row in Megatron's naming, each segment padded to a multiple of 2 * cp_size."""
     whole = PackedCollator(engine, split=("zigzag", cp_size, None))(outputs)  # padded, not cut
     lengths = torch.tensor([output["input_ids"].shape[1] for output in outputs])
-    # Megatron's labels are the next token's (its loss does not shift them); the collator's hold -100 at
-    # every segment start and padding slot, so no segment learns to predict the next one's first token
-    labels = torch.nn.functional.pad(whole["labels"][:, 1:], (0, 1), value=-100)
+    # Megatron's labels are the next token's (its loss does not shift them): the collator's shift_labels,
+    # -100 at each segment's last token and on padding, so no segment learns the next one's first token
+    labels = whole["shift_labels"]
     batch = {"tokens": whole["input_ids"], "labels": labels, "position_ids": whole["position_ids"],
              "loss_mask": (labels != -100).float()}
     cu_seqlens = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).int()  # the real samples
@@ -41,6 +41,7 @@ def main(cp_size=2):
                                                                 cp_size=cp_size, cp_rank=cp_rank)
         collated = PackedCollator(engine, split=("zigzag", cp_size, cp_rank))(outputs)  # the same cut
         assert torch.equal(part["position_ids"], collated["position_ids"])
+        assert torch.equal(part["labels"], collated["shift_labels"])  # Megatron's labels: the next token's
         parts.append(part)
     print(f"{len(outputs)} samples in a THD row of {batch['tokens'].shape[1]} tokens, {cp_size} ranks: tokens "
           f"{tuple(parts[0]['tokens'].shape)}, position_ids {tuple(parts[0]['position_ids'].shape)} on each")

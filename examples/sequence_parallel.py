@@ -29,11 +29,10 @@ def main(size=2):
     for rank, batch in enumerate(batches):
         part = split_batch(whole, scheme="zigzag", size=size, rank=rank)  # the collator's batch for that rank
         assert torch.equal(part["position_ids"], batch["position_ids"])
-    # a rank's part ends mid-row, where a model shifting its labels itself would pair two chunks' tokens
-    whole["shift_labels"] = torch.nn.functional.pad(whole["labels"][:, 1:], (0, 1), value=-100)
-    for rank in range(size):
-        part = split_batch(whole, scheme="zigzag", size=size, rank=rank)  # model(**part) hands its loss shift_labels
-        assert part["shift_labels"].shape == part["labels"].shape
+    # a rank's part ends mid-row, where a model shifting its labels itself would pair two chunks' tokens:
+    # shift_labels, each token's target on the whole row, travel with it; model(**batch) hands them its loss
+    for batch in batches:
+        assert batch["shift_labels"].shape == batch["labels"].shape
     print(f"{len(outputs)} samples in a padded row of {whole['input_ids'].shape[1]} tokens, segments at "
           f"{whole['cu_seqlens_padded'].tolist()}: {size} ranks of {batches[0]['input_ids'].shape[1]} tokens each")
     return engine, outputs, whole, batches

@@ -14,7 +14,7 @@ from ._names import checked_keywords
 from .engine import RopeEngine
 from .errors import CollateError, InvalidInputError, PackingUnsupportedError, PaddingUnsupportedError, a
 from .media import require_string_keys, require_values
-from .parallel import check_split, split_packed_row
+from .parallel import check_split, padded_lengths, split_packed_row
 from .segments import packed_row_support
 
 IGNORE_INDEX = -100  # what transformers' and TRL's losses skip
@@ -121,7 +121,7 @@ class PackedCollator:
 
     Labels are the given ones (or the ids) with -100 at every segment's first token, so that no
     sample learns to predict the next sample's first token. ``max_length`` refuses rows longer
-    than it; ``flash_attn_kwargs=True`` adds ``cu_seq_lens_q/k`` and ``max_length_q/k``, which
+    than it (with ``split``, the padded row); ``flash_attn_kwargs=True`` adds ``cu_seq_lens_q/k`` and ``max_length_q/k``, which
     flash-attention's varlen kernels take instead of scanning the positions. ``convention`` and
     a sample's ``generated_mask`` as in :class:`PaddedCollator`.
 
@@ -129,7 +129,11 @@ class PackedCollator:
     parallel (schemes in :mod:`mmrope_core.parallel`): the row is padded so that the scheme can cut
     it (ids the tokenizer's pad token, labels -100, positions of text continuing the segment), the
     whole row's ``cu_seqlens_padded``, ``cu_seq_lens_q/k`` and ``max_length_q/k`` are added, and the
-    per-token tensors are cut with :func:`~mmrope_core.parallel.split_batch`'s rule. Every rank
+    per-token tensors are cut with :func:`~mmrope_core.parallel.split_batch`'s rule. ``shift_labels``
+    is added, each token's target on the whole row (the next token's label; -100 at each segment's
+    last token and on padding) cut like the tokens: a rank's part ends mid-row, so a loss that
+    shifts the rank's ``labels`` itself would pair tokens of different chunks; transformers' causal-LM
+    loss reads ``shift_labels`` where given. ``labels`` is cut as it is. Every rank
     builds the same row; real tokens keep the ids, labels and positions they have without ``split``.
     Rank None returns the padded row uncut, for :func:`~mmrope_core.parallel.split_batch` to cut
     later (where one process builds the batch and hands it to the ranks).
@@ -194,12 +198,24 @@ class PackedCollator:
                 torch.tensor(lengths))[None]
         if self.split is not None:
             pad = getattr(getattr(self.engine.processor, "tokenizer", None), "pad_token_id", None)
-            return split_packed_row(batch, lengths, self.split, pad_token_id=pad or 0,
+            # a rank's part ends mid-row: its model cannot shift its labels, so each token's target travels
+            return split_packed_row(batch, lengths, self.split, pad_token_id=pad or 0, shift_labels=True,
                                     token_keys=["input_ids", "labels", "position_ids", *per_token])
         return batch
 
     def _check_length(self, lengths: list[int]) -> None:
-        if self.max_length is None or sum(lengths) <= self.max_length:
+        if self.max_length is None:
+            return
+        if self.split is not None:  # each rank's memory follows the padded row
+            padded = int(padded_lengths(lengths, self.split).sum())
+            if padded > self.max_length:
+                raise CollateError(
+                    f"the {len(lengths)} samples hold {sum(lengths)} tokens, {padded} once padded for "
+                    f"split={self.split!r} (the padding counts: it takes each rank's memory like real tokens), "
+                    f"more than max_length={self.max_length} for one packed row; lower the batch size, or group "
+                    f"samples by length so that a batch fits")
+            return
+        if sum(lengths) <= self.max_length:
             return
         too_long = [index for index, length in enumerate(lengths) if length > self.max_length]
         if too_long:

@@ -140,22 +140,26 @@ def _require_multiple(what: str, length: int, multiple: int, scheme: str, size: 
 
 @checked_keywords
 def split_batch(batch: Mapping[str, Any], *, scheme: str, size: int, rank: int) -> dict[str, Any]:
-    """Rank ``rank``'s part of a packed ``(1, T)`` batch: a new dict, ``batch`` left unchanged.
+    """Rank ``rank``'s part of a ``(B, T)`` batch: a new dict, ``batch`` left unchanged.
 
-    ``batch`` is a :class:`~mmrope_core.collators.PackedCollator` batch, or one in Megatron's naming
-    (``tokens``, ``loss_mask``; ``cu_seqlens`` the real boundaries, ``cu_seqlens_padded`` the
-    layout). Its layout decides the cut: ``cu_seqlens_padded``, else ``cu_seq_lens_q``, else
-    ``cu_seqlens``; a batch without any is refused rather than guessed from its positions.
+    ``batch`` is a :class:`~mmrope_core.collators.PackedCollator` batch (one packed row, ``B = 1``),
+    or one in Megatron's naming (``tokens``, ``loss_mask``; ``cu_seqlens`` the real boundaries,
+    ``cu_seqlens_padded`` the layout). Its layout decides the cut: ``cu_seqlens_padded``, else
+    ``cu_seq_lens_q``, else ``cu_seqlens``; a batch without any is refused rather than guessed from
+    its positions. Every row of a ``(B, T)`` batch shares that layout and is cut alike, as
+    Megatron-core's ``get_batch_on_this_cp_rank`` cuts a micro-batch of ``B`` rows of one length
+    (``cu_seqlens=[0, T]`` with ``"zigzag-row"``); ``(3, B, T)`` positions keep their ``B`` rows.
 
     - Per-token tensors, known by name (``input_ids``, ``tokens``, ``labels``, ``shift_labels``, ``attention_mask``,
       ``loss_mask``, ``generated_mask``, ``seq_idx``, every ``*token_type_ids``), are cut on their
       last dim, ``position_ids`` too (``(4, 1, T)`` M-RoPE or ``(1, T)``), ``inputs_embeds`` on its
       sequence dim: each holds ``T / size`` tokens, in :func:`split_index`'s order.
     - The whole row's boundaries are kept, and added where missing so that attention never infers
-      them from the positions: ``cu_seqlens_padded`` (the layout), ``cu_seq_lens_q/k`` (each real
-      segment and each padding run, as offsets into the row) and ``max_length_q/k``.
+      them from the positions: ``cu_seqlens_padded`` (the layout), and for one packed row
+      ``cu_seq_lens_q/k`` (each real segment and each padding run, as offsets into the row) and
+      ``max_length_q/k`` (which varlen attention would read as the whole batch's, so not for ``B > 1``).
     - Every other value (media: pixels, grids, audio features; flags) is kept whole: the vision and
-      audio towers run on every rank. A tensor of another name shaped ``(1, T)``, like the row, is
+      audio towers run on every rank. A tensor of another name shaped ``(B, T)``, like the rows, is
       refused as ambiguous (a per-token value of your own, or media that happens to be ``T`` long),
       except media masks named ``*_attention_mask``: cut your own per-token values with
       :func:`split_index` (``value[..., index]``) and leave them out of ``batch``.
@@ -171,16 +175,21 @@ def split_batch(batch: Mapping[str, Any], *, scheme: str, size: int, rank: int) 
     layout = _boundaries(batch[layout_key])
     total = int(layout[-1])
     token_keys = [key for key, value in batch.items() if isinstance(value, torch.Tensor) and _is_token_key(key)]
+    ids = next((batch[key] for key in ("input_ids", "tokens") if isinstance(batch.get(key), torch.Tensor)), None)
+    rows = ids.shape[0] if ids is not None and ids.dim() == 2 else 1
     for key, value in batch.items():
         if key not in token_keys and key not in ROW_KEYS and isinstance(value, torch.Tensor) and value.dim() == 2 \
-                and value.shape == (1, total) and not key.endswith("_attention_mask"):
+                and value.shape == (rows, total) and not key.endswith("_attention_mask"):
             raise SequenceSplitError(
                 f"{key} has shape {tuple(value.shape)}, the row's, but is not a per-token key split_batch knows "
                 f"({', '.join(TOKEN_KEYS)}, *{TOKEN_TYPES}) nor media it can tell apart; cut it yourself with "
                 f"split_index(cu_seqlens, ...) as {key}[..., index] and pass the batch without it")
     index = split_index(layout, scheme=scheme, size=size, rank=rank)
     part = cut_tokens(batch, index, token_keys, total)
-    part.update(_row_boundaries(batch, layout))
+    if rows == 1:
+        part.update(_row_boundaries(batch, layout))
+    elif not isinstance(batch.get("cu_seqlens_padded"), torch.Tensor):
+        part["cu_seqlens_padded"] = layout.to(torch.int32)
     return part
 
 
@@ -251,25 +260,33 @@ def check_split(split: Any) -> tuple[str, int, int | None]:
     return scheme, size, rank
 
 
+def padded_lengths(lengths: Sequence[int], split: tuple[str, int, int | None]) -> torch.Tensor:
+    """Each segment's length once the row is padded so that ``split``'s scheme can cut it."""
+    scheme, size, _ = split
+    padded = torch.tensor(lengths)
+    if size > 1 and scheme == "zigzag":
+        padded = -(-padded // (2 * size)) * (2 * size)
+    elif size > 1:
+        padded[-1] += -int(padded.sum()) % (2 * size if scheme == "zigzag-row" else size)
+    return padded
+
+
 def split_packed_row(batch: dict[str, Any], lengths: Sequence[int], split: tuple[str, int, int | None], *,
-                     pad_token_id: int, token_keys: Sequence[str]) -> dict[str, Any]:
+                     pad_token_id: int, token_keys: Sequence[str], shift_labels: bool = False) -> dict[str, Any]:
     """Rank ``split[2]``'s part of a collator's whole packed row (its segments of ``lengths``),
     as if the row were first padded so that the scheme can cut it; rank None: that padded row.
 
     Padding goes at the end of each segment (``"zigzag"``) or of the last one (the other schemes):
     ids ``pad_token_id``, labels -100, token types 0, and positions those of text continuing the
     segment (its last real token's plus 1, 2, ... on every row), which no real token attends to.
-    Only the rank's tokens are gathered: the padded row is never built.
+    Only the rank's tokens are gathered: the padded row is never built. ``shift_labels`` adds each
+    token's target on the padded row (the next token's label; -100 at each segment's last real
+    token and on padding), gathered like the tokens.
     """
     scheme, size, rank = split
     sizes = torch.tensor(lengths)
     real = torch.cat([sizes.new_zeros(1), sizes.cumsum(0)])
-    padded = sizes.clone()
-    if size > 1 and scheme == "zigzag":
-        padded = -(-padded // (2 * size)) * (2 * size)
-    elif size > 1:
-        padded[-1] += -int(real[-1]) % (2 * size if scheme == "zigzag-row" else size)
-    layout = torch.cat([real[:1], padded.cumsum(0)])
+    layout = torch.cat([real[:1], padded_lengths(lengths, split).cumsum(0)])
     index = torch.arange(int(layout[-1])) if rank is None else split_index(layout, scheme=scheme, size=size, rank=rank)
     if scheme == "zigzag":  # each slot's place in the unpadded row, past its segment's end where it pads
         segment = torch.searchsorted(layout, index, right=True) - 1
@@ -288,6 +305,11 @@ def split_packed_row(batch: dict[str, Any], lengths: Sequence[int], split: tuple
         else:
             value[..., is_pad] = IGNORE_INDEX if key == "labels" else pad_token_id if key == "input_ids" else 0
         part[key] = value
+    if shift_labels:  # the next token's label, read from the unpadded row: no shifted copy of it
+        labels = batch["labels"]
+        after = labels[..., torch.clamp(source + 1, max=labels.shape[-1] - 1)]
+        after[..., place + 1 >= end] = IGNORE_INDEX
+        part["shift_labels"] = after
     attention = attention_segments(real, layout).to(torch.int32)
     longest = int((attention[1:] - attention[:-1]).max())
     part.update(cu_seqlens_padded=layout.to(torch.int32), cu_seq_lens_q=attention, cu_seq_lens_k=attention.clone(),

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmrope_core import RopeEngine, SequenceSplitError, UnknownKeywordError, get_plugin_manager
+from mmrope_core import CollateError, RopeEngine, SequenceSplitError, UnknownKeywordError, get_plugin_manager
 from mmrope_core.collators import PackedCollator
 from mmrope_core.parallel import SCHEMES, split_batch, split_index, split_packed_row
 
@@ -229,27 +229,71 @@ def test_a_batch_of_transformers_naming_is_cut_on_its_attention_boundaries():
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
-def test_next_token_labels_made_on_the_whole_row_give_each_ranks_loss(scheme):
+@pytest.mark.parametrize("size", [2, 4])
+def test_the_collators_shift_labels_give_each_ranks_share_of_the_rows_loss(scheme, size):
     """A model shifting a rank's ``labels`` itself would pair the last token of one chunk with the
-    first of another; ``shift_labels`` made on the whole padded row and cut with it give the
-    ranks' losses (transformers' own causal-LM loss) that sum to the unsplit row's."""
+    first of another; the collator's ``shift_labels`` (each token's target on the whole row, cut
+    with it) give the ranks' losses (transformers' own causal-LM loss) that sum to the unsplit row's."""
     from transformers.loss.loss_utils import ForCausalLMLoss
 
     engine, samples = engine_and_samples("Qwen2.5-VL")
     samples = [{**sample, "labels": sample["input_ids"].clone()} for sample in samples]
-    whole = PackedCollator(engine, split=(scheme, 2, None))(samples)
-    whole["shift_labels"] = torch.nn.functional.pad(whole["labels"][:, 1:], (0, 1), value=-100)
-    vocab = int(whole["input_ids"].max()) + 1
-    logits = torch.randn(1, whole["input_ids"].shape[1], vocab, generator=torch.Generator().manual_seed(0))
-    total = ForCausalLMLoss(logits, whole["labels"], vocab, num_items_in_batch=1)
-    parts = [split_batch(whole, scheme=scheme, size=2, rank=rank) for rank in range(2)]
-    indices = [split_index(whole["cu_seqlens_padded"], scheme=scheme, size=2, rank=rank) for rank in range(2)]
-    ranks = [ForCausalLMLoss(logits[:, index], part["labels"], vocab, num_items_in_batch=1,
-                             shift_labels=part["shift_labels"]) for part, index in zip(parts, indices)]
+    unsplit = PackedCollator(engine)(samples)
+    lengths = [sample["input_ids"].shape[1] for sample in samples]
+    vocab = int(unsplit["input_ids"].max()) + 1
+    logits = torch.randn(1, sum(lengths), vocab, generator=torch.Generator().manual_seed(0))
+    total = ForCausalLMLoss(logits, unsplit["labels"], vocab, num_items_in_batch=1)
+    ranks, shifted_by_the_model = [], []
+    for rank in range(size):
+        part = PackedCollator(engine, split=(scheme, size, rank))(samples)
+        layout = part["cu_seqlens_padded"]
+        index = split_index(layout, scheme=scheme, size=size, rank=rank)
+        real = torch.cat([torch.arange(length) + int(start) for length, start in zip(lengths, layout)])
+        # the padded row's logits: the unsplit row's at its real tokens, noise at the padding
+        padded = torch.randn(1, int(layout[-1]), vocab).index_copy(1, real, logits)[:, index]
+        ranks.append(ForCausalLMLoss(padded, part["labels"], vocab, num_items_in_batch=1,
+                                     shift_labels=part["shift_labels"]))
+        shifted_by_the_model.append(ForCausalLMLoss(padded, part["labels"], vocab, num_items_in_batch=1))
+        assert part["labels"].shape == part["shift_labels"].shape == part["input_ids"].shape
     torch.testing.assert_close(sum(ranks), total)
-    shifted_by_the_model = [ForCausalLMLoss(logits[:, index], part["labels"], vocab, num_items_in_batch=1)
-                            for part, index in zip(parts, indices)]
     assert not torch.isclose(sum(shifted_by_the_model), total)
+    whole = PackedCollator(engine, split=(scheme, size, None))(samples)
+    assert whole["shift_labels"][0, :-1].tolist() == whole["labels"][0, 1:].tolist()
+    assert (whole["shift_labels"][0, whole["cu_seq_lens_q"][1:].long() - 1] == -100).all()  # each run's last
+
+
+@pytest.mark.parametrize("scheme, size, message", [
+    ("zigzag", 4, "{tokens} tokens, {padded} once padded for split=('zigzag', 4, 0) (the padding counts"),
+    ("contiguous", 8, "{tokens} tokens, {padded} once padded for split=('contiguous', 8, 0) (the padding counts"),
+])
+def test_max_length_bounds_the_padded_row(scheme, size, message):
+    """Each rank's memory follows the padded row: ``max_length`` counts its padding."""
+    engine, samples = engine_and_samples("Qwen2.5-VL")
+    tokens = sum(sample["input_ids"].shape[1] for sample in samples)
+    padded = int(PackedCollator(engine, split=(scheme, size, None))(samples)["cu_seqlens_padded"][-1])
+    assert padded > tokens
+    PackedCollator(engine, max_length=padded, split=(scheme, size, 0))(samples)
+    with pytest.raises(CollateError, match=re.escape(message.format(tokens=tokens, padded=padded))):
+        PackedCollator(engine, max_length=padded - 1, split=(scheme, size, 0))(samples)
+    with pytest.raises(CollateError, match="once padded"):  # the row built for split_batch too
+        PackedCollator(engine, max_length=padded - 1, split=(scheme, size, None))(samples)
+    PackedCollator(engine, max_length=tokens)(samples)  # without split, the real tokens alone
+
+
+def test_a_batch_of_rows_of_one_length_is_cut_row_by_row():
+    """Megatron-core's micro-batch of ``B`` rows, every one cut alike; no varlen boundaries are
+    added, which attention would read as the whole batch's."""
+    tokens = torch.arange(32).view(2, 16)
+    batch = {"tokens": tokens, "labels": tokens + 100, "loss_mask": torch.ones(2, 16),
+             "position_ids": torch.arange(16).expand(3, 2, 16), "cu_seqlens": torch.tensor([0, 16])}
+    for rank in range(2):
+        part = split_batch(batch, scheme="zigzag-row", size=2, rank=rank)
+        index = megatron_row_zigzag(16, 2, rank)
+        assert torch.equal(part["tokens"], tokens[:, index]) and torch.equal(part["labels"], tokens[:, index] + 100)
+        assert part["position_ids"].tolist() == [[index, index]] * 3
+        assert part["cu_seqlens_padded"].tolist() == [0, 16] and "cu_seq_lens_q" not in part
+    with pytest.raises(SequenceSplitError, match=re.escape("advantages has shape (2, 16), the row's")):
+        split_batch({**batch, "advantages": torch.ones(2, 16)}, scheme="zigzag-row", size=2, rank=0)
 
 
 @pytest.mark.parametrize("change, message", [

@@ -196,6 +196,8 @@ TRIGGERS = {
     "packed-padded-sample": lambda: PackedCollator(engine("Qwen2-VL"))([{"input_ids": torch.tensor([[1, 2, 3]]),
                                                                         "attention_mask": torch.tensor([[1, 1, 0]])}]),
     "packed-max-length": lambda: PackedCollator(engine("Qwen2-VL"), max_length=5)([{"input_ids": torch.tensor([[1, 2, 3]])}] * 2),
+    "packed-max-length-split": lambda: PackedCollator(engine("Qwen2-VL"), max_length=7, split=("zigzag", 2, 0))(
+        [{"input_ids": torch.tensor([[1, 2, 3]])}] * 2),
     "packed-mixing-layers": lambda: PackedCollator(engine("Qwen3.5")),
     "misspelt-key": lambda: engine("Qwen2-VL").compute_position_ids(*qwen_ids("t[iiii]t"), {"grid_thw": GRID}),
     "misspelt-keyword": lambda: engine("Qwen2-VL").compute_position_ids(*qwen_ids("tt"), cu_seqlen=torch.tensor([0, 2])),

@@ -59,7 +59,7 @@ def whole_row(parts, scheme, size):
     row = {}
     for key, value in parts[0].items():
         if isinstance(value, torch.Tensor) and value.shape[-1] == index.numel() // size and key not in (
-                "cu_seqlens_padded", "cu_seq_lens_q", "cu_seq_lens_k") and (key.endswith("_ids") or key in ("labels", "seq_idx")):
+                "cu_seqlens_padded", "cu_seq_lens_q", "cu_seq_lens_k") and (key.endswith("_ids") or key in ("labels", "shift_labels", "seq_idx")):
             whole = value.new_empty((*value.shape[:-1], index.numel()))
             whole[..., index] = torch.cat([part[key] for part in parts], dim=-1)
             row[key] = whole
@@ -180,7 +180,7 @@ def test_linear_attention_takes_the_ranks_row_with_padding_as_segments_of_its_ow
 
 @pytest.mark.parametrize("name", ["Qwen2.5-VL", "Qwen3-VL"])
 def test_the_model_hands_its_loss_the_shift_labels_a_rank_holds(name):
-    """A rank's ``shift_labels`` (made on the whole row, see docs/trainers.md) reach the model's
+    """A rank's ``shift_labels`` (the collator's, made on the whole row) reach the model's
     loss in place of its own shift of ``labels``: here the first half of the row's next-token
     labels is dropped, and the loss is that of the rest. Qwen3-VL on transformers 5.10 hands its
     loss no keyword arguments: there the loss is computed from the logits."""
@@ -190,7 +190,8 @@ def test_the_model_hands_its_loss_the_shift_labels_a_rank_holds(name):
 
     tiny, engine, samples, _ = family(name)
     row = PackedCollator(engine, split=("zigzag", 2, None))(samples)
-    shift_labels = torch.nn.functional.pad(row["labels"][:, 1:], (0, 1), value=IGNORE_INDEX)
+    shift_labels = row.pop("shift_labels")
+    assert torch.equal(shift_labels, torch.nn.functional.pad(row["labels"][:, 1:], (0, 1), value=IGNORE_INDEX))
     shift_labels[:, : shift_labels.shape[1] // 2] = IGNORE_INDEX
     with torch.no_grad():
         output = tiny.model(**row, shift_labels=shift_labels)

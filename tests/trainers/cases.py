@@ -271,10 +271,10 @@ def reference_rope_index(name: str, input_ids: torch.Tensor, attention_mask: tor
     processor, config = build(name)
     if name in OMNI:
         thinker = config.thinker_config
-        model = config_only_model(_model_class(config.model_type), thinker,
+        model = config_only_model(reference_model_class(config.model_type), thinker,
                                   spatial_merge_size=thinker.vision_config.spatial_merge_size)
     else:
-        model = config_only_model(_model_class(config.model_type), config)
+        model = config_only_model(reference_model_class(config.model_type), config)
     accepted = inspect.signature(model.get_rope_index).parameters
     arguments = {key: value for key, value in kwargs.items() if key in accepted}
     if "mm_token_type_ids" in accepted:
@@ -295,7 +295,8 @@ def reference_verl_positions(name: str, input_ids: torch.Tensor, attention_mask:
     return torch.cat([text, positions.transpose(0, 1)], dim=1)
 
 
-def _model_class(model_type: str) -> type:
+def reference_model_class(model_type: str) -> type:
+    """The transformers model class whose get_rope_index is the reference for ``model_type``."""
     path, name = MODEL_CLASSES[model_type].rsplit(".", 1)
     return getattr(importlib.import_module(f"transformers.models.{path}"), name)
 

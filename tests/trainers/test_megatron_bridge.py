@@ -8,17 +8,19 @@ fails on every batch); with it every segment's positions are its sample's alone.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import random
 import warnings
 
 import pytest
 import torch
 import transformers
-from cases import loading_without_torchvision
+from cases import loading_without_torchvision, reference_model_class
 from parallel_cases import alone, engine_and_rows, without_package_init
 
 from mmrope_core import InvalidInputError, RopeEngine
 from mmrope_core.integrations import megatron_bridge as mmrope_megatron_bridge
+from mmrope_core.reference import config_only_model
 
 # the packages' __init__ import Transformer Engine (PEFT layers, conversion); the model modules do not
 without_package_init("megatron.bridge", "megatron.bridge.models", "megatron.bridge.models.qwen_vl",
@@ -60,11 +62,27 @@ def packed(rows, pad_to=1):
     return ids, media, params
 
 
+def reference_alone(engine, row):
+    """The sample's ``(3, L)`` positions from the installed transformers' own ``get_rope_index``,
+    the sample alone (token types the processor's own, as the model reads them)."""
+    model = config_only_model(reference_model_class(engine.config.model_type), engine.config)
+    accepted = inspect.signature(model.get_rope_index).parameters
+    arguments = {key: value for key, value in row.items() if key in accepted and key != "input_ids"}
+    if "mm_token_type_ids" in accepted and "mm_token_type_ids" not in arguments:
+        arguments["mm_token_type_ids"] = torch.tensor(engine.processor.create_mm_token_type_ids(
+            row["input_ids"].tolist()))
+    positions, _ = model.get_rope_index(input_ids=row["input_ids"], attention_mask=torch.ones_like(row["input_ids"]),
+                                        **arguments)
+    return positions[:, 0]
+
+
 def assert_each_segment_alone(engine, rows, positions, params):
+    """Every segment's positions are its sample's alone: mmrope's, and transformers' reference."""
     starts = params.cu_seqlens_q_padded if params.cu_seqlens_q_padded is not None else params.cu_seqlens_q
     for start, row in zip(starts.tolist(), rows):
         segment = slice(start, start + row["input_ids"].shape[1])
         assert torch.equal(positions[:, 0, segment], alone(engine, row, {})[1:])
+        assert torch.equal(positions[:, 0, segment], reference_alone(engine, row))
 
 
 # -- Qwen3-VL: the module's get_rope_index, which its forward calls -----------------------------
@@ -169,6 +187,7 @@ def test_qwen2_5_vl_forward_places_each_segment_alone(drop_in):
     row = rows[0]
     model(input_ids=row["input_ids"], **{key: value for key, value in row.items() if key != "input_ids"})
     assert torch.equal(model.language_model.calls[-1]["position_ids"], alone(engine, row, {})[1:, None])
+    assert torch.equal(model.language_model.calls[-1]["position_ids"], reference_alone(engine, row)[:, None])
     _, images = image_rows("Qwen2.5-VL")
     with pytest.raises(AttributeError, match="return_dict"):  # transformers 5.x's get_image_features on the provider
         model(input_ids=images[0]["input_ids"], pixel_values=images[0]["pixel_values"],

@@ -17,7 +17,7 @@ from cases import loading_without_torchvision, trajectories
 from parallel_cases import FAMILIES, SIZES, alone, engine_and_rows, split_cp_inputs, world
 
 from mmrope_core.collators import PackedCollator
-from mmrope_core.parallel import split_index
+from mmrope_core.parallel import split_batch, split_index
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # Megatron-core warns that neither Transformer Engine nor Apex is installed
@@ -82,6 +82,22 @@ def test_each_ranks_batch_is_the_frameworks_cut_of_the_row(family, scheme, size)
     for start, row in zip(bounds[:-1], rows):
         segment = slice(int(start), int(start) + row["input_ids"].shape[1])
         assert torch.equal(whole["position_ids"][:, 0, segment], alone(engine, row, kwargs))
+
+
+def test_a_micro_batch_of_rows_is_cut_as_megatron_core_cuts_it():
+    """``split_batch`` on Megatron's ``(B, S)`` micro-batch (``cu_seqlens=[0, S]``) keeps what
+    ``get_batch_on_this_cp_rank`` gives each rank, for every per-token tensor."""
+    tokens = torch.randint(0, 1000, (3, 32), generator=torch.Generator().manual_seed(0))
+    batch = {"tokens": tokens, "labels": tokens.roll(-1, 1), "loss_mask": torch.rand(3, 32),
+             "position_ids": torch.arange(32).expand(3, 32).clone()}
+    for size in (2, 4, 8):
+        for rank in range(size):
+            with world(size, rank) as group:
+                theirs = megatron_utils.get_batch_on_this_cp_rank(dict(batch), cp_group=group)
+            mine = split_batch({**batch, "cu_seqlens": torch.tensor([0, 32])}, scheme="zigzag-row", size=size,
+                               rank=rank)
+            for key, value in theirs.items():
+                assert torch.equal(mine[key], value), (key, size, rank)
 
 
 # -- verl's Ulysses attention: the boundaries it infers from the gathered positions ---------------

@@ -178,3 +178,36 @@ def test_the_replacements_refuse_rows_they_cannot_cut():
     with pytest.raises(SequenceSplitError, match="rank"):
         mmrope_megatron.get_batch_on_this_cp_rank(batch, cp_size=2, cp_rank=2)
     assert batch["tokens"].shape == (1, 36)
+
+
+# -- verl's Qwen3.5 linear attention: the boundaries its patch hands GatedDeltaNet ----------------
+
+
+def test_verls_qwen3_5_linear_attention_takes_the_boundaries_but_needs_flash_linear_attention():
+    """verl's ``qwen3_5_gated_delta_net_forward`` (which its monkey patch puts on GatedDeltaNet) on
+    a packed row with the samples' ``cu_seqlens``, as verl's FSDP engine hands them: its conv1d
+    fallback keeps the samples apart, but transformers' torch chunk rule, used without
+    flash-linear-attention, ignores the boundaries, so the state runs from one sample into the
+    next; a Ulysses rank's part needs flash-linear-attention's context-parallel module."""
+    from transformers import Qwen3_5TextConfig
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+    from verl.models.transformers.qwen3_5 import qwen3_5_gated_delta_net_forward
+
+    config = Qwen3_5TextConfig(hidden_size=64, linear_num_key_heads=2, linear_num_value_heads=2,
+                               linear_key_head_dim=16, linear_value_head_dim=16, num_hidden_layers=1,
+                               layer_types=["linear_attention"])
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # transformers: no fast path without the GPU kernels
+        layer = modeling_qwen3_5.Qwen3_5GatedDeltaNet(config, 0).eval()
+    assert layer.chunk_gated_delta_rule is modeling_qwen3_5.torch_chunk_gated_delta_rule
+    layer.A_log.data.fill_(-10.0)  # a state that barely decays: what one sample leaves reaches the next
+    hidden, bounds = torch.randn(1, 20, 64), torch.tensor([0, 8, 20])
+    with torch.no_grad():
+        packed = qwen3_5_gated_delta_net_forward(layer, hidden, cu_seqlens=bounds, cu_seqlens_cpu=bounds)
+        alone = [modeling_qwen3_5.Qwen3_5GatedDeltaNet.forward(layer, hidden[:, start:end])
+                 for start, end in ((0, 8), (8, 20))]
+    torch.testing.assert_close(packed[:, :8], alone[0])
+    assert (packed[:, 8:] - alone[1]).abs().max() > 0.1  # the second sample reads the first's state
+    with world(2, 0), pytest.raises(ModuleNotFoundError, match="fla"), torch.no_grad():
+        qwen3_5_gated_delta_net_forward(layer, hidden[:, :10], cu_seqlens=bounds, cu_seqlens_cpu=bounds)
