@@ -238,6 +238,8 @@ class Side:
         """One generated sample: its tokens, its media (lists), and mmrope's get_rope_index kwargs."""
         if self.model_type in LAYOUTS:
             batch = random_batch(self.model_type, self.processor, self.config, rng, samples=1)
+            while "target_sizes_videos" in batch:  # the anchors place MiniCPM-V's images only
+                batch = random_batch(self.model_type, self.processor, self.config, rng, samples=1)
             ids, mask = batch.pop("input_ids"), batch.pop("attention_mask")
             kwargs = batch
         else:

@@ -51,7 +51,8 @@ def collated_problem(samples: Sequence[Mapping[str, Any]], batch: Mapping[str, A
         mask = sample.get("attention_mask")
         mask = torch.ones_like(row) if mask is None or packed else mask.reshape(-1)
         given = sample.get("labels")
-        given = row if given is None else given.reshape(-1)
+        # as int64: -100 written into narrow ids (uint8) would wrap
+        given = (row if given is None else given.reshape(-1)).long()
         if packed:
             where, span = 0, slice(start, start + row.numel())
             want_labels = torch.cat((torch.tensor([IGNORE_INDEX]), given[1:]))

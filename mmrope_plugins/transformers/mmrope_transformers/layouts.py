@@ -18,7 +18,10 @@ from mmrope_core.tiny import padded_batch
 from .specs import spec_of
 
 Row = list[int]
-Item = tuple[Row, str, tuple[int, int, int]]  # tokens, grid key, grid (t, h, w) in patches
+Grid = tuple[int, ...]
+#: tokens, media kind ("image" or "video"), its grid (t, h, w) in patches, or the (h, w) of each of
+#: its crops in order where a model takes one grid per crop
+Item = tuple[Row, str, Grid | list[Grid]]
 
 
 class Tokens:
@@ -29,12 +32,17 @@ class Tokens:
         self.ids = {name: tokenizer.convert_tokens_to_ids(text) for name, text in spec_of(model_type).tokens.items()}
         self.words = [tokenizer.convert_tokens_to_ids(word) for word in ("the", "cat", "sat", "on", "a", "mat")]
         self.pad = tokenizer.pad_token_id
+        self.tokenizer = tokenizer
 
     def __getitem__(self, name: str) -> int:
         return self.ids[name]
 
     def text(self, rng: random.Random, low: int = 1, high: int = 8) -> Row:
         return [rng.choice(self.words) for _ in range(rng.randint(low, high))]
+
+    def encode(self, text: str) -> Row:
+        """``text`` as the processor's tokenizer reads it inside a prompt."""
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def _side(rng: random.Random, limit: int) -> int:
@@ -118,6 +126,46 @@ def glm_image_source(tokens: Tokens, rng: random.Random, merge: int, side: int =
     return [tokens["bos_token"], *[tokens["image_token"]] * (h * w), tokens["image_end_token"]], "image", (1, h, w)
 
 
+def _minicpm_frame(tokens: Tokens, merge: int, pad: str, thumbnail: tuple[int, int], tiles: tuple[int, int],
+                   tile: tuple[int, int]) -> tuple[Row, list[Grid]]:
+    """MiniCPM-V's processor: a thumbnail of ``thumbnail`` placeholders a side between ``<image>``
+    markers, then ``tiles`` (lines, columns) of slices of ``tile`` placeholders a side, each between
+    ``<slice>`` markers, the lines joined by newlines. Grids: each crop's ``(h, w)`` in patches."""
+    (a, b), (lines, columns), (c, d) = thumbnail, tiles, tile
+    row = [tokens["image_start_token"], *[tokens[pad]] * (a * b), tokens["image_end_token"]]
+    grids: list[Grid] = [(merge * a, merge * b)]
+    for line in range(lines):
+        row += tokens.encode("\n") if line else []
+        for _ in range(columns):
+            row += [tokens["slice_start_token"], *[tokens[pad]] * (c * d), tokens["slice_end_token"]]
+            grids.append((merge * c, merge * d))
+    return row, grids
+
+
+def _minicpm_sizes(rng: random.Random, side: int) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+    """A thumbnail's sides, the slicing (none for 0 lines), a slice's sides."""
+    tiles = (rng.randint(1, 3), rng.randint(1, 3)) if rng.random() < 0.6 else (0, 0)
+    return (_side(rng, side), _side(rng, side)), tiles, (_side(rng, side), _side(rng, side))
+
+
+def minicpm_image(tokens: Tokens, rng: random.Random, merge: int, side: int = 5) -> Item:
+    """MiniCPM-V's processor: a picture's frame after its ``<image_id>N</image_id>`` tag."""
+    run, grids = _minicpm_frame(tokens, merge, "image_token", *_minicpm_sizes(rng, side))
+    tag = [tokens["image_id_start_token"], *tokens.encode(str(rng.randint(0, 9))), tokens["image_id_end_token"]]
+    return tag + run, "image", grids
+
+
+def minicpm_video(tokens: Tokens, rng: random.Random, merge: int, side: int = 5) -> Item:
+    """MiniCPM-V's processor: a video's frames back to back, untagged, all of one size and slicing."""
+    sizes = _minicpm_sizes(rng, side // 2 + 1)
+    row: Row = []
+    grids: list[Grid] = []
+    for _ in range(rng.randint(1, side)):
+        run, crops = _minicpm_frame(tokens, merge, "video_token", *sizes)
+        row, grids = row + run, grids + crops
+    return row, "video", grids
+
+
 #: model type -> (image layout, video layout or None)
 LAYOUTS: dict[str, tuple[Callable[..., Item], Callable[..., Item] | None]] = {
     "qwen4_exp": (qwen_image, qwen3_video),
@@ -131,6 +179,7 @@ LAYOUTS: dict[str, tuple[Callable[..., Item], Callable[..., Item] | None]] = {
     "hy_v4_vl": (hy_v4_image, hy_v4_video),
     "hunyuan_vl": (hunyuan_image, None),
     "glm_image": (glm_image_source, None),
+    "minicpmv4_7": (minicpm_image, minicpm_video),
     # model types whose family plugins answer first
     "qwen2_vl": (qwen_image, qwen2_video),
     "qwen2_5_vl": (qwen_image, qwen2_video),
@@ -140,6 +189,15 @@ LAYOUTS: dict[str, tuple[Callable[..., Item], Callable[..., Item] | None]] = {
 #: model types whose videos carry their seconds per grid (fractional: the rule changed in transformers 5.11)
 TIMED = frozenset({"qwen2_5_vl"})
 SECONDS = (0.5, 1.0, 2.0, 1 / 3, 0.77, 1.25)
+#: model types whose grids go by other names than ``image_grid_thw`` / ``video_grid_thw``
+GRID_KEYS = {"minicpmv4_7": {"image": "target_sizes", "video": "target_sizes_videos"}}
+
+
+def _merge(model_type: str, config: Any) -> int:
+    """Patches a placeholder takes a side, as the model reads it from its config."""
+    if model_type in GRID_KEYS:  # MiniCPM-V: 2 in its "4x" downsampling mode, 4 otherwise
+        return 2 if getattr(config, "downsample_mode", None) == "4x" else 4
+    return int(getattr(getattr(config, "vision_config", None), "spatial_merge_size", 2) or 2)
 
 
 def random_batch(model_type: str, processor: Any, config: Any, rng: random.Random, *, max_batch: int = 6,
@@ -151,9 +209,9 @@ def random_batch(model_type: str, processor: Any, config: Any, rng: random.Rando
     model generates."""
     image, video = LAYOUTS[model_type]
     tokens = Tokens(processor, model_type)
-    merge = int(getattr(getattr(config, "vision_config", None), "spatial_merge_size", 2) or 2)
+    merge = _merge(model_type, config)
     rows: list[Row] = []
-    grids: dict[str, list[tuple[int, int, int]]] = {"image": [], "video": []}
+    grids: dict[str, list[Grid]] = {"image": [], "video": []}
     per_sample: list[int] = []
     for _ in range(samples or rng.randint(1, max_batch)):
         row = tokens.text(rng)
@@ -162,7 +220,7 @@ def random_batch(model_type: str, processor: Any, config: Any, rng: random.Rando
             layout = video if video is not None and rng.random() < 0.35 else image
             run, key, grid = layout(tokens, rng, merge, side)
             row += run + tokens.text(rng, 0 if rng.random() < 0.2 else 1, 6)
-            grids[key].append(grid)
+            grids[key] += grid if isinstance(grid, list) else [grid]
         if model_type == "glm_image":
             row += [tokens["bos_token"]]
             grids["image"].append((1, _side(rng, side + 1), _side(rng, side + 1)))
@@ -170,10 +228,11 @@ def random_batch(model_type: str, processor: Any, config: Any, rng: random.Rando
         rows.append(row or tokens.text(rng))
     input_ids, attention_mask = padded_batch(rows, tokens.pad, left=rng.random() < 0.5)
     batch: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask}
+    names = GRID_KEYS.get(model_type, {"image": "image_grid_thw", "video": "video_grid_thw"})
     if grids["image"]:
-        batch["image_grid_thw"] = torch.tensor(grids["image"])
+        batch[names["image"]] = torch.tensor(grids["image"])
     if grids["video"]:
-        batch["video_grid_thw"] = torch.tensor(grids["video"])
+        batch[names["video"]] = torch.tensor(grids["video"])
         if model_type in TIMED:
             batch["second_per_grid_ts"] = torch.tensor([rng.choice(SECONDS) for _ in grids["video"]])
     if per_sample:
@@ -184,7 +243,7 @@ def random_batch(model_type: str, processor: Any, config: Any, rng: random.Rando
 def processor_batch(model_type: str, processor: Any, rng: random.Random, *, max_batch: int = 4,
                     max_images: int = 3) -> list[Any]:
     """One processor call per sample, each with 0 to ``max_images`` random images of random sizes:
-    for layouts too intricate to write by hand (MiniCPM-V's slices)."""
+    the processor's own layouts, next to the hand-written ones (MiniCPM-V's slices)."""
     from mmrope_core.tiny import filler_text, random_image
 
     spec = spec_of(model_type)

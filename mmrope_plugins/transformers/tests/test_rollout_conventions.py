@@ -155,10 +155,10 @@ def test_a_video_is_refused_exactly_where_the_engine_takes_none(model_type):
     rng = random.Random(4)
     while True:
         batch = random_batch(model_type, processor, config, rng, samples=3)
-        if "video_grid_thw" in batch:
+        ids, mask = batch.pop("input_ids"), batch.pop("attention_mask")
+        types = torch.tensor(processor.create_mm_token_type_ids(ids.tolist())) * mask
+        if (types == 2).any():
             break
-    ids, mask = batch.pop("input_ids"), batch.pop("attention_mask")
-    types = torch.tensor(processor.create_mm_token_type_ids(ids.tolist())) * mask
     first = int((types == 2).any(1).nonzero()[0])
     want = engine(model_type).get_rope_index(ids, mask, **batch)
     for alias in OFFERED[model_type]:

@@ -30,6 +30,8 @@ MODEL_TYPES = [spec.model_type for spec in examples.MROPE_SPECS if examples.avai
 #: batches per model type: many where a batched kernel stands in for the method, a few where the
 #: method itself runs and only the plumbing around it is checked
 BATCHES = {"fast": 30, "reference": 6}
+#: model types whose hand-written layouts are intricate enough to check on the processor's own too
+PROCESSOR_CHECKED = ("minicpmv4_7",)
 HELPERS = ("get_vision_position_ids", "get_llm_pos_ids_for_vision", "get_chunked_index", "_group_visual_frames",
            "_frame_end_idx", "get_rope_index")
 
@@ -128,7 +130,7 @@ def with_holes(input_ids, attention_mask, pad, rng, holes=6):
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
 def test_processor_made_batches_equal_the_models_own(model_type):
     """The processor's own output, one call per sample, batched as trainers batch it (both sides),
-    and, for layouts written by the processor alone, random images of random sizes."""
+    and, for the most intricate layouts, random images of random sizes."""
     engine = engine_of(model_type)
     processor, _ = built(model_type)
     spec = examples.spec_of(model_type)
@@ -136,7 +138,7 @@ def test_processor_made_batches_equal_the_models_own(model_type):
     outputs = [engine.process(**sample) for sample in examples.samples(spec, processor, rng)]
     for side in ("right", "left"):
         assert_equal_to_own(model_type, *engine.batch(outputs, padding_side=side))
-    if model_type not in LAYOUTS:
+    if model_type in PROCESSOR_CHECKED:
         for _ in range(BATCHES[engine.implementation]):
             assert_equal_to_own(model_type, *engine.batch(processor_batch(model_type, processor, rng)))
 
