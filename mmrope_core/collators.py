@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from ._names import checked_keywords
 from .engine import RopeEngine
-from .errors import CollateError, InvalidInputError, PackingUnsupportedError, PaddingUnsupportedError, a
+from .errors import CollateError, InvalidInputError, PaddingUnsupportedError, a
 from .media import require_string_keys, require_values
 from .parallel import check_split, padded_lengths, split_packed_row
 from .segments import packed_row_support
@@ -153,10 +153,6 @@ class PackedCollator:
         self.engine = engine if convention is None else engine.with_convention(convention)
         self.support = packed_row_support(self.engine)
         self.support.require()
-        if self.engine.batch_layout.packing_refusal:  # the media, which the layers' support does not see
-            raise PackingUnsupportedError(f"{_model_name(self.engine)} cannot train a packed row as its samples "
-                                          f"alone: {self.engine.batch_layout.packing_refusal}. To train it, pad the "
-                                          f"batch instead (mmrope_core.collators.PaddedCollator)")
         self.max_length = max_length
         self.flash_attn_kwargs = flash_attn_kwargs
         self.mm_processor_kwargs = _processor_kwargs(mm_processor_kwargs)

@@ -122,7 +122,10 @@ def packed_row_support(engine: Any) -> PackedRowSupport:
     model_type = getattr(config, "model_type", None)
     model = f"{model_type} ({processor})" if model_type else processor
     pad = "pad the batch instead (mmrope_core.collators.PaddedCollator, or the trainer's padded batches)"
-    mixes = engine.binding.mixes_segments or (model_code_mixes_segments(config) if config is not None else "")
+    # the media first: a model placing each row's media itself mixes the segments whatever its layers do
+    layout = getattr(engine, "batch_layout", None)
+    mixes = ((layout.packing_refusal if layout is not None else "") or engine.binding.mixes_segments
+             or (model_code_mixes_segments(config) if config is not None else ""))
     if mixes:
         return PackedRowSupport(model, mixes, f"To train it, {pad}")
     rows = getattr(engine.binding.kernel, "rope_rows", 3)
