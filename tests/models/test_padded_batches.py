@@ -72,7 +72,83 @@ def extra_cases():
                                                                    ("vision_config.image_size", 28)))
     if "qwen2_audio" in transformers.CONFIG_MAPPING:
         found["Qwen2-Audio (qwen2_audio)"] = (qwen2_audio, audio_calls, ())
+    for spec, overrides, attributes in more_specs():
+        if available(spec):
+            found[spec.name] = (functools.partial(build_setting, spec, attributes), functools.partial(samples, spec),
+                                overrides)
     return found
+
+
+def build_setting(spec, attributes):
+    """The spec's processor and config, ``attributes`` set on the processor (transformers 5.10's
+    Janus processor takes its tokens per image from no argument)."""
+    from mmrope_transformers.examples import build
+
+    processor, config = build(spec)
+    for key, value in attributes.items():
+        setattr(processor, key, value)
+    return processor, config
+
+
+def more_specs():
+    """Specs of further model types the plugins bind, with the config values (dotted paths) that
+    make their tiny models take what their real processors give."""
+    from mmrope_transformers.specs import _LLAVA_IMAGE_PROCESSOR, _PINPOINTS, Spec
+
+    llava = {"patch_size": 14, "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1}
+    pixtral = {"image_token": "[IMG]", "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]"}
+    return (
+        (Spec("VipLLaVA (vipllava)", "vipllava", "LlavaProcessor", ("llava", "LlavaImageProcessorPil",
+              _LLAVA_IMAGE_PROCESSOR), {"image_token": "<image>"}, {"image_token_index": "<image>"},
+              processor_kwargs=llava), (("vision_feature_layers", [-2, -1]),), {}),  # of its two layers
+        (Spec("LLaVA-NeXT-Video (llava_next_video)", "llava_next_video", "LlavaNextVideoProcessor",
+              ("llava_next", "LlavaNextImageProcessorPil", {**_LLAVA_IMAGE_PROCESSOR, "image_grid_pinpoints": _PINPOINTS}),
+              {"image_token": "<image>", "video_token": "<video>"},
+              {"image_token_index": "<image>", "video_token_index": "<video>"}, video_processor=True,
+              processor_kwargs=llava), (), {}),
+        (Spec("LightOnOCR (lighton_ocr)", "lighton_ocr", "LightOnOcrProcessor",
+              ("pixtral", "PixtralImageProcessorPil", {"size": {"longest_edge": 56}, "patch_size": 14}),
+              pixtral, {"image_token_id": "[IMG]"},
+              processor_kwargs={"patch_size": 14, "spatial_merge_size": 2}, sizes=(2, 4, 14)),
+         (("vision_config.patch_size", 14), ("spatial_merge_size", 2)), {}),
+        (Spec("GOT-OCR2 (got_ocr2)", "got_ocr2", "GotOcr2Processor",
+              ("got_ocr2", "GotOcr2ImageProcessorPil", {"size": {"height": 56, "width": 56}}),
+              {"image_token": "<imgpad>", "img_start": "<img>", "img_end": "</img>"}, {"image_token_index": "<imgpad>"},
+              "<img>{image}</img>", call_kwargs={"num_image_tokens": 1}), (), {}),  # its tiny encoder's one feature
+        (Spec("Qianfan-OCR (qianfan_ocr)", "qianfan_ocr", "QianfanOCRProcessor",
+              ("got_ocr2", "GotOcr2ImageProcessorPil", {"size": {"height": 56, "width": 56}}),
+              {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
+               "image_placeholder": "<image>"}, {"image_token_id": "<IMG_CONTEXT>"}, "<image>",
+              processor_kwargs={"image_seq_length": 4}), (), {}),
+        (Spec("Ovis2 (ovis2)", "ovis2", "Ovis2Processor", ("ovis2", "Ovis2ImageProcessorPil",
+              {"size": {"height": 56, "width": 56}}),
+              {"image_token": "<image>", **{f"t{index}": token for index, token in enumerate(
+                  ("<IMG_START>", "<IMG_ATOM>", "<IMG_GRID>", "<IMG_COL>", "<IMG_ROW>", "<IMG_END>"))}},
+              {"image_token_id": "<IMG_ATOM>"}, "<image>", processor_kwargs={"image_seq_length": 16}), (), {}),
+        (Spec("Janus (janus)", "janus", "JanusProcessor", ("janus", "JanusImageProcessorPil",
+              {"size": {"height": 56, "width": 56}}),
+              {"image_token": "<image_placeholder>", "boi_token": "<begin_of_image>", "eoi_token": "<end_of_image>"},
+              {"image_token_id": "<image_placeholder>"}, "<image_placeholder>",
+              processor_kwargs={"num_image_tokens": 16}),
+         (("vision_config.patch_size", 14), ("vision_config.num_image_tokens", 16)), {"num_image_tokens": 16}),
+        (Spec("DeepSeek-VL (deepseek_vl)", "deepseek_vl", "DeepseekVLProcessor", ("deepseek_vl",
+              "DeepseekVLImageProcessorPil", {"size": {"height": 56, "width": 56}}),
+              {"image_token": "<image_placeholder>"}, {"image_token_id": "<image_placeholder>"}, "<image_placeholder>",
+              processor_kwargs={"num_image_tokens": 16}), (("vision_config.patch_size", 14),), {}),
+        (Spec("Granite-Docling (granite_docling)", "granite_docling", "GraniteDoclingProcessor",
+              ("granite_docling", "GraniteDoclingImageProcessorPil",
+               {"size": {"height": 56, "width": 56}}),
+              {"image_token": "<image>", "fake_image_token": "<fake_token_around_image>",
+               "global_image_token": "<global-img>"}, {"image_token_id": "<image>"}, "<image>",
+              words=("<row_1_col_1>", "<row_1_col_2>", "<row_2_col_1>", "<row_2_col_2>"),
+              processor_kwargs={"image_seq_len": 4}, images_in_a_list=True),
+         (("vision_config.patch_size", 14), ("vision_config.scale_factor", 2)), {}),  # 4 tokens a 56-pixel tile
+        (Spec("VideoLLaMA3 (video_llama_3)", "video_llama_3", "VideoLlama3Processor",
+              ("video_llama_3", "VideoLlama3ImageProcessorPil", {}),
+              {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>"},
+              {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>"}, "<|image_pad|>",
+              video_processor=True, sizes=(2, 4, 28)), (), {}),
+    )
 
 
 AUDIO_TOKENS = {"audio_token": "<|AUDIO|>", "audio_bos_token": "<|audio_bos|>", "audio_eos_token": "<|audio_eos|>"}
@@ -180,6 +256,9 @@ def samples_of(tiny):
 #: What processors say when they refuse a text-only sample, alone (PaliGemma's) or beside samples
 #: with images (transformers 5.10's Mllama's): their batches then hold none.
 NO_TEXT_ONLY = ("at least one image per sample", "`images` are expected")
+#: Model types whose processor takes no sample without an image (GOT-OCR2's writes each prompt
+#: around its image: transformers 5.24 says so, 5.10 fails loading the missing image).
+IMAGE_EVERY_SAMPLE = {"got_ocr2"}
 
 
 @functools.cache
@@ -189,6 +268,8 @@ def takes_text_beside_images(name):
     tiny = case(name)[0]
     if tiny.config.model_type == "glm_image":
         return True
+    if tiny.config.model_type in IMAGE_EVERY_SAMPLE:
+        return False
     try:
         tiny.processor(**calls_of(tiny)[-1])
         processor_batch(tiny, calls_of(tiny), "right")
