@@ -8,6 +8,7 @@ model is the reference instead of the samples alone."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import random
 import subprocess
@@ -48,8 +49,7 @@ TEXT = "the cat sat on a mat"
 def extra_cases():
     """Model types the plugins bind that have no example case, built here as the plugins build
     their cases: ``name -> (build() -> (processor, config), calls(processor, rng), overrides of
-    the default config)``. SmolVLM is left out: its processor needs ``num2words``, which the tests
-    run without."""
+    the default config)``."""
     import transformers
 
     from mmrope_transformers.examples import build, samples
@@ -79,12 +79,33 @@ def extra_cases():
     return found
 
 
+@contextlib.contextmanager
+def num2words_stand_in():
+    """SmolVLM's processor refuses to be built without ``num2words``, which the tests run without
+    and which it calls only to write a video's frame times: a stand-in that no image call reaches."""
+    from transformers.models.smolvlm import processing_smolvlm
+
+    def num2words(*args, **kwargs):
+        raise AssertionError("num2words stand-in called: the tests give SmolVLM no videos")
+
+    saved = processing_smolvlm.num2words
+    processing_smolvlm.num2words = num2words
+    try:
+        yield
+    finally:
+        processing_smolvlm.num2words = saved
+
+
 def build_setting(spec, attributes):
     """The spec's processor and config, ``attributes`` set on the processor (transformers 5.10's
     Janus processor takes its tokens per image from no argument)."""
     from mmrope_transformers.examples import build
 
-    processor, config = build(spec)
+    if spec.model_type == "smolvlm":  # its processor needs num2words at construction, for videos only
+        with num2words_stand_in():
+            processor, config = build(spec)
+    else:
+        processor, config = build(spec)
     for key, value in attributes.items():
         setattr(processor, key, value)
     return processor, config
@@ -93,7 +114,7 @@ def build_setting(spec, attributes):
 def more_specs():
     """Specs of further model types the plugins bind, with the config values (dotted paths) that
     make their tiny models take what their real processors give."""
-    from mmrope_transformers.specs import _LLAVA_IMAGE_PROCESSOR, _PINPOINTS, Spec
+    from mmrope_transformers.specs import _IDEFICS_TOKENS, _IDEFICS_WORDS, _LLAVA_IMAGE_PROCESSOR, _PINPOINTS, Spec
 
     llava = {"patch_size": 14, "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1}
     pixtral = {"image_token": "[IMG]", "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]"}
@@ -148,6 +169,44 @@ def more_specs():
               {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>"},
               {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>"}, "<|image_pad|>",
               video_processor=True, sizes=(2, 4, 28)), (), {}),
+        (Spec("DeepSeek-VL-Hybrid (deepseek_vl_hybrid)", "deepseek_vl_hybrid", "DeepseekVLHybridProcessor",
+              ("deepseek_vl_hybrid", "DeepseekVLHybridImageProcessorPil",
+               {"size": {"height": 56, "width": 56}, "high_res_size": {"height": 56, "width": 56}}),
+              {"image_token": "<image_placeholder>"}, {"image_token_id": "<image_placeholder>"}, "<image_placeholder>",
+              processor_kwargs={"num_image_tokens": 16}),
+         (("vision_config.patch_size", 14), ("high_res_vision_config.global_attn_indexes", [0, 1])), {}),
+        (Spec("Aya Vision (aya_vision)", "aya_vision", "AyaVisionProcessor",
+              ("got_ocr2", "GotOcr2ImageProcessorPil", {"size": {"height": 56, "width": 56}}),
+              {"image_token": "<image>", "start_of_img_token": "<|START_OF_IMG|>", "end_of_img_token": "<|END_OF_IMG|>",
+               "img_patch_token": "<|IMG_PATCH|>", "img_line_break_token": "<|IMG_LINE_BREAK|>",
+               "tile_token": "TILE", "tile_global_token": "TILE_GLOBAL"},
+              {"image_token_index": "<|IMG_PATCH|>"}, "<image>",
+              processor_kwargs={"patch_size": 14, "img_size": 56, "downsample_factor": 1}),
+         (("downsample_factor", 1),), {}),
+        (Spec("MiniCPM-V 4.6 (minicpmv4_6)", "minicpmv4_6", "MiniCPMV4_6Processor",
+              ("minicpmv4_6", "MiniCPMV4_6ImageProcessorPil", {"scale_resolution": 112}),
+              {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>", "image_start_token": "<image>",
+               "image_end_token": "</image>", "slice_start_token": "<slice>", "slice_end_token": "</slice>",
+               "image_id_start_token": "<image_id>", "image_id_end_token": "</image_id>"},
+              {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>"},
+              words=tuple("0123456789"), video_processor=True, sizes=(2, 8, 28), newline_token=True,
+              video_processor_attributes={"slice_mode": True, "downsample_mode": "16x"}),
+         (("vision_config.patch_size", 14),), {}),
+        # stand-in for PixtralProcessor, which needs torchvision: LightOnOCR's processor places
+        # Pixtral's tokens by the same rule (rows of [IMG] ending in [IMG_BREAK], the last [IMG_END])
+        # over the same image processor (images whose sides are multiples of patch_size *
+        # spatial_merge_size, to which PixtralProcessor has it resize)
+        (Spec("Mistral3 (mistral3)", "mistral3", "LightOnOcrProcessor",
+              ("pixtral", "PixtralImageProcessorPil", {"size": {"longest_edge": 56}, "patch_size": 14}),
+              pixtral, {"image_token_index": "[IMG]"},
+              processor_kwargs={"patch_size": 14, "spatial_merge_size": 2}, sizes=(1, 2, 28)),
+         (("vision_config.patch_size", 14), ("spatial_merge_size", 2)), {}),
+        (Spec("SmolVLM (smolvlm)", "smolvlm", "SmolVLMProcessor",
+              ("smolvlm", "SmolVLMImageProcessorPil",
+               {"size": {"longest_edge": 112}, "max_image_size": {"longest_edge": 56}}),
+              _IDEFICS_TOKENS, {"image_token_id": "<image>"}, "<image>", words=_IDEFICS_WORDS, video_processor=True,
+              processor_kwargs={"image_seq_len": 4}, images_in_a_list=True),
+         (("vision_config.patch_size", 14),), {}),
     )
 
 
@@ -211,6 +270,12 @@ def case(name):
     return tiny, RopeEngine.from_processor(tiny.processor, tiny.config)
 
 
+#: 1-D models whose text model's rotary embedding holds M-RoPE sections by default, which it
+#: applies to 1-D positions repeated on every row: stating them in the config would make it ask for
+#: M-RoPE positions, which its forward never computes.
+ONE_D_ROTARY_SECTIONS = {"minicpmv4_6"}
+
+
 def tiny_of_spec(name):
     from tiny_models import TinyModel, _enliven, _fit_rope_sections, _model_class, _tiny_config
 
@@ -223,7 +288,8 @@ def tiny_of_spec(name):
     tiny = _tiny_config(config, processor, samples, overrides)
     model_class = _model_class(tiny)
     tiny._attn_implementation = "sdpa" if getattr(model_class, "_supports_sdpa", True) else "eager"
-    _fit_rope_sections(model_class, tiny)
+    if tiny.model_type not in ONE_D_ROTARY_SECTIONS:
+        _fit_rope_sections(model_class, tiny)
     with torch.random.fork_rng():
         torch.manual_seed(0)
         model = model_class(tiny).eval()
