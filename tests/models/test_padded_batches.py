@@ -114,7 +114,16 @@ def build_setting(spec, attributes):
 def more_specs():
     """Specs of further model types the plugins bind, with the config values (dotted paths) that
     make their tiny models take what their real processors give."""
-    from mmrope_transformers.specs import _IDEFICS_TOKENS, _IDEFICS_WORDS, _LLAVA_IMAGE_PROCESSOR, _PINPOINTS, Spec
+    from mmrope_transformers.specs import (
+        _IDEFICS_TOKENS,
+        _IDEFICS_WORDS,
+        _LLAVA_IMAGE_PROCESSOR,
+        _PINPOINTS,
+        _QWEN_IMAGE,
+        QWEN_IDS,
+        QWEN_TOKENS,
+        Spec,
+    )
 
     llava = {"patch_size": 14, "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1}
     pixtral = {"image_token": "[IMG]", "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]"}
@@ -207,6 +216,11 @@ def more_specs():
               _IDEFICS_TOKENS, {"image_token_id": "<image>"}, "<image>", words=_IDEFICS_WORDS, video_processor=True,
               processor_kwargs={"image_seq_len": 4}, images_in_a_list=True),
          (("vision_config.patch_size", 14),), {}),
+        (Spec("HyperCLOVAX-Vision-V2 (hyperclovax_vision_v2)", "hyperclovax_vision_v2", "HyperCLOVAXVisionV2Processor",
+              ("qwen2_vl", "Qwen2VLImageProcessorPil", {}), QWEN_TOKENS, QWEN_IDS, _QWEN_IMAGE,
+              video_processor=True), (("vision_config.patch_size", 14),), {}),
+        (Spec("LFM3-VL (lfm3_vl)", "lfm3_vl", "Lfm3VlProcessor", ("qwen2_vl", "Qwen2VLImageProcessorPil", {}),
+              QWEN_TOKENS, QWEN_IDS, _QWEN_IMAGE, video_processor=True), (("vision_config.patch_size", 14),), {}),
     )
 
 
