@@ -39,7 +39,7 @@ AT_TOKENS_ONLY = {"cross_attention_mask"}
 #: Audio features compared at each clip's frames but its last: the processor's batch computes the
 #: last frame of a shorter clip from a window reaching into its padding, which the clip alone never
 #: has; the model reads only the frames the mask marks, and trains each sample as it comes alone.
-FRAMES = {"input_features": "feature_attention_mask"}
+FRAMES = {"input_features": ("feature_attention_mask", "input_features_mask")}
 # float32 sums in another order (over padding, HY-V4-VL's eager attention): up to 2.5e-5 on small logits
 LOGITS = {"rtol": 1e-4, "atol": 5e-5}
 GRADIENTS_RTOL, GRADIENTS_ATOL = 1e-3, 5e-5
@@ -72,6 +72,11 @@ def extra_cases():
                                                                    ("vision_config.image_size", 28)))
     if "qwen2_audio" in transformers.CONFIG_MAPPING:
         found["Qwen2-Audio (qwen2_audio)"] = (qwen2_audio, audio_calls, ())
+    for model_type, processor_class, tokens, config_ids in AUDIO_MODELS:
+        if model_type in transformers.CONFIG_MAPPING and hasattr(transformers, processor_class):
+            found[f"{processor_class.removesuffix('Processor')} ({model_type})"] = (
+                functools.partial(audio_model, model_type, processor_class, tokens, config_ids),
+                functools.partial(audio_calls, audio_text=tokens["audio_token"]), ())
     for spec, overrides, attributes in more_specs():
         if available(spec):
             found[spec.name] = (functools.partial(build_setting, spec, attributes), functools.partial(samples, spec),
@@ -240,6 +245,30 @@ def qwen2_audio():
     return processor, config
 
 
+#: Audio-language models built as Qwen2-Audio is, on Whisper's features:
+#: ``(model type, processor class, tokenizer's tokens, config id -> token)``.
+AUDIO_MODELS = (
+    ("glmasr", "GlmAsrProcessor", {"audio_token": "<|pad|>"}, {"audio_token_id": "<|pad|>"}),
+    ("qwen3_asr", "Qwen3ASRProcessor", {"audio_token": "<|audio_pad|>", "audio_bos_token": "<|audio_start|>",
+                                         "audio_eos_token": "<|audio_end|>"}, {"audio_token_id": "<|audio_pad|>"}),
+)
+
+
+def audio_model(model_type, processor_class, tokens, config_ids):
+    import transformers
+    from transformers.models.auto.feature_extraction_auto import FEATURE_EXTRACTOR_MAPPING_NAMES
+
+    from mmrope_core.tiny import word_level_tokenizer
+
+    tokenizer = word_level_tokenizer(tokens)
+    extractor = getattr(transformers, FEATURE_EXTRACTOR_MAPPING_NAMES[model_type])()
+    processor = getattr(transformers, processor_class)(extractor, tokenizer)
+    config = transformers.AutoConfig.for_model(model_type)
+    for key, token in config_ids.items():
+        setattr(config, key, tokenizer.convert_tokens_to_ids(token))
+    return processor, config
+
+
 def paligemma():
     import transformers
     from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
@@ -263,13 +292,13 @@ def image_calls(processor, rng):
             for count in (4, 2)]
 
 
-def audio_calls(processor, rng):
+def audio_calls(processor, rng, audio_text=None):
     """Two samples with an audio clip each, of 1 and 2 seconds."""
     import numpy as np
 
     from mmrope_core.tiny import filler_text
 
-    audio = f"{AUDIO_TOKENS['audio_bos_token']}{AUDIO_TOKENS['audio_token']}{AUDIO_TOKENS['audio_eos_token']}"
+    audio = audio_text or f"{AUDIO_TOKENS['audio_bos_token']}{AUDIO_TOKENS['audio_token']}{AUDIO_TOKENS['audio_eos_token']}"
     return [{"text": [f"{filler_text(rng, 2)} {audio} {filler_text(rng, 3)}"],
              "audio": [np.sin(np.arange(16000 * seconds) / rng.uniform(5, 40)).astype(np.float32)],
              "return_tensors": "pt"} for seconds in (1, 2)]
@@ -335,10 +364,11 @@ def samples_of(tiny):
 
 #: What processors say when they refuse a text-only sample, alone (PaliGemma's) or beside samples
 #: with images (transformers 5.10's Mllama's): their batches then hold none.
-NO_TEXT_ONLY = ("at least one image per sample", "`images` are expected")
-#: Model types whose processor takes no sample without an image (GOT-OCR2's writes each prompt
-#: around its image: transformers 5.24 says so, 5.10 fails loading the missing image).
-IMAGE_EVERY_SAMPLE = {"got_ocr2"}
+NO_TEXT_ONLY = ("at least one image per sample", "`images` are expected", "they must match 1:1")
+#: Model types whose processor takes no sample without its media (GOT-OCR2's writes each prompt
+#: around its image: transformers 5.24 says so, 5.10 fails loading the missing image; Qwen3-ASR's
+#: requires its audio argument).
+MEDIA_EVERY_SAMPLE = {"got_ocr2", "qwen3_asr"}
 
 
 @functools.cache
@@ -348,7 +378,7 @@ def takes_text_beside_images(name):
     tiny = case(name)[0]
     if tiny.config.model_type == "glm_image":
         return True
-    if tiny.config.model_type in IMAGE_EVERY_SAMPLE:
+    if tiny.config.model_type in MEDIA_EVERY_SAMPLE:
         return False
     try:
         tiny.processor(**calls_of(tiny)[-1])
@@ -370,7 +400,16 @@ def processor_batch(tiny, calls, side):
                            else [item for call in calls for item in call.get(kind, ())])
     texts = [text for call in calls for text in call["text"]]
     rest = {key: value for key, value in calls[0].items() if key not in ("text", "return_tensors", *MEDIA)}
-    return dict(tiny.processor(text=texts, **media, padding=True, padding_side=side, return_tensors="pt", **rest))
+    padding = {"padding": True, "padding_side": side}
+    if tiny.config.model_type in PADS_ONLY_THE_TEXT:
+        padding = {"text_kwargs": padding}
+    return dict(tiny.processor(text=texts, **media, **padding, return_tensors="pt", **rest))
+
+
+#: Processors that hand ``padding`` to their feature extractor too: the batch's clips padded to the
+#: longest instead of the 30 s each sample gets alone (which the encoder then reads differently).
+#: The reference pads only the text, as the samples' own clips are padded.
+PADS_ONLY_THE_TEXT = {"glmasr"}
 
 
 def alone(model, sample):
@@ -451,7 +490,7 @@ def equals_the_processors_batch(tiny, batch, calls, side):
         if key in AT_TOKENS_ONLY:
             mine, value = mine[mask], value[mask]
         if key in FRAMES:
-            frames = reference[FRAMES[key]].sum(-1)
+            frames = next(reference[mask_key] for mask_key in FRAMES[key] if mask_key in reference).sum(-1)
             for row, count in enumerate(frames.tolist()):
                 torch.testing.assert_close(mine[row, ..., :count - 1], value[row, ..., :count - 1], rtol=0, atol=0,
                                            msg=lambda m, row=row, key=key: f"{key} of clip {row}: {m}")
