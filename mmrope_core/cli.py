@@ -154,6 +154,10 @@ def _print_report(report: Any) -> None:
     if report.fuzzed:
         print(f"\nFuzz cases ({sum(report.fuzzed.values())}; each result and error compared with the reference's):")
         _print_table([("EXAMPLE", "CASES"), *((case, str(count)) for case, count in report.fuzzed.items())])
+    if report.unjudged:
+        print(f"\nFuzz cases left unchecked ({sum(report.unjudged.values())}; the model's own code failed on them, so "
+              f"there was no result to compare with):")
+        _print_table([("EXAMPLE: WHAT (ERROR)", "CASES"), *((key, str(count)) for key, count in report.unjudged.items())])
     print()
 
 

@@ -116,7 +116,8 @@ class PackedCollator:
     layers would mix them (state carried along the row without the kernels that take the
     boundaries, bidirectional attention, image masks read by position) raises
     :class:`~mmrope_core.PackingUnsupportedError` here, naming why and what to do. Models whose
-    layers read the boundaries (linear attention with its kernels) get them in every batch.
+    layers read the boundaries (linear attention with its kernels) get them in every batch; a
+    batch longer than a model keeps apart (Llama 4's rows, an indexer's samples) raises it too.
 
     Labels are the given ones (or the ids) with -100 at every segment's first token, so that no
     sample learns to predict the next sample's first token. ``max_length`` refuses rows longer
@@ -166,6 +167,7 @@ class PackedCollator:
                                    f"hold; give each sample unpadded (one processor call per sample)")
         lengths = [sample["input_ids"].shape[1] for sample in read]
         self._check_length(lengths)
+        self.support.require_lengths(lengths)  # layers that keep segments apart only in short rows or samples
         generated = _generated(read)
         token_types = _token_aligned(read)
         cu_seqlens = torch.tensor([0, *itertools.accumulate(lengths)])

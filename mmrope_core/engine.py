@@ -291,9 +291,9 @@ class RopeEngine:
             return self._kernel(ids, mask, inputs, four_rows)
         if not kernel.samples_independent:  # type: ignore[union-attr]
             raise PackingUnsupportedError(
-                f"{self._label()} computes a sample's positions from the samples before it in the batch (its "
-                f"media are counted across the batch), so a packed segment cannot be computed as its sample alone; "
-                f"compute each sample in a batch of its own, or pad")
+                f"{self._label()} may compute a sample's positions from the samples before it in the batch (its "
+                f"media counted across the batch; nothing shows otherwise), so a packed segment cannot be computed "
+                f"as its sample alone; compute each sample in a batch of its own, or pad")
         with _segments_as_samples():
             if kernel.places_packed_rows:  # type: ignore[union-attr]
                 if generated is not None:

@@ -27,8 +27,9 @@ class RopeBinding:
         mixes_segments: why the model's own layers mix the segments of a packed row, as the
             packing collators tell users when they refuse it (e.g. "image tokens attend to one
             another through a mask overlay that transformers reads by position"); empty when
-            nothing the plugin knows does. The core adds what it reads off every config (layers
-            carrying state, bidirectional attention): see :mod:`mmrope_core.segments`.
+            nothing the plugin knows does. The core decides the rest for every binding alike, from
+            the config, the model class's code and, where those cannot tell (mask overlays,
+            bidirectional attention), a tiny random model of the config: see :mod:`mmrope_core.segments`.
     """
 
     kind: RopeKind

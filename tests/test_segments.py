@@ -9,10 +9,15 @@ import types
 
 import pytest
 import transformers
+from packaging.version import Version
 from transformers import CONFIG_MAPPING
 
 from mmrope_core import PackingUnsupportedError, RopeBinding
-from mmrope_core.segments import mask_overlay_mixes_segments, packed_row_support
+from mmrope_core.measured import keeps_segments_apart, packed_segments_differ
+from mmrope_core.segments import packed_row_support
+
+#: transformers 5.24 or newer, whose model code the docs' first table describes
+NEWEST = Version(transformers.__version__) >= Version("5.24")
 
 
 def support(config, mixes_segments=""):
@@ -33,16 +38,13 @@ def test_full_and_sliding_window_attention_keep_segments_apart():
 @pytest.mark.parametrize("kind, says", [
     ("conv", "its conv layers carry state along the row"),
     ("linear_attention", "its linear_attention layers carry state along the row"),  # Qwen2-VL's code runs none
-    ("chunked_attention", "its chunked_attention layers are neither full nor sliding-window attention"),
-    ("indexed_attention", "its indexed_attention layers are neither full nor sliding-window attention"),
+    ("mystery_attention", "its mystery_attention layers are neither full nor sliding-window attention"),
+    ("indexed_attention", "its indexed_attention layers pick each query's keys with an indexer"),
 ])
 def test_other_layer_kinds_are_refused_by_name(kind, says):
-    try:
-        config = qwen2_vl(layer_types=["full_attention", kind])
-    except Exception as exc:  # older releases validate the kinds they know
-        pytest.skip(f"this transformers' configs hold no {kind} layers ({type(exc).__name__})")
+    config = qwen2_vl()
+    config.text_config.layer_types = ["full_attention", kind]  # set after the checks of the kinds it knows
     found = support(config)
-    assert "mmrope knows no kernel of them that takes the boundaries" in found.mixes
     assert not found.exact and says in found.mixes
     with pytest.raises(PackingUnsupportedError, match=f"qwen2_vl .*cannot train a packed row as its samples alone: {says}"):
         found.require()
@@ -69,13 +71,21 @@ def test_linear_attention_needs_the_kernels_that_read_the_boundaries(monkeypatch
 @pytest.mark.parametrize("model_type, setting", [("gemma3", {"use_bidirectional_attention": True}),
                                                  ("gemma4", {"use_bidirectional_attention": "all"}),
                                                  ("gemma3", {"is_causal": False})])
-def test_bidirectional_text_attention_is_refused(model_type, setting):
+def test_bidirectional_text_attention_is_measured(model_type, setting):
+    """The model above a text config asking for bidirectional attention may build a mask of its
+    own: the answer is what a tiny model of the config measures (on transformers 5.24, each of
+    these mixes the segments)."""
     if model_type not in CONFIG_MAPPING:
         pytest.skip(f"this transformers has no {model_type}")
     config = transformers.AutoConfig.for_model(model_type)
     for key, value in setting.items():
         setattr(config.text_config, key, value)
-    assert "its text attention is bidirectional" in support(config).mixes
+    found = support(config)  # Gemma3's image overlay is measured first, and refuses it on its own
+    assert found.exact == keeps_segments_apart(packed_segments_differ(config))
+    if NEWEST:
+        assert "its text attention is bidirectional" in found.mixes or "with an overlay" in found.mixes
+    if not found.exact:
+        assert "measured on a tiny random model of its config, a packed segment differs" in found.mixes
 
 
 def test_what_the_binding_says_comes_first():
@@ -83,21 +93,27 @@ def test_what_the_binding_says_comes_first():
     assert found.mixes == "its image tokens attend both ways" and "PaddedCollator" in found.advice
 
 
-def test_a_mask_overlay_in_the_models_code_is_found(tmp_path, monkeypatch):
-    """A modeling module that builds its masks with ``or_mask_function`` mixes segments; Qwen2-VL's
-    builds none. (tests/models measures the answer for Gemma3 at the model, per release.)"""
+def test_a_mask_overlay_is_measured_on_a_tiny_model_of_the_config():
+    """A modeling module that builds its masks with an overlay gets its config measured: Gemma3's
+    overlay (image tokens attending to one another) mixes a packed row's segments; Gemma4's,
+    built only for ``use_bidirectional_attention="vision"``, does not by default. Qwen2-VL's
+    module builds none: nothing is measured. (tests/models measures the answers with images.)"""
     from transformers import Qwen2VLModel
 
-    (tmp_path / "modeling_overlaid.py").write_text(
-        "def create_causal_mask(**kwargs):\n    return kwargs\n\n\n"
-        "class OverlaidModel:\n    def forward(self, mask):\n"
-        "        return create_causal_mask(or_mask_function=mask)\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    from modeling_overlaid import OverlaidModel
+    from mmrope_core.segments import mask_overlay_mixes_segments
 
-    assert mask_overlay_mixes_segments(Qwen2VLModel) == ""
-    assert mask_overlay_mixes_segments(OverlaidModel).startswith("OverlaidModel builds its attention masks with an "
-                                                                 "overlay (or_mask_function")
+    assert mask_overlay_mixes_segments(Qwen2VLModel, None) == ""
+    configs = [transformers.AutoConfig.for_model("gemma3")]
+    if "gemma4" in CONFIG_MAPPING:
+        configs += [transformers.AutoConfig.for_model("gemma4"), transformers.AutoConfig.for_model("gemma4")]
+        configs[-1].text_config.use_bidirectional_attention = "vision"
+    found = [support(config) for config in configs]
+    for config, answer in zip(configs, found):
+        assert answer.exact == keeps_segments_apart(packed_segments_differ(config))
+    if NEWEST:  # transformers 5.10 cuts Gemma3's and Gemma4's image blocks at the boundaries
+        assert found[0].mixes.startswith("Gemma3Model builds its attention masks with an overlay")
+        assert "measured on a tiny random model of its config, a packed segment differs" in found[0].mixes
+        assert found[1].exact and "Gemma4Model builds its attention masks with an overlay" in found[2].mixes
 
 
 def test_a_model_whose_layers_mmrope_cannot_see_is_refused():
@@ -113,11 +129,10 @@ def test_a_model_whose_layers_mmrope_cannot_see_is_refused():
 
 #: Model types whose processors do not build offline, and what their default configs say.
 DEFAULT_CONFIGS = {
-    "llama4": "its chunked_attention layers",
+    "llama4": "",  # rows up to its floor_scale: test_llama4_packs_rows_shorter_than_its_limit
     "lfm3_vl": "its conv layers carry state",
     "florence2": "it is an encoder-decoder model",
     "idefics": "its cross-attention layers",
-    "paligemma": "its text attention is bidirectional",
     "minicpm_ocr": "its linear_attention layers",
     "smolvlm": "",
     "mistral3": "",
@@ -131,3 +146,117 @@ def test_default_configs_of_model_types_without_an_offline_processor(model_type)
     found = support(transformers.AutoConfig.for_model(model_type))
     assert (found.mixes[: len(DEFAULT_CONFIGS[model_type])] == DEFAULT_CONFIGS[model_type]
             if DEFAULT_CONFIGS[model_type] else found.exact), found.mixes
+
+
+def test_per_layer_attention_heads_are_read_per_layer():
+    """dots3's layers differ in their head counts, which transformers refuses to read globally:
+    the answer comes from the layers. Its indexer layers score keys under the mask that holds the
+    boundaries, so a packed row of samples up to index_topk tokens is its samples alone; measured
+    on a tiny text model whose layers differ in their heads too."""
+    if "dots3_note" not in CONFIG_MAPPING:
+        pytest.skip("this transformers has no dots3_note")
+    import torch
+
+    config = transformers.AutoConfig.for_model("dots3_note")
+    found = support(config)
+    assert found.exact and found.max_sample_tokens == config.text_config.index_topk
+    with pytest.raises(PackingUnsupportedError, match=r"sample 1 of a packed row has 2049 tokens, more than"):
+        found.require_lengths([5, 2049])
+    values = {**config.text_config.to_dict(), "hidden_size": 64, "intermediate_size": 64, "moe_intermediate_size": 32,
+              "shared_experts_intermediate_size": 32, "num_attention_heads": 2, "num_key_value_heads": 2,
+              "q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16, "v_head_dim": 16,
+              "head_dim": 32, "index_head_dim": 16, "index_n_heads": 2, "index_topk": 8, "n_routed_experts": 4,
+              "num_experts_per_tok": 2, "vocab_size": 64, "num_hidden_layers": 3, "sliding_window": 4,
+              "layer_types": ["indexed_attention", "sliding_attention", "indexed_attention"],
+              "mlp_layer_types": ["dense", "sparse", "sparse"], "pad_token_id": None, "bos_token_id": None,
+              "eos_token_id": None, "per_layer_config": {"1": {"num_attention_heads": 4, "num_key_value_heads": 4}}}
+    text = type(config.text_config).from_dict(values)
+    assert support(text).max_sample_tokens == 8
+    torch.manual_seed(0)
+    model = transformers.AutoModel.from_config(text).eval()
+    lengths = [5, 8, 6]
+    ids = [torch.randint(1, 64, (1, n)) for n in lengths]
+    with torch.no_grad():
+        alone = [model(input_ids=row, use_cache=False).last_hidden_state[0] for row in ids]
+        positions = torch.cat([torch.arange(n) for n in lengths])[None]
+        packed = model(input_ids=torch.cat(ids, 1), position_ids=positions, use_cache=False).last_hidden_state[0]
+    for mine, own in zip(packed.split(lengths), alone):
+        torch.testing.assert_close(mine, own, rtol=1e-4, atol=1e-5)
+
+
+def test_minimax_m3_sparse_layers_are_refused_for_their_indexer():
+    if "minimax_m3_vl" not in CONFIG_MAPPING:
+        pytest.skip("this transformers has no minimax_m3_vl")
+    config = transformers.AutoConfig.for_model("minimax_m3_vl")
+    config.text_config.layer_types = ["full_attention", "minimax_m3_sparse"]
+    found = support(config)
+    assert "indexer pools the keys into blocks by their slot in the row" in found.mixes
+    assert "position ids, which restart in each segment" in found.mixes
+
+
+def test_llama4_packs_rows_shorter_than_its_limit():
+    """Llama 4's NoPE layers take their attention temperature from the token's index in the row: a
+    packed row is its samples alone below floor_scale, and refused past it; its chunked layers
+    are cut at the boundaries at any length where this transformers does so (measured), else
+    rows are refused past a chunk. Checked on a tiny text model."""
+    if "llama4" not in CONFIG_MAPPING:
+        pytest.skip("this transformers has no llama4")
+    import torch
+
+    text = {"hidden_size": 64, "intermediate_size": 64, "intermediate_size_mlp": 64, "num_attention_heads": 2,
+            "num_key_value_heads": 1, "head_dim": 32, "num_hidden_layers": 4, "vocab_size": 64,
+            "num_local_experts": 2, "attention_chunk_size": 16, "floor_scale": 12, "attn_scale": 0.5,
+            "pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
+    config = transformers.Llama4Config(text_config=text)
+    found = support(config)
+    assert found.exact and found.max_tokens == 11 and "floor_scale=12" in found.limit
+    found.require_lengths([5, 6])
+    with pytest.raises(PackingUnsupportedError, match=r"a packed row of 12 tokens is longer .* at most 11 tokens"):
+        found.require_lengths([6, 6])
+
+    def worst(lengths, **changes):
+        torch.manual_seed(0)
+        model = transformers.Llama4ForCausalLM(transformers.Llama4TextConfig(**{**text, **changes})).eval()
+        ids = [torch.randint(1, 64, (1, n)) for n in lengths]
+        positions = torch.cat([torch.arange(n) for n in lengths])[None]
+        with torch.no_grad():
+            packed = model(input_ids=torch.cat(ids, 1), position_ids=positions, use_cache=False).logits[0]
+            alone = [model(input_ids=row, use_cache=False).logits[0] for row in ids]
+        return max(float((mine - own).abs().max()) for mine, own in zip(packed.split(lengths), alone))
+
+    assert worst([5, 6]) < 1e-5  # 11 tokens: each segment as its sample alone
+    assert worst([6, 8]) > 1e-4  # 14 tokens: the last ones read another temperature
+    # chunks of 16 tokens: transformers 5.24 cuts them at the boundaries, so rows longer than a chunk
+    # pack exactly too; 5.10 counts them from the row's first token, so a row is refused past a chunk
+    chunked = support(transformers.Llama4Config(text_config={**text, "floor_scale": 8192}))
+    long_rows = worst([20, 20], floor_scale=8192)
+    assert chunked.max_tokens == (8191 if long_rows < 1e-5 else 16), (chunked, long_rows)
+    if NEWEST:
+        assert long_rows < 1e-5
+
+
+def test_a_prefix_lm_mask_cut_at_the_boundaries_is_measured_exact():
+    """PaliGemma's text config asks for bidirectional attention; its model replaces that with a
+    prefix-LM mask (bidirectional over the image and prompt) which transformers cuts at the
+    segments' boundaries: measured on a tiny model, and a config that cannot be built is refused."""
+    config = transformers.AutoConfig.for_model("paligemma")
+    assert config.text_config.use_bidirectional_attention is True
+    assert support(config).exact == keeps_segments_apart(packed_segments_differ(config))
+    if NEWEST:  # transformers 5.10 lets a later segment's prefix attend to an earlier one's
+        assert packed_segments_differ(config) < 1e-4 and support(config).exact
+    unknown = types.SimpleNamespace(num_attention_heads=2, use_bidirectional_attention=True)  # no model to build
+    assert packed_segments_differ(unknown) is None
+    assert "mmrope could not build a tiny model of its config" in support(unknown).mixes
+
+
+def test_positions_not_shown_to_be_a_samples_own_are_refused():
+    """A reference get_rope_index that mmrope could not show to give a sample its own positions
+    wherever it stands in a batch (no probe for its model type, or a probe that fails) refuses
+    packing, though its layers keep segments apart."""
+    kernel = types.SimpleNamespace(samples_independent=False, rope_rows=3)
+    engine = types.SimpleNamespace(processor=None, config=qwen2_vl(), binding=types.SimpleNamespace(
+        mixes_segments="", kernel=kernel))
+    found = packed_row_support(engine)
+    assert "mmrope cannot show that its get_rope_index gives a sample the positions it gives it alone" in found.mixes
+    kernel.samples_independent = True
+    assert packed_row_support(engine).exact

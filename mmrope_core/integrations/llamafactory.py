@@ -149,7 +149,10 @@ def _call_with_mmrope_positions(original: Callable[..., Any], collator: Any, fea
     generated_mask = None if generated is None else _laid_out(generated, batch["input_ids"],
                                                               collator.tokenizer.padding_side)
     if packed:  # LLaMA-Factory gives the model a block-diagonal mask, or flash-attention's positions, nothing more
-        _packing_support(collator, engine).require("LLaMA-Factory's neat_packing rows", gives_boundaries=False)
+        support = _packing_support(collator, engine)
+        support.require("LLaMA-Factory's neat_packing rows", gives_boundaries=False)
+        for row in batch["attention_mask"].long():  # segment ids: some layers keep segments apart up to a length
+            support.require_lengths(torch.bincount(row)[1:].tolist(), "a neat_packing row")
     if packed and "image" in injected:  # the SFT collator then keeps the fake image's tokens (its own flag)
         batch["has_dummy_image"] = True
     inputs = _inputs_without(batch, injected)

@@ -6,7 +6,7 @@ rule's empty items)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -26,10 +26,11 @@ def media_of(sample: Mapping[Any, Any]) -> dict[str, Any]:
             and key not in ("input_ids", "attention_mask", "labels") and not key.endswith("token_type_ids")}
 
 
-def collated_problem(samples: Sequence[Mapping[str, Any]], batch: Mapping[str, Any], collator: Any, own: Any) -> str:
+def collated_problem(samples: Sequence[Mapping[str, Any]], batch: Mapping[str, Any], collator: Any, own: Any,
+                     failed: Callable[[BaseException], None]) -> str:
     """Where ``batch``, what ``collator`` made of ``samples``, does not hold them as they are;
     ``own`` gives the positions to hold it to (the model's, or the reference engine's; None:
-    tokens and labels only)."""
+    tokens and labels only). Where ``own`` fails, ``failed`` is told and the positions go unchecked."""
     from ..collators import PackedCollator
 
     ids, labels = batch["input_ids"], batch["labels"]
@@ -70,7 +71,8 @@ def collated_problem(samples: Sequence[Mapping[str, Any]], batch: Mapping[str, A
         if not torch.equal(labels[where, span].long(), want_labels.long()):
             return f"sample {index}'s labels are not its own (-100 where it has no loss) at row {where}"
         # at its valid tokens: what the model puts at padding depends on the batch (Qwen3-Omni's on its media)
-        alone = _rows(layout, _positions(own, row[None], None if packed else mask[None], media_of(sample), kwargs))
+        alone = _rows(layout, _positions(own, row[None], None if packed else mask[None], media_of(sample), kwargs,
+                                         failed))
         valid = mask.bool()
         if alone is not None and not _same(laid[where, ..., span][..., valid], alone[0][..., valid], exact):
             return f"sample {index}'s positions differ from what the model computes for it alone"
@@ -85,7 +87,7 @@ def collated_problem(samples: Sequence[Mapping[str, Any]], batch: Mapping[str, A
         return ""
     if not getattr(collator.engine.binding.kernel, "samples_independent", True):
         return ""  # the model's method numbers the batch's media in order: each sample alone is the reference
-    whole = _rows(layout, _positions(own, ids, batch["attention_mask"], media_of(batch), kwargs))
+    whole = _rows(layout, _positions(own, ids, batch["attention_mask"], media_of(batch), kwargs, failed))
     if whole is not None and not _same(laid, whole, exact):
         return "the batch's positions differ from what the model computes on it"
     return ""
@@ -142,12 +144,14 @@ def _equal(got: torch.Tensor, want: torch.Tensor) -> bool:
     return got.shape == want.shape and bool(torch.equal(got, want.to(got.dtype)))
 
 
-def _positions(own: Any, ids: torch.Tensor, mask: Any, media: dict[str, Any], kwargs: Any) -> Any:
+def _positions(own: Any, ids: torch.Tensor, mask: Any, media: dict[str, Any], kwargs: Any,
+               failed: Callable[[BaseException], None]) -> Any:
     try:
         if isinstance(own, ModelPositions):
             return own.position_ids(ids, mask, media, kwargs)
         return None if own is None else own.compute_position_ids(ids, mask, media, kwargs)
-    except Exception:  # the model's own code fails: nothing to hold the collator to
+    except Exception as exc:  # the model's own code fails: nothing to hold the collator to, counted
+        failed(exc)
         return None
 
 

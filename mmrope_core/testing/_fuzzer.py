@@ -117,6 +117,8 @@ class _Fuzzer:
     def __init__(self, name: str, trace: str, vllm_as_transformers: Sequence[str] = ()) -> None:
         self.name, self.trace = name, open(trace, "w")  # noqa: SIM115 (closed with the process)
         self.findings: list[FuzzFinding] = []
+        #: cases whose result the model's own code could not give, by example, what and error
+        self.unjudged: dict[str, int] = {}
         self.subjects: dict[str, _Subjects] = {}
         self.vllm_as_transformers = frozenset(vllm_as_transformers)
 
@@ -297,7 +299,7 @@ class _Fuzzer:
         if not results:
             return
         if subjects.model is not None:
-            own = self.model_result(subjects.model, case)
+            own = self.model_result(subjects.model, case, names)
         else:  # no model class to ask: the reference implementation is the judge
             own = None if want is None or isinstance(want, BaseException) else want
         for result in results:
@@ -340,7 +342,9 @@ class _Fuzzer:
         if model is None or model is engine:
             problem = packed_problem(case, got, lambda segment: alone[id(segment)], exact_dtype)
         else:
-            problem = packed_problem(case, got, lambda segment: _judge(lambda: _alone(model, case, segment)), exact_dtype)
+            problem = packed_problem(case, got, lambda segment: _judge(lambda: _alone(model, case, segment),
+                                                                       self.failed(case, names, "a packed segment alone")),
+                                     exact_dtype)
         if problem:
             self.found(case, names, "packed segments are their samples alone", problem + which)
 
@@ -356,7 +360,7 @@ class _Fuzzer:
             return
         if isinstance(got, BaseException) or not agree or subjects.model is None:
             return
-        own = self.model_result(subjects.model, case)
+        own = self.model_result(subjects.model, case, names)
         if own is not None and not _agrees(got, own, exact_dtype=False):
             self.found(case, names, "the vLLM convention is transformers' where they agree",
                        "the positions differ from what the model computes itself")
@@ -364,16 +368,29 @@ class _Fuzzer:
     def check_collated(self, case: Case, names: tuple[str, ...], batch: Any, subjects: _Subjects) -> None:
         collator = subjects.engine(case)
         own = subjects.model if subjects.model is not None else subjects.reference
-        problem = collated_problem(case.outputs, batch, collator, own)
+        problem = collated_problem(case.outputs, batch, collator, own, self.failed(case, names, "a collated sample"))
         if problem:
             self.found(case, names, "a collator's batch holds each sample as it is alone", problem)
 
-    @staticmethod
-    def model_result(model: ModelPositions, case: Case) -> Any:
-        """What the model computes itself on the case's inputs, or None where it fails."""
+    def model_result(self, model: ModelPositions, case: Case, names: tuple[str, ...]) -> Any:
+        """What the model computes itself on the case's inputs, or None where it fails (counted)."""
+        failed = self.failed(case, names, "the batch")
         if case.call == "position_ids":
-            return _judge(lambda: model.position_ids(case.ids, case.mask, case.inputs, case.options))
-        return _judge(lambda: model.rope_index(case.ids, case.mask, case.inputs))
+            return _judge(lambda: model.position_ids(case.ids, case.mask, case.inputs, case.options), failed)
+        return _judge(lambda: model.rope_index(case.ids, case.mask, case.inputs), failed)
+
+    def failed(self, case: Case, names: tuple[str, ...], what: str) -> Any:
+        """What counts a case whose reference, the model's own code, fails on ``what``: nothing is
+        compared there. On an example's own valid samples (no mutation), where the model must
+        compute, it is a finding too: the check it stands for never runs."""
+        def count(error: BaseException) -> None:
+            key = f"{case.case}: {what} ({type(error).__name__})"
+            self.unjudged[key] = self.unjudged.get(key, 0) + 1
+            if not names and what != "the batch":
+                self.found(case, names, "the model computes each example sample alone",
+                           f"its own code fails on {what} ({type(error).__name__}: {str(error)[:200]}), so the "
+                           f"result goes unchecked")
+        return count
 
     def check_result(self, engine: Any, case: Case, names: tuple[str, ...], got: Any) -> None:
         """What a result must be whatever the reference says."""

@@ -64,11 +64,13 @@ def _alone(subject: Any, case: Case, segment: Segment) -> Any:
     return subject.get_rope_index(segment.ids, None, **segment.media)
 
 
-def _judge(call: Callable[[], Any]) -> Any:
-    """The model's own result, or None where its code fails: no result to hold an engine to."""
+def _judge(call: Callable[[], Any], failed: Callable[[BaseException], None]) -> Any:
+    """The model's own result, or None where its code fails: no result to hold an engine to, which
+    ``failed`` is told of (the fuzzer counts such cases, so that a check that never runs shows)."""
     try:
         return call()
-    except Exception:
+    except Exception as exc:
+        failed(exc)
         return None
 
 

@@ -62,6 +62,7 @@ class CheckReport:
     plugin: str
     cases: list[CaseChecked] = dataclasses.field(default_factory=list)
     fuzzed: dict[str, int] = dataclasses.field(default_factory=dict)
+    unjudged: dict[str, int] = dataclasses.field(default_factory=dict)
     violations: list[Violation] = dataclasses.field(default_factory=list)
     seconds: float = 0.0
 
@@ -114,7 +115,8 @@ def run_checks(
     if fuzz_examples and info.distribution:  # a child process finds installed entry points only
         from .fuzz import UNPICKLED, fuzz_plugin
 
-        for finding in fuzz_plugin(name, cases=cases, seed=seed, examples=fuzz_examples, tally=report.fuzzed):
+        for finding in fuzz_plugin(name, cases=cases, seed=seed, examples=fuzz_examples, tally=report.fuzzed,
+                                   unjudged=report.unjudged):
             if finding.rule == UNPICKLED:  # the caller's cases, not the plugin, cannot reach the child
                 warnings.warn(f"{name}: not fuzzed: {finding.detail}", stacklevel=2)
                 continue

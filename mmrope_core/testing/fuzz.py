@@ -35,7 +35,7 @@ __all__ = ["CALL_SECONDS", "MEMORY_GROWTH", "UNPICKLED", "FuzzFinding", "fuzz_pl
 def fuzz_plugin(name: str, *, cases: Sequence[Any] | None = None, seed: int = 0, examples: int = 100,
                 chooser: str = "random", timeout: float = 600.0,
                 vllm_as_transformers: Sequence[str] = (),
-                tally: dict[str, int] | None = None) -> list[FuzzFinding]:
+                tally: dict[str, int] | None = None, unjudged: dict[str, int] | None = None) -> list[FuzzFinding]:
     """Fuzz plugin ``name`` (an installed entry point) with ``examples`` corrupt batches made from
     its example cases (or ``cases``, which must pickle) in a child process; return what broke a
     rule. A child that dies is a finding naming the case it was computing.
@@ -43,7 +43,9 @@ def fuzz_plugin(name: str, *, cases: Sequence[Any] | None = None, seed: int = 0,
     ``vllm_as_transformers`` names example cases whose ``convention="vllm"`` positions are
     transformers' on every input; the others are held to transformers' on batches without
     video or audio, where every family's conventions agree. ``tally``, when given, gets the
-    number of cases run from each example case."""
+    number of cases run from each example case; ``unjudged``, the number of cases whose reference
+    (the model's own code) failed, so that nothing was compared, by example case, what failed and
+    the error."""
     with tempfile.TemporaryDirectory(prefix="mmrope-fuzz-") as folder:
         trace, report = os.path.join(folder, "trace"), os.path.join(folder, "report")
         try:
@@ -66,7 +68,11 @@ def fuzz_plugin(name: str, *, cases: Sequence[Any] | None = None, seed: int = 0,
         if tally is not None:
             _count_cases(trace, tally)
         with open(report, "rb") as file:
-            return pickle.load(file)
+            findings, failed = pickle.load(file)
+        if unjudged is not None:
+            for key, count in failed.items():
+                unjudged[key] = unjudged.get(key, 0) + count
+        return findings
 
 
 def _count_cases(path: str, tally: dict[str, int]) -> None:
@@ -93,7 +99,7 @@ def _child() -> None:
     _cap_address_space()
     findings = fuzzer.run(cases, seed, examples, chooser)
     with open(report, "wb") as file:
-        pickle.dump(findings, file)
+        pickle.dump((findings, fuzzer.unjudged), file)
 
 
 def _cap_address_space() -> None:

@@ -32,8 +32,10 @@ KNOWN = {
 
 @pytest.mark.parametrize("plugin", sorted(EXAMPLES))
 def test_no_corrupt_batch_crashes_stalls_or_is_silently_wrong(plugin):
+    unjudged: dict[str, int] = {}
     findings = fuzz_plugin(plugin, seed=20261202, examples=EXAMPLES[plugin], chooser="hypothesis",
-                           vllm_as_transformers=VLLM_AS_TRANSFORMERS)
+                           vllm_as_transformers=VLLM_AS_TRANSFORMERS, unjudged=unjudged)
+    print(f"{plugin}: {sum(unjudged.values())} cases unchecked, the model's own code failing: {unjudged}")
     unknown = [finding for finding in findings if (plugin, finding.case, finding.rule) not in KNOWN]
     assert unknown == [], "\n".join(map(str, unknown))
 
@@ -57,3 +59,18 @@ def test_the_fuzzer_finds_each_kind_of_flaw(test_dists, monkeypatch, flaw, rule)
 def test_a_flawless_plugin_gives_no_finding(test_dists, monkeypatch):
     monkeypatch.delenv("MMROPE_TEST_FLAW", raising=False)
     assert fuzz_plugin("fragile", seed=1, examples=40) == []
+
+
+def test_a_failing_reference_is_counted_and_on_an_example_sample_found(tmp_path):
+    """Where the model's own code fails there is nothing to compare: such cases are counted, and
+    on an example's own samples (no mutation) they are a finding, since that check never runs."""
+    from mmrope_core.testing._fuzzer import _Fuzzer
+    from mmrope_core.testing._mutations import Case
+
+    fuzzer = _Fuzzer("fragile", str(tmp_path / "trace"))
+    case = Case("Example", "PackedCollator", None, None, {}, {}, [])
+    fuzzer.failed(case, ("a mutation",), "a collated sample")(ValueError("cannot"))
+    assert fuzzer.unjudged == {"Example: a collated sample (ValueError)": 1} and fuzzer.findings == []
+    fuzzer.failed(case, (), "a collated sample")(ValueError("cannot"))
+    assert fuzzer.unjudged == {"Example: a collated sample (ValueError)": 2}
+    assert [finding.rule for finding in fuzzer.findings] == ["the model computes each example sample alone"]

@@ -1,7 +1,8 @@
 """A packed row trains as its samples alone, or is refused: for every example case, tiny random
 models of the real model classes compare the packed row's logits, loss and gradients with each
-sample run alone, the model computing its own positions; where mmrope refuses the model, the
-same row built by hand shows that the model's layers mix the segments."""
+sample run alone, the model computing its own positions; where mmrope refuses the model (when
+the collator is built, or a batch past the model's limits), the same row built by hand shows
+that its segments differ from their samples alone, by how much."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ pytestmark = pytest.mark.differential
 #: What the tests also train, beside each case's own config: settings that change the answer.
 VARIANTS = {
     "Gemma4": {"bidirectional images": (("text_config.use_bidirectional_attention", "vision"),)},
+    # every sample no longer than index_topk: the indexer keeps all of a sample's keys, packed or alone
+    "HY-V4-VL (hy_v4_vl)": {"indexer keeps every key": (("text_config.index_topk", 64),)},
 }
 CASES = [(name, variant) for name in names() for variant in (None, *VARIANTS.get(name, ()))]
 #: Cases given generated videos too (their processors take none without torchvision), and the
@@ -85,17 +88,55 @@ def alone(model, sample, kwargs):
 
 def by_hand(engine, samples):
     """The packed row of ``samples`` built without the collator: ids, labels and token types joined,
-    the media batched, the positions of each segment as its sample's alone."""
+    the media joined as the model takes one row of them, each segment's positions its sample's
+    computed alone."""
     lengths = [sample["input_ids"].shape[1] for sample in samples]
     bounds = torch.tensor([0, *itertools.accumulate(lengths)])
     token_aligned = ("input_ids", "labels", *(key for key in samples[0] if key.endswith("token_type_ids")))
     batch = {key: torch.cat([sample[key] for sample in samples], dim=1) for key in token_aligned}
     batch["labels"][0, bounds[:-1]] = IGNORE_INDEX
-    media = engine.collate([{key: value for key, value in sample.items()
-                             if key not in (*token_aligned, "attention_mask")} for sample in samples])
-    positions = engine.compute_position_ids(batch["input_ids"], None, media, cu_seqlens=bounds)
-    positions = positions.transpose(0, 1) if engine.rope_kind == "mrope" else positions
-    return {**batch, **media, "position_ids": positions, "use_cache": False}
+    media = [{key: value for key, value in sample.items() if key not in (*token_aligned, "attention_mask")}
+             for sample in samples]
+    positions = torch.cat([engine.compute_position_ids(sample["input_ids"], None, own)
+                           for sample, own in zip(samples, media)], dim=-1)
+    if engine.rope_kind == "mrope":
+        positions = positions.transpose(0, 1)
+        rows = getattr(engine.binding.kernel, "rope_rows", 3)
+        if rows != 3 and positions.shape[0] == rows + 1:  # HunYuan-VL's forward takes its xD-RoPE rows alone
+            positions = positions[1:]
+    join = JOINS.get(engine.config.model_type)
+    joined = engine.collate(media) if join is None else join(media, lengths)
+    return {**batch, **joined, "position_ids": positions, "use_cache": False}
+
+
+def joined_strips(media, lengths):
+    """MiniCPM-V's images as its processor batches them: one strip of patches, (1, 3, 14, sum W)."""
+    with_images = [item for item in media if "pixel_values" in item]
+    return {"pixel_values": torch.cat([item["pixel_values"] for item in with_images], dim=-1),
+            "target_sizes": torch.cat([item["target_sizes"] for item in with_images])}
+
+
+def joined_cross_attention(media, lengths):
+    """Mllama's images in one row: all of them on the image axis, each segment's tokens masked to
+    its own sample's images (a block-diagonal cross_attention_mask; a sample without images, none)."""
+    with_images = [item for item in media if "pixel_values" in item]
+    counts = [item["pixel_values"].shape[1] if "pixel_values" in item else 0 for item in media]
+    mask = torch.zeros(1, sum(lengths), sum(counts), with_images[0]["cross_attention_mask"].shape[-1], dtype=torch.long)
+    for item, start, first, count in zip(media, itertools.accumulate([0, *lengths]), itertools.accumulate([0, *counts]),
+                                         counts):
+        if count:
+            block = item["cross_attention_mask"]
+            mask[:, start:start + block.shape[1], first:first + count] = block
+    return {"pixel_values": torch.cat([item["pixel_values"] for item in with_images], dim=1),
+            "aspect_ratio_ids": torch.cat([item["aspect_ratio_ids"] for item in with_images], dim=1),
+            "aspect_ratio_mask": torch.cat([item["aspect_ratio_mask"] for item in with_images], dim=1),
+            "cross_attention_mask": mask}
+
+
+#: How a refusal names media handed to a batch's rows one by one (GLM-Image on transformers 5.10).
+MEDIA_BY_ROWS = "hands the media to the batch's rows one by one"
+#: Media of a packed row joined by hand where the engine's batch of them is not the model's one row.
+JOINS = {"minicpmv4_7": joined_strips, "mllama": joined_cross_attention}
 
 
 def segments_of(logits, samples):
@@ -121,13 +162,15 @@ def trains_as_its_samples_alone_or_is_refused(tiny, engine, samples):
     if not support.exact:
         with pytest.raises(PackingUnsupportedError, match=engine.config.model_type):
             PackedCollator(engine)
-        try:  # the refusal is right: the same row built by hand is not the samples alone
-            with torch.no_grad():
-                logits = model(**by_hand(engine, samples), **kwargs).logits[0]
-        except Exception:  # the model cannot even take it
-            return
-        assert not all(torch.allclose(mine, theirs, **LOGITS) for mine, theirs in zip(segments_of(logits, samples), own)), \
-            f"refused, yet every segment equals its sample alone ({support.mixes})"
+        differs_by_hand(tiny, engine, samples, kwargs, own, support.mixes)
+        return
+    lengths = [sample["input_ids"].shape[1] for sample in samples]
+    past = support.max_sample_tokens is not None and max(lengths) > support.max_sample_tokens
+    past = past or (support.max_tokens is not None and sum(lengths) > support.max_tokens)
+    if past:  # past the model's limits: refused per batch
+        with pytest.raises(PackingUnsupportedError, match=r"more than|longer than"):
+            PackedCollator(engine)(samples)
+        differs_by_hand(tiny, engine, samples, kwargs, own, support.sample_limit or support.limit)
         return
     for flash in (False, True):
         batch = PackedCollator(engine, flash_attn_kwargs=flash, mm_processor_kwargs=kwargs or None)(samples)
@@ -152,3 +195,22 @@ def trains_as_its_samples_alone_or_is_refused(tiny, engine, samples):
         atol = max(1e-6, GRADIENTS_ATOL * float(gradient.abs().max()))
         torch.testing.assert_close(mine[key], gradient, rtol=GRADIENTS_RTOL, atol=atol,
                                    msg=lambda m, key=key: f"{key}: {m}")
+
+
+def differs_by_hand(tiny, engine, samples, kwargs, own, why):
+    """The refusal is right: the row built by hand trains some segment other than its sample alone.
+    Anything failing on the way fails the test, but for a model refused because its forward hands
+    the media to the batch's rows one by one, which may fail on the later samples' media."""
+    batch = by_hand(engine, samples)
+    try:
+        with torch.no_grad():
+            logits = tiny.model(**batch, **kwargs).logits[0]
+    except RuntimeError as exc:
+        if MEDIA_BY_ROWS not in why:
+            raise
+        print(f"{tiny.name}: refused, the model fails on the row built by hand ({exc})")
+        return
+    differences = [float((mine - theirs).abs().max()) for mine, theirs in zip(segments_of(logits, samples), own)]
+    assert not all(torch.allclose(mine, theirs, **LOGITS) for mine, theirs in zip(segments_of(logits, samples), own)), \
+        f"refused ({why}), yet every segment equals its sample alone: largest differences {differences}"
+    print(f"{tiny.name}: refused, segments differ by up to {differences}")

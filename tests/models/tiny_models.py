@@ -218,7 +218,7 @@ def tiny_model(name: str, attn_implementation: str = "sdpa", overrides: tuple[tu
     """The tiny model of example case ``name``, built once per process and arguments.
 
     ``overrides`` are ``(dotted config path, value)`` pairs set on the default config before it
-    is shrunk, e.g. ``(("text_config.use_bidirectional_attention", "vision"),)``; they show in
+    is shrunk and kept through it, e.g. ``(("text_config.use_bidirectional_attention", "vision"),)``; they show in
     ``changes``. The model is shared: zero its gradients, and do not train it in place.
     """
     case = cases()[name]
@@ -301,6 +301,8 @@ def _tiny_config(config: Any, processor: Any, samples: list[dict[str, Any]],
     for path, value in (*OVERRIDES.get(config.model_type, ({}, ""))[0].items(), *overrides):
         _set_path(values, path, value)
     _shrink(values)
+    for path, value in overrides:  # kept through the shrinking (an indexer's index_topk)
+        _set_path(values, path, value)
     _fit_processor(values, processor, samples)
     _fit_token_ids(values, type(config)().to_dict(), processor)
     return type(config).from_dict(values)

@@ -30,23 +30,8 @@ def bind_rope_index(processor: Any, config: Any, options: Any):
     from mmrope_core.conventions import KNOWN, convention
 
     convention(options, "Gemma4", KNOWN)  # 1-D positions: vLLM's are transformers'
-    return RopeBinding(kind="1d", implementation="mask", description="Gemma4: 1-D RoPE, positions from the attention mask",
-                       mixes_segments=mixes_segments(config))
-
-
-def mixes_segments(config: Any) -> str:
-    """Why Gemma4 mixes packed segments: with ``use_bidirectional_attention="vision"`` image
-    tokens attend to one another through the model's mask, where the installed transformers
-    builds that mask with an overlay it reads by position. Without a config, the checkpoints'
-    setting is unknown: taken to be on."""
-    text = getattr(config, "text_config", config)
-    if config is not None and getattr(text, "use_bidirectional_attention", None) != "vision":
-        return ""
-    from transformers import Gemma4Model
-
-    from mmrope_core.segments import mask_overlay_mixes_segments
-
-    return mask_overlay_mixes_segments(Gemma4Model)
+    # whether its image tokens' mask keeps packed segments apart is measured by the core
+    return RopeBinding(kind="1d", implementation="mask", description="Gemma4: 1-D RoPE, positions from the attention mask")
 
 
 @hookimpl

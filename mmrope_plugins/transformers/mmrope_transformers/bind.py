@@ -17,7 +17,7 @@ from mmrope_core import InvalidInputError, RopeBinding
 from mmrope_core.reference import ReferenceKernel
 
 from .fast import Candidate, candidates, probed_kernel
-from .models import Decision, decide, model_classes, sees_images
+from .models import Decision, decide, sees_images
 from .reference import _SUPPLIED, TransformersReference, media_token_ids, processor_token_types
 from .rollouts import bind_convention
 
@@ -85,8 +85,7 @@ def bind(processor: Any, config: Any, options: Mapping[str, Any]) -> RopeBinding
             )
         _remember(processor, Bound(varlen_keys=varlen))
         return RopeBinding("1d", implementation="mask",
-                           description=f"{decision.model_type}: 1-D positions from the attention mask ({decision.reason})",
-                           mixes_segments=_mixes_segments(config))
+                           description=f"{decision.model_type}: 1-D positions from the attention mask ({decision.reason})")
     implementation = options.get("implementation", "fast")
     if implementation not in IMPLEMENTATIONS:
         raise InvalidInputError(f"implementation={implementation!r} is not an implementation of {decision.model_type}; "
@@ -94,17 +93,7 @@ def bind(processor: Any, config: Any, options: Mapping[str, Any]) -> RopeBinding
     binding, reference = _mrope(processor, decision, implementation)
     binding = bind_convention(binding, decision.model_type, config, options)
     _remember(processor, Bound(frozenset(reference.takes - _SUPPLIED), varlen))
-    return dataclasses.replace(binding, mixes_segments=_mixes_segments(config))
-
-
-def _mixes_segments(config: Any) -> str:
-    """What of the model's own code mixes packed segments (see :mod:`mmrope_core.segments`)."""
-    from mmrope_core.segments import mask_overlay_mixes_segments, media_by_rows_mixes_segments
-
-    model_class = next(model_classes(config), None)
-    if model_class is None:
-        return ""
-    return mask_overlay_mixes_segments(model_class) or media_by_rows_mixes_segments(model_class)
+    return binding
 
 
 def _mrope(processor: Any, decision: Decision, implementation: str) -> tuple[RopeBinding, TransformersReference]:
@@ -143,25 +132,26 @@ def _mrope(processor: Any, decision: Decision, implementation: str) -> tuple[Rop
 def _samples_independent(model_type: str, processor: Any, config: Any, reference: TransformersReference) -> bool:
     """Whether the reference gives a sample the positions it gives it alone, wherever it stands
     in a batch: one sample with media, twice in a batch, must get the same positions twice (not
-    so where a method numbers the batch's media in order). Model types without a layout to
-    draw such a sample from are taken to be independent."""
+    so where a method numbers the batch's media in order). What is not shown is not assumed: a
+    model type without a layout to draw such a sample from, or whose method fails on it, is
+    taken to depend on the samples before it (its packed rows are refused, padded ones kept)."""
     from .layouts import LAYOUTS, random_batch
 
     if model_type not in LAYOUTS:
-        return True
+        return False
     rng = random.Random(f"mmrope-transformers independence {model_type}")
     for _ in range(16):
         sample = random_batch(model_type, processor, config, rng, samples=1)
         if "image_grid_thw" in sample or "video_grid_thw" in sample:
             break
     else:
-        return True
+        return False
     # twice: the rows are stacked, the grids (one row per item) and per-sample counts repeated
     twice = {key: torch.cat([value, value]) for key, value in sample.items()}
     try:
         positions, _ = reference.rope_index(**twice)
-    except Exception:  # the probe cannot tell: the batches users give decide
-        return True
+    except Exception:  # the probe cannot tell: not shown independent
+        return False
     return torch.equal(positions[:, 0], positions[:, 1])
 
 

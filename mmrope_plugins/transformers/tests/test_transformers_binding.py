@@ -243,3 +243,16 @@ def test_mmrope_plugins_models_lists_each_example_and_what_it_got(monkeypatch, c
         assert rows[model_type]["implementation"] == "reference"
     for model_type in present(ONE_D):
         assert (rows[model_type]["kind"], rows[model_type]["implementation"]) == ("1d", "mask")
+
+
+@pytest.mark.parametrize("model_type, independent", [("minicpmv4_7", False), ("glm_image", True),
+                                                     ("hunyuan_vl", False)])
+def test_a_reference_is_taken_as_independent_of_other_samples_only_where_shown(manager, model_type, independent):
+    """MiniCPM-V has no layout to draw a probe sample from: not shown, so not assumed (its packed
+    rows are refused); GLM-Image's probe shows it; HunYuan-VL's shows it numbers images across a batch."""
+    if model_type not in present(REFERENCE):
+        pytest.skip(f"this transformers has no {model_type}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the reference's one warning
+        engine = bind(manager, model_type)
+    assert engine.binding.kernel.samples_independent is independent

@@ -19,12 +19,38 @@ def _convolution(x, weight, bias, activation):
 
 def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None, return_final_states=False,
                      final_states_out=None, activation=None):
+    if activation not in (None, "silu", "swish"):
+        raise NotImplementedError("activation must be None, silu, or swish")
     if seq_idx is None:
         return _convolution(x, weight, bias, activation)
-    index = seq_idx[0]
-    bounds = [0, *(torch.nonzero(index[1:] != index[:-1]).flatten() + 1).tolist(), index.numel()]
-    return torch.cat([_convolution(x[..., start:stop], weight, bias, activation)
-                      for start, stop in itertools.pairwise(bounds)], dim=-1)
+    _check_seq_idx(x, seq_idx, return_final_states)
+    return torch.cat([torch.cat([_convolution(x[row:row + 1, :, start:stop], weight, bias, activation)
+                                 for start, stop in itertools.pairwise(_runs(index))], dim=-1)
+                      for row, index in enumerate(seq_idx)])
+
+
+def _runs(index):
+    """Where the runs of one sequence index start, and the end."""
+    return [0, *(torch.nonzero(index[1:] != index[:-1]).flatten() + 1).tolist(), index.numel()]
+
+
+def _check_seq_idx(x, seq_idx, return_final_states):
+    """What causal-conv1d 1.7.0 checks of ``seq_idx`` (csrc/causal_conv1d.cpp, causal_conv1d_interface.py):
+    an int32 tensor of shape (batch, seqlen) on x's device, x in channel-last layout, no final states.
+    Its Python function makes ``seq_idx`` contiguous before the check; the stand-in asks it given so."""
+    if return_final_states:
+        raise AssertionError("If seq_idx is not None, we don't return final_states_out")
+    if not isinstance(seq_idx, torch.Tensor) or seq_idx.dtype != torch.int32:
+        raise RuntimeError(f"seq_idx must be an int32 tensor, got {getattr(seq_idx, 'dtype', type(seq_idx))}")
+    if not seq_idx.is_contiguous():
+        raise RuntimeError("seq_idx must be contiguous")
+    if tuple(seq_idx.shape) != (x.shape[0], x.shape[-1]):
+        raise RuntimeError(f"seq_idx must have shape (batch_size, seqlen) = {(x.shape[0], x.shape[-1])}, "
+                           f"got {tuple(seq_idx.shape)}")
+    if seq_idx.device != x.device:
+        raise RuntimeError(f"seq_idx is on {seq_idx.device}, x on {x.device}")
+    if not (x.stride(1) == 1 and x.stride(2) > 1):
+        raise RuntimeError("seq_idx is only supported for channel last layout")
 
 
 def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, cache_seqlens=None,
