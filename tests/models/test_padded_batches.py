@@ -10,7 +10,7 @@ Besides the example cases, the model types the plugins bind that have none are b
 same way (:func:`extra_cases`), with their real processors: Idefics2, PaliGemma, Qwen2-Audio,
 GLM-ASR, Qwen3-ASR, VipLLaVA, LLaVA-NeXT-Video, LightOnOCR, GOT-OCR2, Qianfan-OCR, Ovis2, Janus,
 DeepSeek-VL, DeepSeek-VL-Hybrid, Granite-Docling, VideoLLaMA3, Aya Vision, MiniCPM-V 4.6,
-HyperCLOVAX-Vision-V2 and LFM3-VL. Two with stand-ins, where the real processor needs a package
+HyperCLOVAX-Vision-V2, LFM3-VL and Video-LLaVA. Two with stand-ins, where the real processor needs a package
 the tests run without: Mistral3 (``PixtralProcessor`` needs torchvision; LightOnOCR's processor
 places Pixtral's tokens by the same rule) and SmolVLM (its processor needs ``num2words``, for
 videos only: the real one is built with a stand-in that no image call reaches). GIT, Llama 4,
@@ -35,13 +35,14 @@ Bound model types of transformers 5.24 without a model-level test here, and why:
 - not yet built here: blip, blip-2, chameleon, deepseek_ocr2, diffusion_gemma, dots3_note, emu3,
   evolla, florence2, fun_asr_nano, fuyu, gemma3n, idefics, instructblip, instructblipvideo,
   kyutai_speech_to_text, moss_transcribe_diarize, nemo_speechlm, omniasr, pix2struct,
-  pp_chart2table, shieldgemma2, udop, vibevoice_asr, video_llava, voxtral, voxtral_realtime.
+  pp_chart2table, shieldgemma2, udop, vibevoice_asr, voxtral, voxtral_realtime.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import random
 import subprocess
 import sys
@@ -131,6 +132,15 @@ def num2words_stand_in():
         yield
     finally:
         processing_smolvlm.num2words = saved
+
+
+def video_llava_image_processor():
+    import transformers
+
+    from mmrope_transformers.specs import _LLAVA_IMAGE_PROCESSOR
+
+    image_processor = getattr(transformers, "VideoLlavaImageProcessor", None)
+    return None if image_processor is None else image_processor(**_LLAVA_IMAGE_PROCESSOR)
 
 
 def build_setting(spec, attributes):
@@ -253,6 +263,13 @@ def more_specs():
               _IDEFICS_TOKENS, {"image_token_id": "<image>"}, "<image>", words=_IDEFICS_WORDS, video_processor=True,
               processor_kwargs={"image_seq_len": 4}, images_in_a_list=True),
          (("vision_config.patch_size", 14),), {}),
+        # its own image processor (no Pillow module of its own) set in place of the CLIP one built
+        (Spec("Video-LLaVA (video_llava)", "video_llava", "VideoLlavaProcessor",
+              ("llava", "LlavaImageProcessorPil", _LLAVA_IMAGE_PROCESSOR),
+              {"image_token": "<image>", "video_token": "<video>"},
+              {"image_token_index": "<image>", "video_token_index": "<video>"}, video_processor=True,
+              processor_kwargs=llava), (("vision_config.image_size", 56),),
+         {"image_processor": video_llava_image_processor()}),
         (Spec("HyperCLOVAX-Vision-V2 (hyperclovax_vision_v2)", "hyperclovax_vision_v2", "HyperCLOVAXVisionV2Processor",
               ("qwen2_vl", "Qwen2VLImageProcessorPil", {}), QWEN_TOKENS, QWEN_IDS, _QWEN_IMAGE,
               video_processor=True), (("vision_config.patch_size", 14),), {}),
@@ -435,6 +452,15 @@ def processor_batch(tiny, calls, side):
     padding = {"padding": True, "padding_side": side}
     if tiny.config.model_type in PADS_ONLY_THE_TEXT:
         padding = {"text_kwargs": padding}
+    parameters = inspect.signature(tiny.processor.__call__).parameters
+    if not any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters.values()):
+        # a processor taking no padding_side (transformers 5.10's Video-LLaVA): its tokenizer's
+        tokenizer = tiny.processor.tokenizer
+        saved, tokenizer.padding_side = tokenizer.padding_side, side
+        try:
+            return dict(tiny.processor(text=texts, **media, padding=True, return_tensors="pt", **rest))
+        finally:
+            tokenizer.padding_side = saved
     return dict(tiny.processor(text=texts, **media, **padding, return_tensors="pt", **rest))
 
 
