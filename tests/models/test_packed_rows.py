@@ -2,7 +2,9 @@
 models of the real model classes compare the packed row's logits, loss and gradients with each
 sample run alone, the model computing its own positions; where mmrope refuses the model (when
 the collator is built, or a batch past the model's limits), the same row built by hand shows
-that its segments differ from their samples alone, by how much."""
+that its segments differ from their samples alone, by how much. The model types the plugins bind
+without an example case run the same test, built as test_padded_batches.py builds them (its
+docstring lists them, with the stand-ins used and the bound types neither module covers)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import itertools
 import random
 
 import pytest
+import test_padded_batches as padded_batches
 import torch
 from media_samples import audio_in_video_sample, video_sample
 from tiny_models import names, tiny_model
@@ -151,6 +154,17 @@ def test_a_packed_row_trains_as_its_samples_alone_or_is_refused(name, variant):
     tiny, engine = case(name, variant)
     for samples in rows_of(tiny):
         trains_as_its_samples_alone_or_is_refused(tiny, engine, samples)
+
+
+#: The model types the plugins bind without an example case, built as the padded-batch tests
+#: build them (see that module's docstring for the bound types neither module covers).
+EXTRA = list(padded_batches.EXTRA)
+
+
+@pytest.mark.parametrize("name", EXTRA)
+def test_a_packed_row_of_a_model_without_an_example_case_trains_as_its_samples_alone_or_is_refused(name):
+    tiny, engine = padded_batches.case(name)
+    trains_as_its_samples_alone_or_is_refused(tiny, engine, with_text(tiny, tiny.samples))
 
 
 def trains_as_its_samples_alone_or_is_refused(tiny, engine, samples):

@@ -37,8 +37,9 @@ LAYOUTS: Mapping[str, BatchLayout] = {
                                                  "a packed row would let every segment's tokens see the images "
                                                  "of the row's first sample only"),
     # every sample gets a row of the batch's most images; the model drops the all-zero ones
-    # (Idefics2 and SmolVLM: the same image processor and model code as Idefics3)
-    **dict.fromkeys(("idefics2", "idefics3", "smolvlm"), BatchLayout(media=_IMAGE_ROWS)),
+    # (Idefics2 and SmolVLM: the same image processor and model code as Idefics3); Granite-Docling:
+    # a row of the batch's most tiles, the model taking those its pixel_attention_mask marks
+    **dict.fromkeys(("idefics2", "idefics3", "smolvlm", "granite_docling"), BatchLayout(media=_IMAGE_ROWS)),
     # the processor batches text-to-image or image-to-image samples with one source count, not a mix
     "glm_image": BatchLayout(media={"images_per_sample": MediaKey(uniform=True),
                                     "pixel_values": MediaKey(all_or_none=True)}),
