@@ -16,7 +16,7 @@ import pytest
 import test_padded_batches as padded_batches
 import torch
 from media_samples import audio_in_video_sample, video_sample
-from tiny_models import names, tiny_model
+from tiny_models import assert_loss_and_gradients, names, tiny_model
 
 from mmrope_core import PackingUnsupportedError, RopeEngine
 from mmrope_core.collators import IGNORE_INDEX, PackedCollator
@@ -43,7 +43,6 @@ FORWARD_KWARGS = {name: {"use_audio_in_video": True} for name in AUDIO_IN_VIDEO}
 LOGITS = {"rtol": 1e-4, "atol": 1e-5}
 # a gradient against the samples': each value within 1e-3 of itself, or within this fraction of the
 # parameter's largest (float32 sums in another order put up to 1.5e-5 of it on small values, Gemma4)
-GRADIENTS_RTOL, GRADIENTS_ATOL = 1e-3, 5e-5
 
 
 @functools.cache
@@ -196,19 +195,7 @@ def trains_as_its_samples_alone_or_is_refused(tiny, engine, samples):
     model.zero_grad(set_to_none=True)
     losses = [alone(model, sample, kwargs)[1:] for sample in samples]
     expected = sum(loss for loss, _ in losses) / sum(count for _, count in losses)
-    expected.backward()
-    theirs = {key: parameter.grad.clone() for key, parameter in model.named_parameters() if parameter.grad is not None}
-    model.zero_grad(set_to_none=True)
-    loss = model(**PackedCollator(engine, mm_processor_kwargs=kwargs or None)(samples), **kwargs).loss
-    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
-    loss.backward()
-    mine = {key: parameter.grad for key, parameter in model.named_parameters() if parameter.grad is not None}
-    model.zero_grad(set_to_none=True)
-    assert mine.keys() == theirs.keys()
-    for key, gradient in theirs.items():
-        atol = max(1e-6, GRADIENTS_ATOL * float(gradient.abs().max()))
-        torch.testing.assert_close(mine[key], gradient, rtol=GRADIENTS_RTOL, atol=atol,
-                                   msg=lambda m, key=key: f"{key}: {m}")
+    assert_loss_and_gradients(model, expected, lambda: model(**PackedCollator(engine, mm_processor_kwargs=kwargs or None)(samples), **kwargs).loss)
 
 
 def differs_by_hand(tiny, engine, samples, kwargs, own, why):

@@ -50,7 +50,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import cases, names, tiny_model
+from tiny_models import assert_loss_and_gradients, cases, names, tiny_model
 
 from mmrope_core import CollateError, PackingUnsupportedError, RopeEngine
 from mmrope_core.collators import PackedCollator, PaddedCollator
@@ -75,7 +75,6 @@ AT_TOKENS_ONLY = {"cross_attention_mask"}
 FRAMES = {"input_features": ("feature_attention_mask", "input_features_mask")}
 # float32 sums in another order (over padding, HY-V4-VL's eager attention): up to 2.5e-5 on small logits
 LOGITS = {"rtol": 1e-4, "atol": 5e-5}
-GRADIENTS_RTOL, GRADIENTS_ATOL = 1e-3, 5e-5
 TEXT = "the cat sat on a mat"
 
 
@@ -517,19 +516,7 @@ def test_a_padded_batch_trains_as_its_samples_alone(name, side):
         expected = sum(loss for loss, _ in losses) / sum(count for _, count in losses)
     else:
         expected = model(**reference, labels=batch["labels"], use_cache=False).loss
-    expected.backward()
-    theirs = {key: parameter.grad.clone() for key, parameter in model.named_parameters() if parameter.grad is not None}
-    model.zero_grad(set_to_none=True)
-    loss = model(**batch, use_cache=False).loss
-    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
-    loss.backward()
-    mine = {key: parameter.grad for key, parameter in model.named_parameters() if parameter.grad is not None}
-    model.zero_grad(set_to_none=True)
-    assert mine.keys() == theirs.keys()
-    for key, gradient in theirs.items():
-        atol = max(1e-6, GRADIENTS_ATOL * float(gradient.abs().max()))
-        torch.testing.assert_close(mine[key], gradient, rtol=GRADIENTS_RTOL, atol=atol,
-                                   msg=lambda m, key=key: f"{key}: {m}")
+    assert_loss_and_gradients(model, expected, lambda: model(**batch, use_cache=False).loss)
 
 
 def equals_the_processors_batch(tiny, batch, calls, side):

@@ -213,6 +213,28 @@ def names() -> list[str]:
     return [name for name in cases() if name not in LEFT_OUT]
 
 
+#: gradients of a batch against the samples alone: float32 sums in another order
+GRADIENTS_RTOL, GRADIENTS_ATOL = 1e-3, 5e-5
+
+
+def assert_loss_and_gradients(model: Any, expected: torch.Tensor, loss: Any) -> None:
+    """``loss()`` (the batch's) equals ``expected`` (built from each sample alone), and so do the
+    gradients each leaves in ``model``'s parameters."""
+    expected.backward()
+    theirs = {key: parameter.grad.clone() for key, parameter in model.named_parameters() if parameter.grad is not None}
+    model.zero_grad(set_to_none=True)
+    mine_loss = loss()
+    torch.testing.assert_close(mine_loss, expected, rtol=1e-5, atol=1e-6)
+    mine_loss.backward()
+    mine = {key: parameter.grad for key, parameter in model.named_parameters() if parameter.grad is not None}
+    model.zero_grad(set_to_none=True)
+    assert mine.keys() == theirs.keys()
+    for key, gradient in theirs.items():
+        atol = max(1e-6, GRADIENTS_ATOL * float(gradient.abs().max()))
+        torch.testing.assert_close(mine[key], gradient, rtol=GRADIENTS_RTOL, atol=atol,
+                                   msg=lambda m, key=key: f"{key}: {m}")
+
+
 @functools.cache
 def tiny_model(name: str, attn_implementation: str = "sdpa", overrides: tuple[tuple[str, Any], ...] = ()) -> TinyModel:
     """The tiny model of example case ``name``, built once per process and arguments.

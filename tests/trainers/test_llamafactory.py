@@ -37,9 +37,9 @@ def expected(name, batch, features, **kwargs):
                                      cases.media_of(batch, features), **kwargs)
 
 
-def assert_packed_positions(name, batch, groups, **kwargs):
-    """Every packed sample's positions equal the reference on that sample alone: the text row
-    restarting at 0, the model's own ``(t, h, w)`` (its video timing and audio included)."""
+def packed_segments(batch, groups):
+    """``(sample, its ids (1, L), its media, its positions in the batch)`` for every sample of
+    the packed rows, in order."""
     flat = [sample for group in groups for sample in group]
     media = cases.media_of(batch, flat)
     index = 0
@@ -47,13 +47,19 @@ def assert_packed_positions(name, batch, groups, **kwargs):
         start = 0
         for sample in group:
             ids = torch.tensor([sample["input_ids"]])
-            reference = cases.reference_positions(name, ids, torch.ones_like(ids),
-                                                  cases.segment_media(media, flat, index), **kwargs)
-            got = batch["position_ids"][:, row:row + 1, start:start + ids.shape[1]]
-            assert got.dtype == reference.dtype
-            assert torch.equal(got, reference), (name, row, start)
+            yield sample, ids, cases.segment_media(media, flat, index), \
+                batch["position_ids"][:, row:row + 1, start:start + ids.shape[1]]
             start += ids.shape[1]
             index += 1
+
+
+def assert_packed_positions(name, batch, groups, **kwargs):
+    """Every packed sample's positions equal the reference on that sample alone: the text row
+    restarting at 0, the model's own ``(t, h, w)`` (its video timing and audio included)."""
+    for _, ids, media, got in packed_segments(batch, groups):
+        reference = cases.reference_positions(name, ids, torch.ones_like(ids), media, **kwargs)
+        assert got.dtype == reference.dtype
+        assert torch.equal(got, reference), name
 
 
 def packed_groups(name, seed, rows=2, **kwargs):
@@ -511,21 +517,12 @@ def test_neat_packing_rows_take_their_generated_mask(installed):
                 masks = [flag for sample in group for flag in sample["generated_mask"]]
                 row["generated_mask"] = masks + [0] * (len(row["input_ids"]) - len(masks))
             batch = cases.collate(cases.collator("Qwen3-Omni", neat_packing=True, block_diag_attn=True), rows)
-            flat = [sample for group in groups for sample in group]
-            media = cases.media_of(batch, flat)
-            index = 0
-            for row, group in enumerate(groups):
-                start = 0
-                for sample in group:
-                    ids = torch.tensor([sample["input_ids"]])
-                    alone = {key: value for key, value in cases.segment_media(media, flat, index).items()
-                             if value is not None}
-                    want = engine.compute_position_ids(ids, None, alone, generated_mask=torch.tensor(
-                        [sample["generated_mask"]])).transpose(0, 1)
-                    assert torch.equal(batch["position_ids"][:, row:row + 1, start:start + ids.shape[1]], want)
-                    moved += not torch.equal(want, engine.compute_position_ids(ids, None, alone).transpose(0, 1))
-                    start += ids.shape[1]
-                    index += 1
+            for sample, ids, media, got in packed_segments(batch, groups):
+                alone = {key: value for key, value in media.items() if value is not None}
+                want = engine.compute_position_ids(ids, None, alone, generated_mask=torch.tensor(
+                    [sample["generated_mask"]])).transpose(0, 1)
+                assert torch.equal(got, want)
+                moved += not torch.equal(want, engine.compute_position_ids(ids, None, alone).transpose(0, 1))
     finally:
         del processor.video_fps
     assert moved > 0
