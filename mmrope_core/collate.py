@@ -182,8 +182,9 @@ def _check_presence(key: str, rule: MediaKey, samples: Sequence[Mapping[str, Any
                f"the model reads a batch whose samples all hold {key} or none does, as its processor batches them")
         raise CollateError(f"sample {missing} has no {key!r}, which samples {held} hold: {why}; batch samples "
                            f"without it apart")
-    if rule.uniform:
-        values = [sample.get(key) for sample in samples]
+    values = [sample.get(key) for sample in samples]
+    if rule.uniform and all(value is None or isinstance(value, torch.Tensor) for value in values):
+        # other values are refused by the rule's batching, which names the tensors it needs
         first = values[0]
         for index, value in enumerate(values[1:], 1):
             same = (first is None and value is None) or (

@@ -207,6 +207,9 @@ def test_a_key_placed_per_row_or_read_once_per_batch_refuses_a_mixed_batch():
         collate([{"count": torch.tensor([1])}, {}], media={"count": MediaKey(uniform=True)})
     same = collate([{"count": torch.tensor([2])}, {"count": torch.tensor([2])}], media={"count": MediaKey(uniform=True)})
     assert same["count"].tolist() == [2, 2]
+    # equal values that are not tensors are refused for what they are, not as differing
+    with pytest.raises(CollateError, match=r"key 'count' must hold a tensor"):
+        collate([{"count": [2]}, {"count": [2]}], media={"count": MediaKey(uniform=True)})
 
 
 def test_a_batch_layout_checks_itself():
