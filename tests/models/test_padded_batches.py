@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import inspect
 import random
 import subprocess
@@ -113,7 +114,13 @@ def extra_cases():
         if available(spec):
             found[spec.name] = (functools.partial(build_setting, spec, attributes), functools.partial(samples, spec),
                                 overrides)
+    for module in CASE_MODULES:  # more model types, built in modules of their own
+        found.update(importlib.import_module(module).extra_cases())
     return found
+
+
+#: Modules beside this one whose ``extra_cases()`` returns more cases of the same shape.
+CASE_MODULES: tuple[str, ...] = ()
 
 
 @contextlib.contextmanager
