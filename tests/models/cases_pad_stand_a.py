@@ -1,0 +1,142 @@
+"""More model types for the model-level collator tests (see test_padded_batches.py), built with
+their real processor classes and tokenizers, and a stand-in image processor where the real one
+exists only for torchvision, which the tests run without.
+
+Each stand-in below is a Pillow/numpy image processor (``PilBackend``) that keeps the real one's
+output contract: the same keys, shapes and dtypes, and, for the images the cases give, the same
+number of tiles or patches per image and the same size keys that the processor's text expansion
+reads, so that the real processor writes the same placeholder tokens for them as with the real
+image processor. Only the pixel values can differ (Pillow's resampling instead of torchvision's),
+which changes no position and no batching. They stand in for:
+
+- Cohere2-Vision's ``Cohere2VisionImageProcessor``: tiles on the grid of at most ``max_patches``
+  that needs the least upscaling, plus a thumbnail where there is more than one tile, and
+  ``num_patches`` per image.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+
+def extra_cases() -> dict[str, tuple[Any, Any, tuple[tuple[str, Any], ...]]]:
+    """``name -> (build() -> (processor, config), calls(processor, rng), config overrides)``."""
+    import transformers
+
+    found: dict[str, tuple[Any, Any, tuple[tuple[str, Any], ...]]] = {}
+    if "cohere2_vision" in transformers.CONFIG_MAPPING and hasattr(transformers, "Cohere2VisionProcessor"):
+        # 32-pixel tiles of 4-pixel patches, shuffled 2 x 2: 4 x 4 tokens a tile, the
+        # image processor's patch_size (the released 512 / 16 / 2 = 16)
+        found["Cohere2-Vision (cohere2_vision)"] = (
+            cohere2_vision, functools.partial(image_calls, sides=((32, 32), (32, 64), (64, 32))),
+            ())
+    return found
+
+
+def image_calls(processor: Any, rng: Any, sides: tuple[tuple[int, int], ...], counts: tuple[int, ...] = (2, 1),
+                image_text: str | None = None) -> list[dict[str, Any]]:
+    """One processor call per sample, ``counts`` images each, of the (height, width) ``sides``
+    in turn, random text around them; an image is written ``image_text`` (else the processor's
+    image token)."""
+    image_text = image_text or processor.image_token
+    from mmrope_core.tiny import filler_text, random_image
+
+    calls, turn = [], 0
+    for count in counts:
+        parts, images = [filler_text(rng, rng.randint(1, 4))], []
+        for _ in range(count):
+            height, width = sides[turn % len(sides)]
+            turn += 1
+            images.append(random_image(rng, height, width))
+            parts += [image_text, filler_text(rng, rng.randint(1, 3))]
+        calls.append({"text": [" ".join(parts)], "images": images, "return_tensors": "pt"})
+    return calls
+
+
+def config_with_ids(model_type: str, tokenizer: Any, ids: dict[str, str], **kwargs: Any) -> Any:
+    """The model type's default config holding the tokenizer's ids of ``ids`` (key -> token)."""
+    import transformers
+
+    config = transformers.AutoConfig.for_model(model_type, **kwargs)
+    for key, token in ids.items():
+        setattr(config, key, tokenizer.convert_tokens_to_ids(token))
+    return config
+
+
+# -- Cohere2-Vision --------------------------------------------------------------------------------
+
+
+def cohere2_vision() -> tuple[Any, Any]:
+    import transformers
+
+    from mmrope_core.tiny import word_level_tokenizer
+
+    tokenizer = word_level_tokenizer({"image_token": "<|IMG_PATCH|>", "boi_token": "<|START_OF_IMG|>",
+                                      "eoi_token": "<|END_OF_IMG|>", "img_line_break_token": "<|IMG_LINE_BREAK|>"})
+    image_processor = cohere2_vision_image_processor()(size={"height": 32, "width": 32}, patch_size=4, max_patches=4)
+    processor = transformers.Cohere2VisionProcessor(image_processor=image_processor, tokenizer=tokenizer)
+    return processor, config_with_ids("cohere2_vision", tokenizer, {"image_token_id": "<|IMG_PATCH|>"})
+
+
+def cohere2_grid(height: int, width: int, tile: int, max_patches: int) -> tuple[int, int]:
+    """(columns, rows) of Cohere2-Vision's tiling: of the grids of at most ``max_patches`` tiles
+    (fewest tiles first), the one needing the least upscaling, else the least downscaling."""
+    grids = sorted(((columns, rows) for columns in range(1, max_patches + 1) for rows in range(1, max_patches + 1)
+                    if columns * rows <= max_patches), key=lambda grid: grid[0] * grid[1])
+    scales = [min(columns * tile / width, rows * tile / height) for columns, rows in grids]
+    if all(scale < 1 for scale in scales):
+        return grids[int(np.argmax(scales))]
+    return grids[int(np.argmin([scale if scale >= 1 else np.inf for scale in scales]))]
+
+
+@functools.cache
+def cohere2_vision_image_processor() -> type:
+    """Stand-in for ``Cohere2VisionImageProcessor`` (torchvision only): the same tiles per image."""
+    from transformers.image_processing_backends import PilBackend
+    from transformers.image_processing_utils import BatchFeature
+    from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, PILImageResampling, SizeDict
+    from transformers.processing_utils import ImagesKwargs
+
+    class Cohere2VisionImageProcessorKwargs(ImagesKwargs, total=False):
+        crop_to_patches: bool
+        min_patches: int
+        max_patches: int
+
+    class Cohere2VisionImageProcessorStandIn(PilBackend):
+        valid_kwargs = Cohere2VisionImageProcessorKwargs
+        resample = PILImageResampling.BICUBIC
+        image_mean, image_std = OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
+        size = {"height": 512, "width": 512}
+        do_resize = do_rescale = do_normalize = do_convert_rgb = crop_to_patches = True
+        min_patches, max_patches, patch_size = 1, 12, 16
+
+        def _preprocess(self, images: list[np.ndarray], size: SizeDict, resample: Any, do_rescale: bool,
+                        rescale_factor: float, do_normalize: bool, image_mean: Any, image_std: Any,
+                        return_tensors: Any, crop_to_patches: bool = False, max_patches: int = 12,
+                        **kwargs: Any) -> BatchFeature:
+            tiles, counts = [], []
+            for image in images:
+                parts = self.tiles(image, size, resample, max_patches) if crop_to_patches else [image]
+                for part in parts:
+                    part = self.resize(part, size, resample=resample)
+                    if do_rescale:
+                        part = self.rescale(part, rescale_factor)
+                    if do_normalize:
+                        part = self.normalize(part, image_mean, image_std)
+                    tiles.append(part)
+                counts.append(len(parts))
+            return BatchFeature({"pixel_values": tiles, "num_patches": counts}, tensor_type=return_tensors)
+
+        def tiles(self, image: np.ndarray, size: SizeDict, resample: Any, max_patches: int) -> list[np.ndarray]:
+            """The image resized to its grid and cut row by row, a thumbnail last if more than one."""
+            columns, rows = cohere2_grid(*image.shape[-2:], size.height, max_patches)
+            canvas = self.resize(image, SizeDict(height=size.height * rows, width=size.width * columns),
+                                 resample=resample)
+            parts = [canvas[:, row * size.height:(row + 1) * size.height, column * size.width:(column + 1) * size.width]
+                     for row in range(rows) for column in range(columns)]
+            return parts if len(parts) == 1 else [*parts, self.resize(image, size, resample=resample)]
+
+    return Cohere2VisionImageProcessorStandIn
