@@ -12,6 +12,10 @@ which changes no position and no batching. They stand in for:
 - Cohere2-Vision's ``Cohere2VisionImageProcessor``: tiles on the grid of at most ``max_patches``
   that needs the least upscaling, plus a thumbnail where there is more than one tile, and
   ``num_patches`` per image.
+- Inkling 2's ``Inkling2ImageProcessor`` (also Inkling 2 Loop's): each image padded to whole
+  40-pixel squares and cut into them, one image token each, ``(tokens, 40, 40, 3)`` pixel values
+  and ``image_grid_thw`` ``(1, rows, columns)`` per image (its checkerboard under transparent
+  pixels is left out: the cases' images are opaque).
 """
 
 from __future__ import annotations
@@ -33,6 +37,12 @@ def extra_cases() -> dict[str, tuple[Any, Any, tuple[tuple[str, Any], ...]]]:
         found["Cohere2-Vision (cohere2_vision)"] = (
             cohere2_vision, functools.partial(image_calls, sides=((32, 32), (32, 64), (64, 32))),
             ())
+    for model_type in ("inkling2", "inkling2_loop"):
+        if model_type in transformers.CONFIG_MAPPING and hasattr(transformers, "Inkling2Processor"):
+            # 40-pixel squares, one token each (20-pixel patches merged 2 x 2): 1 x 2, 2 x 1 and 2 x 2 grids
+            found[f"Inkling 2{' Loop' if model_type.endswith('loop') else ''} ({model_type})"] = (
+                functools.partial(inkling2, model_type),
+                functools.partial(image_calls, sides=((40, 80), (60, 40), (80, 70))), ())
     return found
 
 
@@ -140,3 +150,53 @@ def cohere2_vision_image_processor() -> type:
             return parts if len(parts) == 1 else [*parts, self.resize(image, size, resample=resample)]
 
     return Cohere2VisionImageProcessorStandIn
+
+
+# -- Inkling 2 -------------------------------------------------------------------------------------
+
+
+def inkling2(model_type: str) -> tuple[Any, Any]:
+    import transformers
+
+    from mmrope_core.tiny import word_level_tokenizer
+
+    tokenizer = word_level_tokenizer({"image_token": "<|unused_200054|>"})
+    processor = transformers.Inkling2Processor(image_processor=inkling2_image_processor()(), tokenizer=tokenizer)
+    return processor, config_with_ids(model_type, tokenizer, {"image_token_id": "<|unused_200054|>"})
+
+
+@functools.cache
+def inkling2_image_processor() -> type:
+    """Stand-in for ``Inkling2ImageProcessor`` (torchvision only): the same squares per image."""
+    from transformers.image_processing_backends import PilBackend
+    from transformers.image_processing_utils import BatchFeature
+    from transformers.image_utils import SizeDict
+
+    class Inkling2ImageProcessorStandIn(PilBackend):
+        image_mean = image_std = [0.5, 0.5, 0.5]
+        do_convert_rgb = do_rescale = do_normalize = True
+        do_resize = False
+        size = {"height": 40, "width": 40}
+        model_input_names = ["pixel_values", "image_grid_thw"]
+
+        def _preprocess(self, images: list[np.ndarray], size: SizeDict, do_rescale: bool, rescale_factor: float,
+                        do_normalize: bool, image_mean: Any, image_std: Any, return_tensors: Any,
+                        **kwargs: Any) -> BatchFeature:
+            squares, grids = [], []
+            for image in images:
+                channels, height, width = image.shape
+                rows, columns = -(-height // size.height), -(-width // size.width)
+                # padded with -1 on the 0-255 scale, as the real one pads
+                image = self.pad([image.astype(np.float32)], SizeDict(height=rows * size.height,
+                                                                      width=columns * size.width), fill_value=-1.0)[0]
+                if do_rescale:
+                    image = self.rescale(image, rescale_factor)
+                if do_normalize:
+                    image = self.normalize(image, image_mean, image_std)
+                image = image.reshape(channels, rows, size.height, columns, size.width).transpose(1, 3, 2, 4, 0)
+                squares.append(image.reshape(rows * columns, size.height, size.width, channels))
+                grids.append([1, rows, columns])
+            return BatchFeature({"pixel_values": np.concatenate(squares), "image_grid_thw": np.array(grids)},
+                                tensor_type=return_tensors)
+
+    return Inkling2ImageProcessorStandIn
