@@ -16,6 +16,9 @@ which changes no position and no batching. They stand in for:
   40-pixel squares and cut into them, one image token each, ``(tokens, 40, 40, 3)`` pixel values
   and ``image_grid_thw`` ``(1, rows, columns)`` per image (its checkerboard under transparent
   pixels is left out: the cases' images are opaque).
+- Inkling's ``InklingImageProcessor``: each image cut into squares as wide as the vision tower's patches (rows rounded up, one
+  column more than whole ones fit, as the real one cuts), each padded with -1 and doubled on a
+  time axis, ``(tokens, 2, side, side, 3)`` pixel values and ``num_patches`` per image.
 """
 
 from __future__ import annotations
@@ -43,6 +46,12 @@ def extra_cases() -> dict[str, tuple[Any, Any, tuple[tuple[str, Any], ...]]]:
             found[f"Inkling 2{' Loop' if model_type.endswith('loop') else ''} ({model_type})"] = (
                 functools.partial(inkling2, model_type),
                 functools.partial(image_calls, sides=((40, 80), (60, 40), (80, 70))), ())
+    if "inkling_mm_model" in transformers.CONFIG_MAPPING and hasattr(transformers, "InklingProcessor"):
+        # squares of 4 pixels (the released 40 make a vision tower of 600k channels), a tower
+        # with no fewer layers than its scales (else it needs scipy): 1, 2 and 4 squares an image
+        found["Inkling (inkling_mm_model)"] = (inkling, functools.partial(
+            image_calls, sides=((4, 3), (3, 6), (8, 7)), image_text="<|content_image|><|unused_200054|>"),
+            (("vision_config.patch_size", 4), ("vision_config.n_layers", 4)))
     return found
 
 
@@ -200,3 +209,59 @@ def inkling2_image_processor() -> type:
                                 tensor_type=return_tensors)
 
     return Inkling2ImageProcessorStandIn
+
+
+# -- Inkling ---------------------------------------------------------------------------------------
+
+INKLING_TOKENS = {"image_token": "<|unused_200054|>", "audio_token": "<|unused_200053|>",
+                  "image_bos_token": "<|content_image|>", "audio_bos_token": "<|content_audio_input|>"}
+
+
+def inkling() -> tuple[Any, Any]:
+    import transformers
+
+    from mmrope_core.tiny import word_level_tokenizer
+
+    tokenizer = word_level_tokenizer(INKLING_TOKENS)
+    processor = transformers.InklingProcessor(feature_extractor=transformers.InklingFeatureExtractor(),
+                                              image_processor=inkling_image_processor()(size={"height": 4, "width": 4}),
+                                              tokenizer=tokenizer)
+    return processor, config_with_ids("inkling_mm_model", tokenizer, {
+        f"{key}_id": token for key, token in INKLING_TOKENS.items()})
+
+
+@functools.cache
+def inkling_image_processor() -> type:
+    """Stand-in for ``InklingImageProcessor`` (torchvision only): the same squares per image."""
+    from transformers.image_processing_backends import PilBackend
+    from transformers.image_processing_utils import BatchFeature
+    from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, SizeDict
+
+    class InklingImageProcessorStandIn(PilBackend):
+        image_mean, image_std = OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
+        do_convert_rgb = do_rescale = do_normalize = True
+        do_resize = False
+        size = {"height": 40, "width": 40}
+
+        def _preprocess(self, images: list[np.ndarray], size: SizeDict, do_rescale: bool, rescale_factor: float,
+                        do_normalize: bool, image_mean: Any, image_std: Any, return_tensors: Any,
+                        **kwargs: Any) -> BatchFeature:
+            squares, counts = [], []
+            side = size.height
+            for image in images:
+                height, width = image.shape[-2:]
+                # as the real one cuts: rows rounded up, one column more than whole ones fit
+                cut = [image[:, row:row + side, column:column + side].astype(np.float32)
+                       for row in range(0, -(-height // side) * side, side)
+                       for column in range(0, (width // side + 1) * side, side)]
+                for square in self.pad(cut, SizeDict(height=side, width=side), fill_value=-1.0):
+                    if do_rescale:
+                        square = self.rescale(square, rescale_factor)
+                    if do_normalize:
+                        square = self.normalize(square, image_mean, image_std)
+                    squares.append(np.stack([square.transpose(1, 2, 0)] * 2))  # (2, height, width, channels)
+                counts.append(len(cut))
+            return BatchFeature({"pixel_values": np.stack(squares), "num_patches": np.array(counts)},
+                                tensor_type=return_tensors)
+
+    return InklingImageProcessorStandIn
