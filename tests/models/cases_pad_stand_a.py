@@ -19,6 +19,9 @@ which changes no position and no batching. They stand in for:
 - Inkling's ``InklingImageProcessor``: each image cut into squares as wide as the vision tower's patches (rows rounded up, one
   column more than whole ones fit, as the real one cuts), each padded with -1 and doubled on a
   time axis, ``(tokens, 2, side, side, 3)`` pixel values and ``num_patches`` per image.
+- Kimi-K2.5's ``Kimi_K25ImageProcessor``: each image (never upscaled; the cases' images are under
+  its limits) padded on the bottom and right to whole merged patches and cut into patches,
+  ``(patches, 3, 14, 14)`` pixel values and ``image_grid_thw`` ``(1, rows, columns)`` per image.
 """
 
 from __future__ import annotations
@@ -52,6 +55,12 @@ def extra_cases() -> dict[str, tuple[Any, Any, tuple[tuple[str, Any], ...]]]:
         found["Inkling (inkling_mm_model)"] = (inkling, functools.partial(
             image_calls, sides=((4, 3), (3, 6), (8, 7)), image_text="<|content_image|><|unused_200054|>"),
             (("vision_config.patch_size", 4), ("vision_config.n_layers", 4)))
+    if "kimi_k25" in transformers.CONFIG_MAPPING and hasattr(transformers, "Kimi_K25Processor"):
+        # 14-pixel patches merged 2 x 2: 1, 2 and 4 tokens an image (the last padded to 56 x 56)
+        # its projector's norm is as wide as the vision tower (projection_hidden_size follows it);
+        # DeepSeek-V3's latent attention expands its keys to every query head (no fewer kv heads)
+        found["Kimi-K2.5 (kimi_k25)"] = (kimi_k25, functools.partial(image_calls, sides=((28, 28), (28, 56), (40, 30))),
+                                        (("projection_hidden_size", 32), ("text_config.num_key_value_heads", 2)))
     return found
 
 
@@ -265,3 +274,69 @@ def inkling_image_processor() -> type:
                                 tensor_type=return_tensors)
 
     return InklingImageProcessorStandIn
+
+
+# -- Kimi-K2.5 -------------------------------------------------------------------------------------
+
+KIMI_TOKENS = {"image_token": "<|media_pad|>", "video_token": "<|kimi_k25_video_placeholder|>",
+               "vision_start_token": "<|media_begin|>", "vision_end_token": "<|media_end|>"}
+
+
+def kimi_k25() -> tuple[Any, Any]:
+    import transformers
+
+    from mmrope_core.tiny import processors_without_torchvision, word_level_tokenizer
+
+    tokenizer = word_level_tokenizer(KIMI_TOKENS)
+    with processors_without_torchvision() as video_processor:
+        processor = transformers.Kimi_K25Processor(image_processor=kimi_k25_image_processor()(), tokenizer=tokenizer,
+                                                   video_processor=video_processor)
+    return processor, config_with_ids("kimi_k25", tokenizer, {
+        f"{key}_id": token for key, token in KIMI_TOKENS.items()})
+
+
+@functools.cache
+def kimi_k25_image_processor() -> type:
+    """Stand-in for ``Kimi_K25ImageProcessor`` (torchvision only): the same patches per image."""
+    from transformers.image_processing_backends import PilBackend
+    from transformers.image_processing_utils import BatchFeature
+    from transformers.image_utils import IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD, PILImageResampling, SizeDict
+    from transformers.processing_utils import ImagesKwargs
+
+    class Kimi_K25ImageProcessorKwargs(ImagesKwargs, total=False):
+        max_patches: int
+        patch_size: int
+        merge_size: int
+
+    class Kimi_K25ImageProcessorStandIn(PilBackend):
+        resample = PILImageResampling.BICUBIC
+        size = {"max_height": 512, "max_width": 512}
+        max_patches, patch_size, merge_size = 16384, 14, 2
+        do_resize = do_rescale = do_normalize = do_convert_rgb = True
+        image_mean, image_std = IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD
+        valid_kwargs = Kimi_K25ImageProcessorKwargs
+        model_input_names = ["pixel_values", "image_grid_thw"]
+
+        def _preprocess(self, images: list[np.ndarray], size: SizeDict, do_rescale: bool, rescale_factor: float,
+                        do_normalize: bool, image_mean: Any, image_std: Any, return_tensors: Any, patch_size: int,
+                        merge_size: int, max_patches: int, **kwargs: Any) -> BatchFeature:
+            patches, grids = [], []
+            factor = patch_size * merge_size
+            for image in images:
+                channels, height, width = image.shape
+                if (height // patch_size) * (width // patch_size) > max_patches or max(height, width) > size.max_height * patch_size:
+                    raise NotImplementedError("the stand-in does not downscale: give images under the limits")
+                image = self.pad([image], SizeDict(height=-(-height // factor) * factor,
+                                                   width=-(-width // factor) * factor))[0]
+                if do_rescale:
+                    image = self.rescale(image, rescale_factor)
+                if do_normalize:
+                    image = self.normalize(image, image_mean, image_std)
+                rows, columns = image.shape[1] // patch_size, image.shape[2] // patch_size
+                image = image.reshape(channels, rows, patch_size, columns, patch_size).transpose(1, 3, 0, 2, 4)
+                patches.append(image.reshape(rows * columns, channels, patch_size, patch_size))
+                grids.append([1, rows, columns])
+            return BatchFeature({"pixel_values": np.concatenate(patches), "image_grid_thw": np.array(grids)},
+                                tensor_type=return_tensors)
+
+    return Kimi_K25ImageProcessorStandIn
