@@ -22,6 +22,10 @@ which changes no position and no batching. They stand in for:
 - Kimi-K2.5's ``Kimi_K25ImageProcessor``: each image (never upscaled; the cases' images are under
   its limits) padded on the bottom and right to whole merged patches and cut into patches,
   ``(patches, 3, 14, 14)`` pixel values and ``image_grid_thw`` ``(1, rows, columns)`` per image.
+- MiniCPM-OCR's ``MiniCPMOcrImageProcessor``: MiniCPM-V 4.6's Pillow image processor, which slices
+  and resizes by the same rules, with MiniCPM-OCR's defaults (``downsample_mode="4x"``, images no
+  larger than ``scale_resolution`` upscaled to it: its default ``small_image_upsize="always"``; the
+  ``"adaptive"`` mode, which needs OpenCV, is refused).
 """
 
 from __future__ import annotations
@@ -61,6 +65,10 @@ def extra_cases() -> dict[str, tuple[Any, Any, tuple[tuple[str, Any], ...]]]:
         # DeepSeek-V3's latent attention expands its keys to every query head (no fewer kv heads)
         found["Kimi-K2.5 (kimi_k25)"] = (kimi_k25, functools.partial(image_calls, sides=((28, 28), (28, 56), (40, 30))),
                                         (("projection_hidden_size", 32), ("text_config.num_key_value_heads", 2)))
+    if "minicpm_ocr" in transformers.CONFIG_MAPPING and hasattr(transformers, "MiniCPMOcrProcessor"):
+        # slices of 112 pixels at most, 14-pixel patches (the released 16: patches of the processor's size)
+        found["MiniCPM-OCR (minicpm_ocr)"] = (minicpm_ocr, functools.partial(
+            image_calls, sides=((56, 84), (168, 112), (112, 56))), (("vision_config.patch_size", 14),))
     return found
 
 
@@ -340,3 +348,53 @@ def kimi_k25_image_processor() -> type:
                                 tensor_type=return_tensors)
 
     return Kimi_K25ImageProcessorStandIn
+
+
+# -- MiniCPM-OCR -----------------------------------------------------------------------------------
+
+MINICPM_TOKENS = {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>", "image_start_token": "<image>",
+                  "image_end_token": "</image>", "slice_start_token": "<slice>", "slice_end_token": "</slice>",
+                  "image_id_start_token": "<image_id>", "image_id_end_token": "</image_id>"}
+
+
+def minicpm_ocr() -> tuple[Any, Any]:
+    import transformers
+    from tokenizers import AddedToken
+
+    from mmrope_core.tiny import FILLER_WORDS, processors_without_torchvision, word_level_tokenizer
+
+    tokenizer = word_level_tokenizer(MINICPM_TOKENS, words=(*FILLER_WORDS, *"0123456789"))
+    tokenizer.add_tokens([AddedToken("\n", normalized=False, special=True)])  # it joins slices' rows with it
+    image_processor = minicpm_ocr_image_processor()(scale_resolution=112, patch_size=14)
+    with processors_without_torchvision() as video_processor:
+        video_processor.slice_mode, video_processor.downsample_mode = True, "4x"
+        processor = transformers.MiniCPMOcrProcessor(image_processor=image_processor, video_processor=video_processor,
+                                                     tokenizer=tokenizer)
+    return processor, config_with_ids("minicpm_ocr", tokenizer, {"image_token_id": "<|image_pad|>",
+                                                                 "video_token_id": "<|video_pad|>"})
+
+
+@functools.cache
+def minicpm_ocr_image_processor() -> type:
+    """Stand-in for ``MiniCPMOcrImageProcessor`` (torchvision only): MiniCPM-V 4.6's Pillow one,
+    whose slicing and resizing rules it shares, with MiniCPM-OCR's defaults."""
+    from transformers.models.minicpmv4_6.image_processing_pil_minicpmv4_6 import (
+        MiniCPMV4_6ImageProcessorPil,
+        MiniCPMV4_6ImageProcessorPilKwargs,
+    )
+
+    class MiniCPMOcrImageProcessorKwargs(MiniCPMV4_6ImageProcessorPilKwargs, total=False):
+        small_image_upsize: str
+
+    class MiniCPMOcrImageProcessorStandIn(MiniCPMV4_6ImageProcessorPil):
+        downsample_mode = "4x"
+        small_image_upsize = "always"
+        valid_kwargs = MiniCPMOcrImageProcessorKwargs
+
+        def _preprocess(self, images: list[np.ndarray], *args: Any, small_image_upsize: str = "always",
+                        **kwargs: Any) -> Any:
+            if small_image_upsize != "always":
+                raise NotImplementedError(f"small_image_upsize={small_image_upsize!r}: the stand-in upscales always")
+            return super()._preprocess(images, *args, **kwargs)
+
+    return MiniCPMOcrImageProcessorStandIn

@@ -373,7 +373,7 @@ def case(name):
 #: 1-D models whose text model's rotary embedding holds M-RoPE sections by default, which it
 #: applies to 1-D positions repeated on every row: stating them in the config would make it ask for
 #: M-RoPE positions, which its forward never computes.
-ONE_D_ROTARY_SECTIONS = {"minicpmv4_6"}
+ONE_D_ROTARY_SECTIONS = {"minicpmv4_6", "minicpm_ocr"}
 
 
 def tiny_of_spec(name):

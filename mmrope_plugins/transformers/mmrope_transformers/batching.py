@@ -31,8 +31,7 @@ _IMAGE_ROWS = {"pixel_values": MediaKey(items_dim=1), "pixel_attention_mask": Me
 #: model_type -> what its processor's batched call does otherwise, and why packed rows cannot hold it.
 LAYOUTS: Mapping[str, BatchLayout] = {
     # one (1, 3, 14, W) strip per sample; the batch's strips joined into one, as the model takes them
-    "minicpmv4_6": BatchLayout(media={"pixel_values": _STRIP}),
-    "minicpmv4_7": BatchLayout(media={"pixel_values": _STRIP}),
+    **dict.fromkeys(("minicpmv4_6", "minicpmv4_7", "minicpm_ocr"), BatchLayout(media={"pixel_values": _STRIP})),
     "mllama": BatchLayout(media=_MLLAMA, packing="its cross-attention mask and image rows are per batch row: "
                                                  "a packed row would let every segment's tokens see the images "
                                                  "of the row's first sample only"),
