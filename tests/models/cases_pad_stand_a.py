@@ -26,6 +26,10 @@ which changes no position and no batching. They stand in for:
   and resizes by the same rules, with MiniCPM-OCR's defaults (``downsample_mode="4x"``, images no
   larger than ``scale_resolution`` upscaled to it: its default ``small_image_upsize="always"``; the
   ``"adaptive"`` mode, which needs OpenCV, is refused).
+- Gemma4-Unified's ``Gemma4UnifiedImageProcessor``: Gemma4's Pillow image processor resizes the
+  same way (the same size rule); its pixels are then cut into the merged model patches
+  (``pooling_kernel_size`` patches a side) row by row, each padded to ``max_soft_tokens``, with
+  ``image_position_ids`` (column, row; -1 past the image) and ``num_soft_tokens_per_image``.
 """
 
 from __future__ import annotations
@@ -69,14 +73,21 @@ def extra_cases() -> dict[str, tuple[Any, Any, tuple[tuple[str, Any], ...]]]:
         # slices of 112 pixels at most, 14-pixel patches (the released 16: patches of the processor's size)
         found["MiniCPM-OCR (minicpm_ocr)"] = (minicpm_ocr, functools.partial(
             image_calls, sides=((56, 84), (168, 112), (112, 56))), (("vision_config.patch_size", 14),))
+    if "gemma4_unified" in transformers.CONFIG_MAPPING and hasattr(transformers, "Gemma4UnifiedProcessor"):
+        # 2-pixel patches merged 3 x 3 (the released 16), at most 70 soft tokens an image; the
+        # default config has no vision tower, and its embedder is as wide as the text model
+        found["Gemma4-Unified (gemma4_unified)"] = (gemma4_unified, functools.partial(
+            image_calls, sides=((24, 30), (40, 20), (30, 30)), nested=True),
+            (("vision_config", {"model_type": "gemma4_unified_vision"}), ("vision_config.patch_size", 2),
+             ("vision_config.mm_embed_dim", 32), ("vision_config.output_proj_dims", 32)))
     return found
 
 
 def image_calls(processor: Any, rng: Any, sides: tuple[tuple[int, int], ...], counts: tuple[int, ...] = (2, 1),
-                image_text: str | None = None) -> list[dict[str, Any]]:
+                image_text: str | None = None, nested: bool = False) -> list[dict[str, Any]]:
     """One processor call per sample, ``counts`` images each, of the (height, width) ``sides``
     in turn, random text around them; an image is written ``image_text`` (else the processor's
-    image token)."""
+    image token); ``nested``: the processor takes each sample's images as a list of their own."""
     image_text = image_text or processor.image_token
     from mmrope_core.tiny import filler_text, random_image
 
@@ -88,7 +99,7 @@ def image_calls(processor: Any, rng: Any, sides: tuple[tuple[int, int], ...], co
             turn += 1
             images.append(random_image(rng, height, width))
             parts += [image_text, filler_text(rng, rng.randint(1, 3))]
-        calls.append({"text": [" ".join(parts)], "images": images, "return_tensors": "pt"})
+        calls.append({"text": [" ".join(parts)], "images": [images] if nested else images, "return_tensors": "pt"})
     return calls
 
 
@@ -398,3 +409,66 @@ def minicpm_ocr_image_processor() -> type:
             return super()._preprocess(images, *args, **kwargs)
 
     return MiniCPMOcrImageProcessorStandIn
+
+
+# -- Gemma4-Unified --------------------------------------------------------------------------------
+
+GEMMA4_TOKENS = {"image_token": "<|image|>", "boi_token": "<|image>", "eoi_token": "<image|>",
+                 "audio_token": "<|audio|>", "boa_token": "<|audio>", "eoa_token": "<audio|>"}
+
+
+def gemma4_unified() -> tuple[Any, Any]:
+    import transformers
+    from transformers.models.gemma4_unified.feature_extraction_gemma4_unified import (
+        Gemma4UnifiedAudioFeatureExtractor,
+    )
+
+    from mmrope_core.tiny import processors_without_torchvision, word_level_tokenizer
+
+    tokenizer = word_level_tokenizer(GEMMA4_TOKENS)
+    image_processor = gemma4_unified_image_processor()(patch_size=2, max_soft_tokens=70)
+    with processors_without_torchvision() as video_processor:
+        processor = transformers.Gemma4UnifiedProcessor(
+            feature_extractor=Gemma4UnifiedAudioFeatureExtractor(), image_processor=image_processor,
+            tokenizer=tokenizer, video_processor=video_processor, image_seq_length=70)
+    return processor, config_with_ids("gemma4_unified", tokenizer, {
+        "image_token_id": "<|image|>", "boi_token_id": "<|image>", "eoi_token_id": "<image|>",
+        "audio_token_id": "<|audio|>", "boa_token_id": "<|audio>", "eoa_token_id": "<audio|>"})
+
+
+@functools.cache
+def gemma4_unified_image_processor() -> type:
+    """Stand-in for ``Gemma4UnifiedImageProcessor`` (torchvision only): Gemma4's Pillow image
+    processor's resizing, its pixels cut into the merged patches the unified model takes."""
+    from transformers.image_processing_utils import BatchFeature
+    from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+
+    class Gemma4UnifiedImageProcessorStandIn(Gemma4ImageProcessorPil):
+        def _preprocess(self, images: list[np.ndarray], do_resize: bool, resample: Any, do_rescale: bool,
+                        rescale_factor: float, do_normalize: bool, image_mean: Any, image_std: Any,
+                        return_tensors: Any, max_soft_tokens: int = 280, patch_size: int = 16,
+                        pooling_kernel_size: int = 3, **kwargs: Any) -> BatchFeature:
+            side = patch_size * pooling_kernel_size
+            patches, positions, counts = [], [], []
+            for image in images:
+                if do_resize:
+                    image = self.aspect_ratio_preserving_resize(image, patch_size, max_soft_tokens * pooling_kernel_size**2,
+                                                                pooling_kernel_size, resample)
+                if do_rescale:
+                    image = self.rescale(image, rescale_factor)
+                if do_normalize:
+                    image = self.normalize(image, image_mean, image_std)
+                channels, height, width = image.shape
+                rows, columns = height // side, width // side
+                blocks = image.reshape(channels, rows, side, columns, side).transpose(1, 3, 2, 4, 0)
+                padded = np.zeros((max_soft_tokens, side * side * channels), dtype=image.dtype)
+                padded[:rows * columns] = blocks.reshape(rows * columns, -1)
+                where = np.full((max_soft_tokens, 2), -1, dtype=np.int64)
+                where[:rows * columns] = np.stack(np.meshgrid(np.arange(columns), np.arange(rows)), -1).reshape(-1, 2)
+                patches.append(padded)
+                positions.append(where)
+                counts.append(rows * columns)
+            return BatchFeature({"pixel_values": np.stack(patches), "image_position_ids": np.stack(positions),
+                                 "num_soft_tokens_per_image": counts}, tensor_type=return_tensors)
+
+    return Gemma4UnifiedImageProcessorStandIn
