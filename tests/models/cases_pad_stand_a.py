@@ -45,35 +45,44 @@ def extra_cases() -> dict[str, tuple[Any, Any, tuple[tuple[str, Any], ...]]]:
     import transformers
 
     found: dict[str, tuple[Any, Any, tuple[tuple[str, Any], ...]]] = {}
-    if "cohere2_vision" in transformers.CONFIG_MAPPING and hasattr(transformers, "Cohere2VisionProcessor"):
+
+    def present(model_type: str, processor: str) -> bool:
+        """The model type and its processor class, importable without torchvision (transformers
+        5.10's Gemma4-Unified processor imports its video processor, which needs it)."""
+        try:
+            return model_type in transformers.CONFIG_MAPPING and hasattr(transformers, processor)
+        except ImportError:
+            return False
+
+    if present("cohere2_vision", "Cohere2VisionProcessor"):
         # 32-pixel tiles of 4-pixel patches, shuffled 2 x 2: 4 x 4 tokens a tile, the
         # image processor's patch_size (the released 512 / 16 / 2 = 16)
         found["Cohere2-Vision (cohere2_vision)"] = (
             cohere2_vision, functools.partial(image_calls, sides=((32, 32), (32, 64), (64, 32))),
             ())
     for model_type in ("inkling2", "inkling2_loop"):
-        if model_type in transformers.CONFIG_MAPPING and hasattr(transformers, "Inkling2Processor"):
+        if present(model_type, "Inkling2Processor"):
             # 40-pixel squares, one token each (20-pixel patches merged 2 x 2): 1 x 2, 2 x 1 and 2 x 2 grids
             found[f"Inkling 2{' Loop' if model_type.endswith('loop') else ''} ({model_type})"] = (
                 functools.partial(inkling2, model_type),
                 functools.partial(image_calls, sides=((40, 80), (60, 40), (80, 70))), ())
-    if "inkling_mm_model" in transformers.CONFIG_MAPPING and hasattr(transformers, "InklingProcessor"):
+    if present("inkling_mm_model", "InklingProcessor"):
         # squares of 4 pixels (the released 40 make a vision tower of 600k channels), a tower
         # with no fewer layers than its scales (else it needs scipy): 1, 2 and 4 squares an image
         found["Inkling (inkling_mm_model)"] = (inkling, functools.partial(
             image_calls, sides=((4, 3), (3, 6), (8, 7)), image_text="<|content_image|><|unused_200054|>"),
             (("vision_config.patch_size", 4), ("vision_config.n_layers", 4)))
-    if "kimi_k25" in transformers.CONFIG_MAPPING and hasattr(transformers, "Kimi_K25Processor"):
+    if present("kimi_k25", "Kimi_K25Processor"):
         # 14-pixel patches merged 2 x 2: 1, 2 and 4 tokens an image (the last padded to 56 x 56)
         # its projector's norm is as wide as the vision tower (projection_hidden_size follows it);
         # DeepSeek-V3's latent attention expands its keys to every query head (no fewer kv heads)
         found["Kimi-K2.5 (kimi_k25)"] = (kimi_k25, functools.partial(image_calls, sides=((28, 28), (28, 56), (40, 30))),
                                         (("projection_hidden_size", 32), ("text_config.num_key_value_heads", 2)))
-    if "minicpm_ocr" in transformers.CONFIG_MAPPING and hasattr(transformers, "MiniCPMOcrProcessor"):
+    if present("minicpm_ocr", "MiniCPMOcrProcessor"):
         # slices of 112 pixels at most, 14-pixel patches (the released 16: patches of the processor's size)
         found["MiniCPM-OCR (minicpm_ocr)"] = (minicpm_ocr, functools.partial(
             image_calls, sides=((56, 84), (168, 112), (112, 56))), (("vision_config.patch_size", 14),))
-    if "gemma4_unified" in transformers.CONFIG_MAPPING and hasattr(transformers, "Gemma4UnifiedProcessor"):
+    if present("gemma4_unified", "Gemma4UnifiedProcessor"):
         # 2-pixel patches merged 3 x 3 (the released 16), at most 70 soft tokens an image; the
         # default config has no vision tower, and its embedder is as wide as the text model
         found["Gemma4-Unified (gemma4_unified)"] = (gemma4_unified, functools.partial(
