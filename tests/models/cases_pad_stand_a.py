@@ -30,6 +30,11 @@ which changes no position and no batching. They stand in for:
   same way (the same size rule); its pixels are then cut into the merged model patches
   (``pooling_kernel_size`` patches a side) row by row, each padded to ``max_soft_tokens``, with
   ``image_position_ids`` (column, row; -1 past the image) and ``num_soft_tokens_per_image``.
+- LFM2-VL's ``Lfm2VlImageProcessor``, for images that it does not split into tiles (not over
+  ``max_image_tokens`` by its tolerance; larger ones are refused): resized by the same rule to
+  whole downsampled patches, cut into patches, padded to its most patches, with
+  ``pixel_attention_mask``, ``spatial_shapes`` and the one-tile rows, columns and sizes the
+  processor's text expansion reads.
 """
 
 from __future__ import annotations
@@ -89,6 +94,10 @@ def extra_cases() -> dict[str, tuple[Any, Any, tuple[tuple[str, Any], ...]]]:
             image_calls, sides=((24, 30), (40, 20), (30, 30)), nested=True),
             (("vision_config", {"model_type": "gemma4_unified_vision"}), ("vision_config.patch_size", 2),
              ("vision_config.mm_embed_dim", 32), ("vision_config.output_proj_dims", 32)))
+    if present("lfm2_vl", "Lfm2VlProcessor"):
+        # 4-pixel patches downsampled 2 x 2 (the released 16), 4 to 16 tokens an image: 6, 15, 16
+        found["LFM2-VL (lfm2_vl)"] = (lfm2_vl, functools.partial(image_calls, sides=((16, 24), (24, 40), (32, 32)), nested=True),
+                                      (("vision_config.patch_size", 4),))
     return found
 
 
@@ -481,3 +490,108 @@ def gemma4_unified_image_processor() -> type:
                                  "num_soft_tokens_per_image": counts}, tensor_type=return_tensors)
 
     return Gemma4UnifiedImageProcessorStandIn
+
+
+# -- LFM2-VL ---------------------------------------------------------------------------------------
+
+LFM2_TOKENS = {"image_token": "<image>", "image_start_token": "<|image_start|>", "image_end_token": "<|image_end|>",
+               "image_thumbnail_token": "<|img_thumbnail|>"}
+
+
+def lfm2_vl() -> tuple[Any, Any]:
+    import transformers
+
+    from mmrope_core.tiny import word_level_tokenizer
+
+    tokenizer = word_level_tokenizer(LFM2_TOKENS)
+    image_processor = lfm2_vl_image_processor()(encoder_patch_size=4, min_image_tokens=4, max_image_tokens=16,
+                                                tile_size=16)
+    processor = transformers.Lfm2VlProcessor(image_processor=image_processor, tokenizer=tokenizer)
+    return processor, config_with_ids("lfm2_vl", tokenizer, {"image_token_id": "<image>"})
+
+
+@functools.cache
+def lfm2_vl_image_processor() -> type:
+    """Stand-in for ``Lfm2VlImageProcessor`` (torchvision only): the same patches per image, for
+    images it does not split into tiles."""
+    from transformers.image_processing_backends import PilBackend
+    from transformers.image_processing_utils import BatchFeature
+    from transformers.image_utils import IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD, PILImageResampling, SizeDict
+    from transformers.processing_utils import ImagesKwargs
+
+    class Lfm2VlImageProcessorKwargs(ImagesKwargs, total=False):
+        downsample_factor: int
+        do_image_splitting: bool
+        min_tiles: int
+        max_tiles: int
+        use_thumbnail: bool
+        min_image_tokens: int
+        max_image_tokens: int
+        encoder_patch_size: int
+        tile_size: int
+        max_pixels_tolerance: float
+        return_row_col_info: bool
+
+    class Lfm2VlImageProcessorStandIn(PilBackend):
+        downsample_factor, min_tiles, max_tiles, min_image_tokens, max_image_tokens = 2, 2, 10, 64, 256
+        encoder_patch_size, tile_size, max_pixels_tolerance = 16, 512, 2.0
+        do_image_splitting = use_thumbnail = do_resize = do_rescale = do_normalize = do_pad = True
+        return_row_col_info = False
+        size = {"height": 512, "width": 512}
+        resample = PILImageResampling.BILINEAR
+        image_mean, image_std = IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD
+        valid_kwargs = Lfm2VlImageProcessorKwargs
+        model_input_names = ["pixel_values", "pixel_attention_mask", "spatial_shapes"]
+
+        def _preprocess(self, images: list[np.ndarray], resample: Any, do_rescale: bool, rescale_factor: float,
+                        do_normalize: bool, image_mean: Any, image_std: Any, return_tensors: Any,
+                        downsample_factor: int, do_image_splitting: bool, min_tiles: int, max_tiles: int,
+                        min_image_tokens: int, max_image_tokens: int, encoder_patch_size: int, tile_size: int,
+                        max_pixels_tolerance: float, return_row_col_info: bool = False,
+                        **kwargs: Any) -> BatchFeature:
+            patch, factor = encoder_patch_size, encoder_patch_size * downsample_factor
+            most = max(max_image_tokens * downsample_factor**2, (tile_size // patch) ** 2 if do_image_splitting else 0)
+            pixel_values, masks, shapes, sizes = [], [], [], []
+            for image in images:
+                height, width = image.shape[-2:]
+                rounded = max(patch, round(height / factor) * factor) * max(patch, round(width / factor) * factor)
+                if do_image_splitting and not min_tiles == max_tiles == 1 and (
+                        rounded > max_image_tokens * factor**2 * max_pixels_tolerance):
+                    raise NotImplementedError("the stand-in does not split images into tiles: give smaller images")
+                new_height, new_width = self.target_size(height, width, factor, min_image_tokens * factor**2,
+                                                         max_image_tokens * factor**2)
+                image = self.resize(image, SizeDict(height=new_height, width=new_width), resample=resample)
+                if do_rescale:
+                    image = self.rescale(image, rescale_factor)
+                if do_normalize:
+                    image = self.normalize(image, image_mean, image_std)
+                channels, rows, columns = image.shape[0], new_height // patch, new_width // patch
+                patches = image.reshape(channels, rows, patch, columns, patch).transpose(1, 3, 2, 4, 0)
+                padded = np.zeros((most, patch * patch * channels), dtype=image.dtype)
+                padded[:rows * columns] = patches.reshape(rows * columns, -1)
+                mask = np.zeros(most, dtype=np.int32)
+                mask[:rows * columns] = 1
+                pixel_values.append(padded)
+                masks.append(mask)
+                shapes.append([rows, columns])
+                sizes.append([new_height, new_width])
+            data: dict[str, Any] = {"pixel_values": np.stack(pixel_values), "pixel_attention_mask": np.stack(masks),
+                                    "spatial_shapes": np.array(shapes)}
+            if return_row_col_info:  # one tile each
+                data.update(image_rows=[1] * len(images), image_cols=[1] * len(images), image_sizes=sizes)
+            return BatchFeature(data, tensor_type=return_tensors)
+
+        @staticmethod
+        def target_size(height: int, width: int, factor: int, least: int, most: int) -> tuple[int, int]:
+            """Sides in whole ``factor``s, the area kept within [least, most] pixels, the aspect ratio near."""
+            new_height, new_width = max(factor, round(height / factor) * factor), max(factor, round(width / factor) * factor)
+            if new_height * new_width > most:
+                scale = (height * width / most) ** 0.5
+                return (max(factor, int(height / scale // factor) * factor),
+                        max(factor, int(width / scale // factor) * factor))
+            if new_height * new_width < least:
+                scale = (least / (height * width)) ** 0.5
+                return -(-int(np.ceil(height * scale)) // factor) * factor, -(-int(np.ceil(width * scale)) // factor) * factor
+            return new_height, new_width
+
+    return Lfm2VlImageProcessorStandIn
