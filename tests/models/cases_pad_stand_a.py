@@ -35,6 +35,9 @@ which changes no position and no batching. They stand in for:
   whole downsampled patches, cut into patches, padded to its most patches, with
   ``pixel_attention_mask``, ``spatial_shapes`` and the one-tile rows, columns and sizes the
   processor's text expansion reads.
+- Apertus 1.5's ``Apertus1p5ImageProcessor``: each image resized by the same rule to whole
+  ``spatial_factor`` blocks (one image code each) within its pixel budget, the images of a call
+  padded to the largest (zeros after normalizing), with ``image_sizes`` (height, width).
 """
 
 from __future__ import annotations
@@ -98,6 +101,14 @@ def extra_cases() -> dict[str, tuple[Any, Any, tuple[tuple[str, Any], ...]]]:
         # 4-pixel patches downsampled 2 x 2 (the released 16), 4 to 16 tokens an image: 6, 15, 16
         found["LFM2-VL (lfm2_vl)"] = (lfm2_vl, functools.partial(image_calls, sides=((16, 24), (24, 40), (32, 32)), nested=True),
                                       (("vision_config.patch_size", 4),))
+    if present("apertus1p5", "Apertus1p5Processor"):
+        # images of 16-pixel blocks, 2 to 6 codes each; 8 image and 8 audio codes in the vocabulary
+        # (their ids follow each other, as the released 131072 and 4096 do); the vision tokenizer's
+        # group norms take 32 channels a group
+        found["Apertus 1.5 (apertus1p5)"] = (apertus1p5, functools.partial(
+            image_calls, sides=((16, 32), (32, 48), (48, 32))),
+            (("vision_config.codebook_size", 8), ("audio_config.codebook_size", 8), ("audio_config.codebook_dim", 32),
+             ("vision_config.base_channels", 32), ("vision_config.num_res_blocks", 1)))
     return found
 
 
@@ -595,3 +606,88 @@ def lfm2_vl_image_processor() -> type:
             return new_height, new_width
 
     return Lfm2VlImageProcessorStandIn
+
+
+# -- Apertus 1.5 -----------------------------------------------------------------------------------
+
+APERTUS_TOKENS = {"image_token": "<|image|>", "audio_token": "<|audio|>", "boi_token": "<|image_start|>",
+                  "eoi_token": "<|image_end|>", "image_wrapper_token": "<|image_wrapper|>", "eol_token": "<|eol|>",
+                  "boa_token": "<|audio_start|>", "eoa_token": "<|audio_end|>"}
+#: Words the processor writes or the model's codes are: each image's grid ("rows*columns"), then
+#: the image codes' and the audio codes' tokens, in a row at the end of the vocabulary.
+APERTUS_WORDS = (*(f"{rows}*{columns}" for rows in range(1, 4) for columns in range(1, 4)),
+                 *(f"<|visual token {code}|>" for code in range(8)), *(f"<|audio token {code}|>" for code in range(8)))
+
+
+def apertus1p5() -> tuple[Any, Any]:
+    import transformers
+
+    from mmrope_core.tiny import FILLER_WORDS, word_level_tokenizer
+
+    tokenizer = word_level_tokenizer(APERTUS_TOKENS, words=(*FILLER_WORDS, *APERTUS_WORDS))
+    image_processor = apertus1p5_image_processor()(size={"min_pixels": 16 * 16, "max_pixels": 64 * 64})
+    processor = transformers.Apertus1p5Processor(image_processor=image_processor,
+                                                 feature_extractor=transformers.WavTokenizerFeatureExtractor(),
+                                                 tokenizer=tokenizer)
+    config = config_with_ids("apertus1p5", tokenizer, {"image_token_id": "<|image|>", "audio_token_id": "<|audio|>"})
+    config.image_token_offset = tokenizer.convert_tokens_to_ids("<|visual token 0|>")
+    config.audio_token_offset = tokenizer.convert_tokens_to_ids("<|audio token 0|>")
+    return processor, config
+
+
+@functools.cache
+def apertus1p5_image_processor() -> type:
+    """Stand-in for ``Apertus1p5ImageProcessor`` (torchvision only): the same sizes per image."""
+    from transformers.image_processing_backends import PilBackend
+    from transformers.image_processing_utils import BatchFeature
+    from transformers.image_utils import IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD, PILImageResampling, SizeDict
+    from transformers.processing_utils import ImagesKwargs
+
+    class Apertus1p5ImageProcessorKwargs(ImagesKwargs, total=False):
+        spatial_factor: int
+
+    class Apertus1p5ImageProcessorStandIn(PilBackend):
+        do_resize = do_rescale = do_normalize = do_convert_rgb = do_pad = True
+        resample = PILImageResampling.BICUBIC
+        image_mean, image_std = IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD
+        size = {"min_pixels": 128 * 128, "max_pixels": 1400 * 1400}
+        spatial_factor = 16
+        valid_kwargs = Apertus1p5ImageProcessorKwargs
+        model_input_names = ["pixel_values", "image_sizes"]
+
+        def _validate_preprocess_kwargs(self, **kwargs: Any) -> None:
+            super()._validate_preprocess_kwargs(**{**kwargs, "do_resize": False})  # a pixel budget, not a size
+
+        def _preprocess(self, images: list[np.ndarray], do_resize: bool, size: SizeDict, resample: Any,
+                        do_rescale: bool, rescale_factor: float, do_normalize: bool, image_mean: Any, image_std: Any,
+                        return_tensors: Any, spatial_factor: int, do_pad: bool = True, **kwargs: Any) -> BatchFeature:
+            processed = []
+            for image in images:
+                if do_resize:
+                    height, width = self.budgeted(*image.shape[-2:], spatial_factor, size.min_pixels, size.max_pixels)
+                    image = self.resize(image, SizeDict(height=height, width=width), resample=resample)
+                if do_rescale:
+                    image = self.rescale(image, rescale_factor)
+                if do_normalize:
+                    image = self.normalize(image, image_mean, image_std)
+                processed.append(image)
+            sizes = [list(image.shape[-2:]) for image in processed]
+            if do_pad:
+                processed = self.pad(processed)
+            return BatchFeature({"pixel_values": np.stack(processed) if do_pad else processed, "image_sizes": sizes},
+                                tensor_type=return_tensors)
+
+        @staticmethod
+        def budgeted(height: int, width: int, factor: int, least: int, most: int) -> tuple[int, int]:
+            """Sides in whole ``factor``s, the area kept within [least, most] pixels, the aspect ratio near."""
+            new_height, new_width = round(height / factor) * factor, round(width / factor) * factor
+            if new_height * new_width > most:
+                scale = (height * width / most) ** 0.5
+                return (max(factor, int(height / scale // factor) * factor),
+                        max(factor, int(width / scale // factor) * factor))
+            if new_height * new_width < least:
+                scale = (least / (height * width)) ** 0.5
+                return -(-int(np.ceil(height * scale)) // factor) * factor, -(-int(np.ceil(width * scale)) // factor) * factor
+            return new_height, new_width
+
+    return Apertus1p5ImageProcessorStandIn

@@ -16,7 +16,7 @@ places Pixtral's tokens by the same rule) and SmolVLM (its processor needs ``num
 videos only: the real one is built with a stand-in that no image call reaches). GIT, Llama 4,
 MiniMax-M3-VL and T5Gemma2 have tests of their own below (the last three on text samples: their
 image processors need torchvision). Cohere2-Vision, Inkling 2, Inkling 2 Loop, Inkling, Kimi-K2.5,
-MiniCPM-OCR, Gemma4-Unified and LFM2-VL are built in cases_pad_stand_a.py with their real processors and
+MiniCPM-OCR, Gemma4-Unified, LFM2-VL and Apertus 1.5 are built in cases_pad_stand_a.py with their real processors and
 a Pillow stand-in for their image processors, which exist only for torchvision (each keeps the
 real one's keys, shapes and tokens per image; that module says how). The Omni thinkers (``qwen2_5_omni_thinker``,
 ``qwen3_omni_moe_thinker``) run inside the Omni cases.
@@ -24,7 +24,7 @@ real one's keys, shapes and tokens per image; that module says how). The Omni th
 Bound model types of transformers 5.24 without a model-level test here, and why:
 
 - no Pillow image processor (torchvision only), so no real processor, and no stand-in built yet:
-  apertus1p5, molmo2, muse_glimmer, muse_spark, nemotron_h_omni, perception_lm,
+  molmo2, muse_glimmer, muse_spark, nemotron_h_omni, perception_lm,
   phi4_multimodal, pi0, pp_formulanet, step3p7, unlimited_ocr;
 - no processor in transformers' auto mappings: fast_vlm, kosmos-2, kosmos-2.5, mistral4,
   vision-encoder-decoder;
@@ -376,6 +376,8 @@ def case(name):
 #: applies to 1-D positions repeated on every row: stating them in the config would make it ask for
 #: M-RoPE positions, which its forward never computes.
 ONE_D_ROTARY_SECTIONS = {"minicpmv4_6", "minicpm_ocr"}
+#: Models with a sub-model that transformers refuses sdpa for (Apertus 1.5's vision tokenizer).
+EAGER = {"apertus1p5"}
 
 
 def tiny_of_spec(name):
@@ -389,7 +391,8 @@ def tiny_of_spec(name):
                for call in calls(processor, random.Random(0))]
     tiny = _tiny_config(config, processor, samples, overrides)
     model_class = _model_class(tiny)
-    tiny._attn_implementation = "sdpa" if getattr(model_class, "_supports_sdpa", True) else "eager"
+    sdpa = getattr(model_class, "_supports_sdpa", True) and tiny.model_type not in EAGER
+    tiny._attn_implementation = "sdpa" if sdpa else "eager"
     if tiny.model_type not in ONE_D_ROTARY_SECTIONS:
         _fit_rope_sections(model_class, tiny)
     with torch.random.fork_rng():
