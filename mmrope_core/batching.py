@@ -42,6 +42,10 @@ class MediaKey:
             ``images_per_sample``): samples whose values differ cannot share a batch.
         all_or_none: every sample of a batch holds the key or none does (GLM-Image's source
             images: its processor batches image-to-image or text-to-image samples, not a mix).
+        indexes: the name of the key whose entries this key's values index, counted over all its
+            dims but the last (Molmo2's ``image_token_pooling`` indexes the patches of its
+            ``pixel_values``): each sample's indices are shifted past the entries of the samples
+            before it, as the processor numbers them in one call; negative values (none) are kept.
     """
 
     join: Literal["rows", "last"] = "rows"
@@ -51,6 +55,7 @@ class MediaKey:
     per_row: bool = False
     uniform: bool = False
     all_or_none: bool = False
+    indexes: str | None = None
 
     def __post_init__(self) -> None:
         if self.join not in ("rows", "last"):
@@ -63,6 +68,8 @@ class MediaKey:
             raise TypeError("MediaKey.empty_item must be callable, and needs items_dim")
         if self.join == "last" and (self.items_dim is not None or self.token_dim is not None):
             raise TypeError("MediaKey(join='last') joins one row per sample: it takes no items_dim or token_dim")
+        if self.indexes is not None and (not isinstance(self.indexes, str) or self.join != "rows"):
+            raise TypeError("MediaKey.indexes must name the key it indexes, and joins rows")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -209,6 +209,8 @@ def _by_rule(key: str, samples: Sequence[Mapping[str, Any]], rule: MediaKey, pad
                for _, value in present):
         raise CollateError(f"key {key!r} must hold a tensor of its sample's rows per sample ({shapes}); call the "
                            f"processor with return_tensors='pt'")
+    if rule.indexes is not None:
+        present = _shifted_indices(key, samples, rule.indexes, present)
     if rule.join == "last":
         if any(value.shape[0] != 1 for _, value in present) or len({value.shape[:-1] for _, value in present}) > 1:
             raise CollateError(f"key {key!r} joins each sample's (1, ..., W) on its last dim and needs the other "
@@ -238,6 +240,23 @@ def _by_rule(key: str, samples: Sequence[Mapping[str, Any]], rule: MediaKey, pad
         sizes[rule.token_dim] = max(lengths)
     padded = [_padded_by_rule(value, sizes, rule, padding_side) for value in ordered]
     return torch.cat(padded, dim=0)
+
+
+def _shifted_indices(key: str, samples: Sequence[Mapping[str, Any]], indexed: str,
+                     present: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
+    """Each sample's indices into ``indexed`` shifted past the entries of the samples before it
+    (new tensors: the samples keep theirs)."""
+    offsets, offset = {}, 0
+    for index, sample in enumerate(samples):
+        offsets[index] = offset
+        entries = sample.get(indexed)
+        if entries is not None:
+            if not isinstance(entries, torch.Tensor) or entries.dim() < 2:
+                raise CollateError(f"sample {index}: {key!r} indexes the entries of {indexed!r}, which must be a "
+                                   f"tensor of them; call the processor with return_tensors='pt'")
+            offset += entries.shape[:-1].numel()
+    return [(index, torch.where(value >= 0, value + offsets[index], value)) if isinstance(value, torch.Tensor)
+            else (index, value) for index, value in present]
 
 
 def _padded_by_rule(value: torch.Tensor, sizes: list[int], rule: MediaKey, padding_side: str) -> torch.Tensor:

@@ -212,6 +212,20 @@ def test_a_key_placed_per_row_or_read_once_per_batch_refuses_a_mixed_batch():
         collate([{"count": [2]}, {"count": [2]}], media={"count": MediaKey(uniform=True)})
 
 
+def test_indices_into_another_keys_entries_are_shifted_past_the_samples_before():
+    from mmrope_core import MediaKey
+
+    rules = {"pooling": MediaKey(indexes="patches")}
+    samples = [{"patches": torch.zeros(2, 3, 5), "pooling": torch.tensor([[0, 5], [-1, 1]])},
+               {"input_ids": torch.tensor([[4]])},  # no patches: the next sample's indices follow on
+               {"patches": torch.zeros(1, 3, 5), "pooling": torch.tensor([[2, -1]])}]
+    batch = collate(samples, media=rules)
+    assert batch["pooling"].tolist() == [[0, 5], [-1, 1], [8, -1]]  # 2 x 3 patches before the last sample's
+    assert samples[2]["pooling"].tolist() == [[2, -1]]  # inputs untouched
+    with pytest.raises(CollateError, match=r"sample 0: 'pooling' indexes the entries of 'patches'"):
+        collate([{"patches": [1, 2], "pooling": torch.tensor([[0]])}], media=rules)
+
+
 def test_a_batch_layout_checks_itself():
     from mmrope_core import BatchLayout, MediaKey
 
@@ -223,6 +237,8 @@ def test_a_batch_layout_checks_itself():
         MediaKey(empty_item=lambda shape, dtype: torch.zeros(shape, dtype=dtype))
     with pytest.raises(TypeError, match="reason"):
         BatchLayout(refused_sides={"left": ""})
+    with pytest.raises(TypeError, match="indexes"):
+        MediaKey(join="last", indexes="pixel_values")
     with pytest.raises(TypeError, match="MediaKey"):
         BatchLayout(media={"pixel_values": "last"})
     assert "pixel_values" in BatchLayout(media={"pixel_values": MediaKey(per_row=True)}).packing_refusal

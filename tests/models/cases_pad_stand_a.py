@@ -38,12 +38,15 @@ which changes no position and no batching. They stand in for:
 - Apertus 1.5's ``Apertus1p5ImageProcessor``: each image resized by the same rule to whole
   ``spatial_factor`` blocks (one image code each) within its pixel budget, the images of a call
   padded to the largest (zeros after normalizing), with ``image_sizes`` (height, width).
+- Molmo2's ``Molmo2ImageProcessor`` is itself the stand-in: its class builds and crops without
+  torchvision; only the two steps it takes from torchvision, resizing (bilinear, no antialias) and
+  normalizing, are done in torch.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -109,6 +112,12 @@ def extra_cases() -> dict[str, tuple[Any, Any, tuple[tuple[str, Any], ...]]]:
             image_calls, sides=((16, 32), (32, 48), (48, 32))),
             (("vision_config.codebook_size", 8), ("audio_config.codebook_size", 8), ("audio_config.codebook_dim", 32),
              ("vision_config.base_channels", 32), ("vision_config.num_res_blocks", 1)))
+    if present("molmo2", "Molmo2Processor"):
+        # 20-pixel crops of 2-pixel patches (the released 378 and 14) overlapping by 2 patches a
+        # side, pooled 2 x 2: 60 to 76 tokens an image; a vision tower of 2 layers, read at its last
+        found["Molmo2 (molmo2)"] = (molmo2, functools.partial(image_calls, sides=((20, 20), (20, 30), (30, 20))), (
+            ("vision_config.image_size", [20, 20]), ("vision_config.num_position_embeddings", 100),
+            ("adapter_config.vision_feature_layer", [-1])))
     return found
 
 
@@ -185,7 +194,7 @@ def cohere2_vision_image_processor() -> type:
         valid_kwargs = Cohere2VisionImageProcessorKwargs
         resample = PILImageResampling.BICUBIC
         image_mean, image_std = OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
-        size = {"height": 512, "width": 512}
+        size: ClassVar[dict[str, Any]] = {"height": 512, "width": 512}
         do_resize = do_rescale = do_normalize = do_convert_rgb = crop_to_patches = True
         min_patches, max_patches, patch_size = 1, 12, 16
 
@@ -239,11 +248,12 @@ def inkling2_image_processor() -> type:
     from transformers.image_utils import SizeDict
 
     class Inkling2ImageProcessorStandIn(PilBackend):
-        image_mean = image_std = [0.5, 0.5, 0.5]
+        image_mean: ClassVar[list[float]] = [0.5, 0.5, 0.5]
+        image_std: ClassVar[list[float]] = [0.5, 0.5, 0.5]
         do_convert_rgb = do_rescale = do_normalize = True
         do_resize = False
-        size = {"height": 40, "width": 40}
-        model_input_names = ["pixel_values", "image_grid_thw"]
+        size: ClassVar[dict[str, Any]] = {"height": 40, "width": 40}
+        model_input_names: ClassVar[list[str]] = ["pixel_values", "image_grid_thw"]
 
         def _preprocess(self, images: list[np.ndarray], size: SizeDict, do_rescale: bool, rescale_factor: float,
                         do_normalize: bool, image_mean: Any, image_std: Any, return_tensors: Any,
@@ -298,7 +308,7 @@ def inkling_image_processor() -> type:
         image_mean, image_std = OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
         do_convert_rgb = do_rescale = do_normalize = True
         do_resize = False
-        size = {"height": 40, "width": 40}
+        size: ClassVar[dict[str, Any]] = {"height": 40, "width": 40}
 
         def _preprocess(self, images: list[np.ndarray], size: SizeDict, do_rescale: bool, rescale_factor: float,
                         do_normalize: bool, image_mean: Any, image_std: Any, return_tensors: Any,
@@ -358,12 +368,12 @@ def kimi_k25_image_processor() -> type:
 
     class Kimi_K25ImageProcessorStandIn(PilBackend):
         resample = PILImageResampling.BICUBIC
-        size = {"max_height": 512, "max_width": 512}
+        size: ClassVar[dict[str, Any]] = {"max_height": 512, "max_width": 512}
         max_patches, patch_size, merge_size = 16384, 14, 2
         do_resize = do_rescale = do_normalize = do_convert_rgb = True
         image_mean, image_std = IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD
         valid_kwargs = Kimi_K25ImageProcessorKwargs
-        model_input_names = ["pixel_values", "image_grid_thw"]
+        model_input_names: ClassVar[list[str]] = ["pixel_values", "image_grid_thw"]
 
         def _preprocess(self, images: list[np.ndarray], size: SizeDict, do_rescale: bool, rescale_factor: float,
                         do_normalize: bool, image_mean: Any, image_std: Any, return_tensors: Any, patch_size: int,
@@ -548,11 +558,11 @@ def lfm2_vl_image_processor() -> type:
         encoder_patch_size, tile_size, max_pixels_tolerance = 16, 512, 2.0
         do_image_splitting = use_thumbnail = do_resize = do_rescale = do_normalize = do_pad = True
         return_row_col_info = False
-        size = {"height": 512, "width": 512}
+        size: ClassVar[dict[str, Any]] = {"height": 512, "width": 512}
         resample = PILImageResampling.BILINEAR
         image_mean, image_std = IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD
         valid_kwargs = Lfm2VlImageProcessorKwargs
-        model_input_names = ["pixel_values", "pixel_attention_mask", "spatial_shapes"]
+        model_input_names: ClassVar[list[str]] = ["pixel_values", "pixel_attention_mask", "spatial_shapes"]
 
         def _preprocess(self, images: list[np.ndarray], resample: Any, do_rescale: bool, rescale_factor: float,
                         do_normalize: bool, image_mean: Any, image_std: Any, return_tensors: Any,
@@ -650,10 +660,10 @@ def apertus1p5_image_processor() -> type:
         do_resize = do_rescale = do_normalize = do_convert_rgb = do_pad = True
         resample = PILImageResampling.BICUBIC
         image_mean, image_std = IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD
-        size = {"min_pixels": 128 * 128, "max_pixels": 1400 * 1400}
+        size: ClassVar[dict[str, Any]] = {"min_pixels": 128 * 128, "max_pixels": 1400 * 1400}
         spatial_factor = 16
         valid_kwargs = Apertus1p5ImageProcessorKwargs
-        model_input_names = ["pixel_values", "image_sizes"]
+        model_input_names: ClassVar[list[str]] = ["pixel_values", "image_sizes"]
 
         def _validate_preprocess_kwargs(self, **kwargs: Any) -> None:
             super()._validate_preprocess_kwargs(**{**kwargs, "do_resize": False})  # a pixel budget, not a size
@@ -691,3 +701,48 @@ def apertus1p5_image_processor() -> type:
             return new_height, new_width
 
     return Apertus1p5ImageProcessorStandIn
+
+
+# -- Molmo2 ----------------------------------------------------------------------------------------
+
+MOLMO2_TOKENS = {"image_token": "<|image|>", "video_token": "<|video|>", "bos_token": "<|endoftext|>",
+                 **{f"t{index}": token for index, token in enumerate((
+                     "<im_patch>", "<im_col>", "<im_start>", "<low_res_im_start>", "<frame_start>", "<im_end>",
+                     "<frame_end>", "<im_low>"))}}
+
+
+def molmo2() -> tuple[Any, Any]:
+    import transformers
+
+    from mmrope_core.tiny import processors_without_torchvision, word_level_tokenizer
+
+    tokenizer = word_level_tokenizer(MOLMO2_TOKENS)
+    image_processor = molmo2_image_processor()(size={"height": 20, "width": 20}, patch_size=2, overlap_margins=[2, 2],
+                                               max_crops=4)
+    with processors_without_torchvision() as video_processor:
+        processor = transformers.Molmo2Processor(image_processor=image_processor, video_processor=video_processor,
+                                                 tokenizer=tokenizer)
+    return processor, config_with_ids("molmo2", tokenizer, {
+        "image_start_token_id": "<im_start>", "low_res_image_start_token_id": "<low_res_im_start>",
+        "image_end_token_id": "<im_end>", "image_patch_id": "<im_patch>", "frame_start_token_id": "<frame_start>",
+        "frame_end_token_id": "<frame_end>"})
+
+
+@functools.cache
+def molmo2_image_processor() -> type:
+    """``Molmo2ImageProcessor`` with the two steps it takes from torchvision done in torch."""
+    import torch
+    from transformers.models.molmo2.image_processing_molmo2 import Molmo2ImageProcessor
+
+    class Molmo2ImageProcessorStandIn(Molmo2ImageProcessor):
+        def resize(self, image: Any, size: Any, resample: Any = None, antialias: bool = True, **kwargs: Any) -> Any:
+            if antialias:
+                raise NotImplementedError("Molmo2 resizes without antialiasing; the stand-in does only that")
+            return torch.nn.functional.interpolate(image, size=(size.height, size.width), mode="bilinear",
+                                                   align_corners=False)
+
+        def normalize(self, image: Any, mean: Any, std: Any, **kwargs: Any) -> Any:
+            mean, std = (torch.as_tensor(value, dtype=image.dtype)[:, None, None] for value in (mean, std))
+            return (image - mean) / std
+
+    return Molmo2ImageProcessorStandIn

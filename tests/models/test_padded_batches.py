@@ -16,7 +16,7 @@ places Pixtral's tokens by the same rule) and SmolVLM (its processor needs ``num
 videos only: the real one is built with a stand-in that no image call reaches). GIT, Llama 4,
 MiniMax-M3-VL and T5Gemma2 have tests of their own below (the last three on text samples: their
 image processors need torchvision). Cohere2-Vision, Inkling 2, Inkling 2 Loop, Inkling, Kimi-K2.5,
-MiniCPM-OCR, Gemma4-Unified, LFM2-VL and Apertus 1.5 are built in cases_pad_stand_a.py with their real processors and
+MiniCPM-OCR, Gemma4-Unified, LFM2-VL, Apertus 1.5 and Molmo2 are built in cases_pad_stand_a.py with their real processors and
 a Pillow stand-in for their image processors, which exist only for torchvision (each keeps the
 real one's keys, shapes and tokens per image; that module says how). The Omni thinkers (``qwen2_5_omni_thinker``,
 ``qwen3_omni_moe_thinker``) run inside the Omni cases.
@@ -24,7 +24,7 @@ real one's keys, shapes and tokens per image; that module says how). The Omni th
 Bound model types of transformers 5.24 without a model-level test here, and why:
 
 - no Pillow image processor (torchvision only), so no real processor, and no stand-in built yet:
-  molmo2, muse_glimmer, muse_spark, nemotron_h_omni, perception_lm,
+  muse_glimmer, muse_spark, nemotron_h_omni, perception_lm,
   phi4_multimodal, pi0, pp_formulanet, step3p7, unlimited_ocr;
 - no processor in transformers' auto mappings: fast_vlm, kosmos-2, kosmos-2.5, mistral4,
   vision-encoder-decoder;

@@ -35,6 +35,8 @@ LAYOUTS: Mapping[str, BatchLayout] = {
     "mllama": BatchLayout(media=_MLLAMA, packing="its cross-attention mask and image rows are per batch row: "
                                                  "a packed row would let every segment's tokens see the images "
                                                  "of the row's first sample only"),
+    # its pooling indices number the patches of the whole batch's crops, in one call
+    "molmo2": BatchLayout(media={"image_token_pooling": MediaKey(indexes="pixel_values")}),
     # every sample gets a row of the batch's most images; the model drops the all-zero ones
     # (Idefics2 and SmolVLM: the same image processor and model code as Idefics3); Granite-Docling:
     # a row of the batch's most tiles, the model taking those its pixel_attention_mask marks
