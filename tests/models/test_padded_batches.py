@@ -577,7 +577,8 @@ def test_hunyuan_vl_samples_with_images_train_as_alone_wherever_they_stand(name,
 
 
 #: Cases whose media a packed row batches otherwise than on dim 0 (one strip for all samples).
-PACKED_MEDIA = [name for name in names() if cases()[name].name.startswith("MiniCPM-V")]
+PACKED_MEDIA = [*(name for name in names() if cases()[name].name.startswith("MiniCPM-V")),
+                *(name for name in EXTRA if name.startswith("MiniCPM-OCR"))]
 
 
 @pytest.mark.parametrize("name", PACKED_MEDIA)
@@ -591,7 +592,7 @@ def test_a_packed_row_takes_its_media_as_the_model_does_or_is_refused(name):
         torch.testing.assert_close(value, reference[key].to(value.dtype), rtol=0, atol=0)
     try:
         collator = PackedCollator(engine)
-    except PackingUnsupportedError as refused:  # its layers' reason (MiniCPM-V 4.7: linear attention, no kernels)
+    except PackingUnsupportedError as refused:  # its layers' reason (linear attention, no kernels)
         assert tiny.config.model_type in str(refused)
         return
     batch = collator(samples)
@@ -608,7 +609,7 @@ def test_a_packed_row_takes_its_media_as_the_model_does_or_is_refused(name):
         torch.testing.assert_close(tiny.model(**batch).loss, expected, rtol=1e-5, atol=1e-6)
 
 
-#: In a child process: the linear-attention kernels MiniCPM-V 4.7's layers need for packed rows
+#: In a child process: the linear-attention kernels MiniCPM-V 4.7's and MiniCPM-OCR's layers need for packed rows
 #: (CUDA only) replaced by the stand-ins of ``stand_in_kernels/`` (see test_linear_attention_kernels.py).
 CHILD = f"""
 import sys
@@ -628,7 +629,7 @@ for name in {PACKED_MEDIA!r}:
 
 
 def test_a_packed_minicpm_v_row_trains_exactly_once_its_kernels_take_the_boundaries():
-    """With the kernels its layers need, MiniCPM-V 4.7's packed row is accepted (its positions are
+    """With the kernels its layers need, MiniCPM-V 4.7's (and MiniCPM-OCR's) packed row is accepted (its positions are
     shown to be each sample's alone by the plugin's probe) and trains each sample as alone."""
     result = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=900, check=False)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
