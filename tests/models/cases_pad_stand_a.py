@@ -1,9 +1,9 @@
 """More model types for the model-level collator tests (see test_padded_batches.py), built with
 their real processor classes and tokenizers, and a stand-in image processor where the real one
-exists only for torchvision, which the tests run without.
+needs torchvision, which the tests run without.
 
-Each stand-in below is a Pillow/numpy image processor (``PilBackend``) that keeps the real one's
-output contract: the same keys, shapes and dtypes, and, for the images the cases give, the same
+Each stand-in below (a Pillow/numpy ``PilBackend``, or Molmo2's own class with its torchvision
+steps done in torch) keeps the real one's output contract: the same keys, shapes and dtypes, and, for the images the cases give, the same
 number of tiles or patches per image and the same size keys that the processor's text expansion
 reads, so that the real processor writes the same placeholder tokens for them as with the real
 image processor. Only the pixel values can differ (Pillow's resampling instead of torchvision's),
@@ -16,11 +16,11 @@ which changes no position and no batching. They stand in for:
   40-pixel squares and cut into them, one image token each, ``(tokens, 40, 40, 3)`` pixel values
   and ``image_grid_thw`` ``(1, rows, columns)`` per image (its checkerboard under transparent
   pixels is left out: the cases' images are opaque).
-- Inkling's ``InklingImageProcessor``: each image cut into squares as wide as the vision tower's patches (rows rounded up, one
-  column more than whole ones fit, as the real one cuts), each padded with -1 and doubled on a
-  time axis, ``(tokens, 2, side, side, 3)`` pixel values and ``num_patches`` per image.
-- Kimi-K2.5's ``Kimi_K25ImageProcessor``: each image (never upscaled; the cases' images are under
-  its limits) padded on the bottom and right to whole merged patches and cut into patches,
+- Inkling's ``InklingImageProcessor``: each image cut into squares as wide as the vision tower's
+  patches (rows rounded up, one column more than whole ones fit, as the real one cuts), each
+  padded with -1 and doubled on a time axis, ``(tokens, 2, side, side, 3)`` pixel values and ``num_patches`` per image.
+- Kimi-K2.5's ``Kimi_K25ImageProcessor``: each image (never upscaled, as the real one; images over
+  its patch limits, which it would shrink, are refused) padded on the bottom and right to whole merged patches and cut into patches,
   ``(patches, 3, 14, 14)`` pixel values and ``image_grid_thw`` ``(1, rows, columns)`` per image.
 - MiniCPM-OCR's ``MiniCPMOcrImageProcessor``: MiniCPM-V 4.6's Pillow image processor, which slices
   and resizes by the same rules, with MiniCPM-OCR's defaults (``downsample_mode="4x"``, images no
@@ -38,9 +38,9 @@ which changes no position and no batching. They stand in for:
 - Apertus 1.5's ``Apertus1p5ImageProcessor``: each image resized by the same rule to whole
   ``spatial_factor`` blocks (one image code each) within its pixel budget, the images of a call
   padded to the largest (zeros after normalizing), with ``image_sizes`` (height, width).
-- Molmo2's ``Molmo2ImageProcessor`` is itself the stand-in: its class builds and crops without
-  torchvision; only the two steps it takes from torchvision, resizing (bilinear, no antialias) and
-  normalizing, are done in torch.
+- Molmo2's ``Molmo2ImageProcessor`` is itself the stand-in: its class builds, crops and pools
+  without torchvision; only the two steps it takes from torchvision, resizing (bilinear, no
+  antialias) and normalizing, are done in torch.
 """
 
 from __future__ import annotations

@@ -15,17 +15,18 @@ the tests run without: Mistral3 (``PixtralProcessor`` needs torchvision; LightOn
 places Pixtral's tokens by the same rule) and SmolVLM (its processor needs ``num2words``, for
 videos only: the real one is built with a stand-in that no image call reaches). GIT, Llama 4,
 MiniMax-M3-VL and T5Gemma2 have tests of their own below (the last three on text samples: their
-image processors need torchvision). Cohere2-Vision, Inkling 2, Inkling 2 Loop, Inkling, Kimi-K2.5,
-MiniCPM-OCR, Gemma4-Unified, LFM2-VL, Apertus 1.5 and Molmo2 are built in cases_pad_stand_a.py with their real processors and
-a Pillow stand-in for their image processors, which exist only for torchvision (each keeps the
-real one's keys, shapes and tokens per image; that module says how). The Omni thinkers (``qwen2_5_omni_thinker``,
-``qwen3_omni_moe_thinker``) run inside the Omni cases.
+image processors need torchvision). Cohere2-Vision, Inkling 2, Inkling 2 Loop, Inkling,
+Kimi-K2.5, MiniCPM-OCR, Gemma4-Unified, LFM2-VL, Apertus 1.5 and Molmo2 are built in
+cases_pad_stand_a.py with their real processors and a stand-in for their image processors,
+which need torchvision (each keeps the real one's keys, shapes and tokens per image; that
+module says how). The Omni thinkers (``qwen2_5_omni_thinker``, ``qwen3_omni_moe_thinker``) run
+inside the Omni cases.
 
 Bound model types of transformers 5.24 without a model-level test here, and why:
 
 - no Pillow image processor (torchvision only), so no real processor, and no stand-in built yet:
-  muse_glimmer, muse_spark, nemotron_h_omni, perception_lm,
-  phi4_multimodal, pi0, pp_formulanet, step3p7, unlimited_ocr;
+  muse_glimmer, muse_spark, nemotron_h_omni, perception_lm, phi4_multimodal, pi0, pp_formulanet,
+  step3p7, unlimited_ocr;
 - no processor in transformers' auto mappings: fast_vlm, kosmos-2, kosmos-2.5, mistral4,
   vision-encoder-decoder;
 - audio features computed with torchaudio, which the tests run without: granite_speech,
@@ -609,8 +610,8 @@ def test_a_packed_row_takes_its_media_as_the_model_does_or_is_refused(name):
         torch.testing.assert_close(tiny.model(**batch).loss, expected, rtol=1e-5, atol=1e-6)
 
 
-#: In a child process: the linear-attention kernels MiniCPM-V 4.7's and MiniCPM-OCR's layers need for packed rows
-#: (CUDA only) replaced by the stand-ins of ``stand_in_kernels/`` (see test_linear_attention_kernels.py).
+#: In a child process: the linear-attention kernels MiniCPM-V 4.7's and MiniCPM-OCR's layers need
+#: for packed rows (CUDA only) replaced by the stand-ins of ``stand_in_kernels/`` (see test_linear_attention_kernels.py).
 CHILD = f"""
 import sys
 sys.path[:0] = [{str(Path(__file__).parent / "stand_in_kernels")!r}, {str(Path(__file__).parent)!r}]
@@ -629,8 +630,9 @@ for name in {PACKED_MEDIA!r}:
 
 
 def test_a_packed_minicpm_v_row_trains_exactly_once_its_kernels_take_the_boundaries():
-    """With the kernels its layers need, MiniCPM-V 4.7's (and MiniCPM-OCR's) packed row is accepted (its positions are
-    shown to be each sample's alone by the plugin's probe) and trains each sample as alone."""
+    """With the kernels its layers need, MiniCPM-V 4.7's (and MiniCPM-OCR's) packed row is
+    accepted (its positions are shown to be each sample's alone by the plugin's probe) and trains
+    each sample as alone."""
     result = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=900, check=False)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     for name in PACKED_MEDIA:
