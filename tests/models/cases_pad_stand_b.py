@@ -19,6 +19,9 @@ from torchvision_stand_in import image_processor_class
 MUSE_TOKENS = {"image_token": "<|patch|>", "image_start_token": "<|image_start|>", "image_end_token": "<|image_end|>",
                "video_token": "<|video|>", "video_sep_token": "<|vid_frame_separator|>",
                "video_start_token": "<|vid_start|>", "video_end_token": "<|vid_end|>"}
+#: Muse Spark's processor takes them from its tokenizer, with these defaults, and its audio ones.
+SPARK_TOKENS = {**MUSE_TOKENS, "audio_token": "<|audio|>", "audio_start_token": "<|soft_audio_start|>",
+                "audio_end_token": "<|soft_audio_end|>"}
 
 
 def extra_cases() -> dict[str, tuple[Any, Any, tuple[tuple[str, Any], ...]]]:
@@ -35,18 +38,46 @@ def extra_cases() -> dict[str, tuple[Any, Any, tuple[tuple[str, Any], ...]]]:
                     sizes=(1, 3, 28))
         # its pixel shuffle joins each 2x2 of vision features: the adapter takes 4 times the vision width
         found[spec.name] = (muse_glimmer, functools.partial(samples, spec), (("out_hidden_size", 4 * WIDTH),))
+    if "muse_spark" in transformers.CONFIG_MAPPING:
+        spec = Spec("Muse Spark (muse_spark)", "muse_spark", "MuseSparkProcessor", ("", "", {}), MUSE_TOKENS,
+                    sizes=(1, 3, 28))
+        # its audio encoder's four stages together take 1920 samples a token: all kept, one block each
+        found[spec.name] = (muse_spark, functools.partial(with_audio, functools.partial(samples, spec)),
+                            (("out_hidden_size", 4 * WIDTH), ("audio_config.num_hidden_layers", 4),
+                             ("audio_config.patch_sizes", [16, 6, 5, 4]), ("audio_config.depths", [1] * 4),
+                             ("audio_config.hidden_sizes", [WIDTH] * 4)))
     return found
 
 
-def muse_glimmer() -> tuple[Any, Any]:
+def muse_glimmer(model_type: str = "muse_glimmer", processor_class: str = "MuseGlimmerProcessor",
+                 tokens: dict[str, str] = MUSE_TOKENS, **parts: Any) -> tuple[Any, Any]:
+    """Muse Glimmer's processor (and Muse Spark's, which takes its image processor), at most 16
+    tokens an image."""
     import transformers
 
     from mmrope_core.tiny import processors_without_torchvision, word_level_tokenizer
 
-    tokenizer = word_level_tokenizer(MUSE_TOKENS)
+    tokenizer = word_level_tokenizer(tokens)
     image_processor = image_processor_class("muse_glimmer", "MuseGlimmerImageProcessor")(max_image_tokens=16)
     with processors_without_torchvision() as video_processor:
-        processor = transformers.MuseGlimmerProcessor(image_processor=image_processor, video_processor=video_processor,
-                                                      tokenizer=tokenizer)
-    config = transformers.AutoConfig.for_model("muse_glimmer")
-    return processor, config
+        processor = getattr(transformers, processor_class)(image_processor=image_processor,
+                                                           video_processor=video_processor, tokenizer=tokenizer,
+                                                           **parts)
+    return processor, transformers.AutoConfig.for_model(model_type)
+
+
+def with_audio(calls: Any, processor: Any, rng: Any) -> list[dict[str, Any]]:
+    """``calls``, and one of a clip of 3 audio tokens (Muse Spark's encoder reads 1920 samples a token)."""
+    import numpy as np
+
+    from mmrope_core.tiny import filler_text
+
+    clip = np.sin(np.arange(3 * 1920 - 100) / rng.uniform(5, 40)).astype(np.float32)
+    return [*calls(processor, rng), {"text": [f"{filler_text(rng, 2)} {processor.audio_token} {filler_text(rng, 3)}"],
+                                     "audio": [clip], "sampling_rate": 24000, "return_tensors": "pt"}]
+
+
+def muse_spark() -> tuple[Any, Any]:
+    import transformers
+
+    return muse_glimmer("muse_spark", "MuseSparkProcessor", SPARK_TOKENS, feature_extractor=transformers.MuseSparkFeatureExtractor())
