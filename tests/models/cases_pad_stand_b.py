@@ -23,6 +23,10 @@ MUSE_TOKENS = {"image_token": "<|patch|>", "image_start_token": "<|image_start|>
 SPARK_TOKENS = {**MUSE_TOKENS, "audio_token": "<|audio|>", "audio_start_token": "<|soft_audio_start|>",
                 "audio_end_token": "<|soft_audio_end|>"}
 
+#: Step-3.7's processor writes these around each image's crops and global view.
+STEP_TOKENS = {"image_token": "<im_patch>", **{name: f"<{name}>" for name in (
+    "patch_start", "patch_end", "patch_newline", "im_start", "im_end")}}
+
 
 def extra_cases() -> dict[str, tuple[Any, Any, tuple[tuple[str, Any], ...]]]:
     """``name -> (build() -> (processor, config), calls(processor, rng), overrides)`` of each
@@ -46,6 +50,15 @@ def extra_cases() -> dict[str, tuple[Any, Any, tuple[tuple[str, Any], ...]]]:
                             (("out_hidden_size", 4 * WIDTH), ("audio_config.num_hidden_layers", 4),
                              ("audio_config.patch_sizes", [16, 6, 5, 4]), ("audio_config.depths", [1] * 4),
                              ("audio_config.hidden_sizes", [WIDTH] * 4)))
+    if "step3p7" in transformers.CONFIG_MAPPING:
+        spec = Spec("Step-3.7 (step3p7)", "step3p7", "Step3p7Processor", ("", "", {}), STEP_TOKENS, sizes=(1, 3, 56))
+        # a global view of 112 pixels (4 tokens) and local crops of 56 (1 token each), as the processor has them
+        # its text model builds a sliding-window mask whatever its layers are, and the default config
+        # sets no window: a window of 8 tokens, on a layer of its own beside a full-attention one
+        found[spec.name] = (step3p7, functools.partial(samples, spec), (
+            ("vision_config.image_size", 112), ("text_config.sliding_window", 8),
+            ("text_config.layer_types", ["full_attention", "sliding_attention"]),
+            ("text_config.num_sliding_attention_heads", 2)))
     return found
 
 
@@ -81,3 +94,16 @@ def muse_spark() -> tuple[Any, Any]:
     import transformers
 
     return muse_glimmer("muse_spark", "MuseSparkProcessor", SPARK_TOKENS, feature_extractor=transformers.MuseSparkFeatureExtractor())
+
+
+def step3p7() -> tuple[Any, Any]:
+    """Step-3.7's processor with a global view of 112 pixels and local crops of 56: 4 and 1 tokens."""
+    import transformers
+
+    from mmrope_core.tiny import word_level_tokenizer
+
+    tokenizer = word_level_tokenizer(STEP_TOKENS)
+    image_processor = image_processor_class("step3p7", "Step3p7ImageProcessor")(
+        size={"height": 112, "width": 112}, patch_size=56)
+    processor = transformers.Step3p7Processor(image_processor=image_processor, tokenizer=tokenizer)
+    return processor, transformers.AutoConfig.for_model("step3p7")
