@@ -26,6 +26,8 @@ SPARK_TOKENS = {**MUSE_TOKENS, "audio_token": "<|audio|>", "audio_start_token": 
 #: Step-3.7's processor writes these around each image's crops and global view.
 STEP_TOKENS = {"image_token": "<im_patch>", **{name: f"<{name}>" for name in (
     "patch_start", "patch_end", "patch_newline", "im_start", "im_end")}}
+#: The checkpoints' image and audio placeholders.
+PHI4_TOKENS = {"image_token": "<|endoftext10|>", "audio_token": "<|endoftext11|>"}
 
 
 def extra_cases() -> dict[str, tuple[Any, Any, tuple[tuple[str, Any], ...]]]:
@@ -59,6 +61,14 @@ def extra_cases() -> dict[str, tuple[Any, Any, tuple[tuple[str, Any], ...]]]:
             ("vision_config.image_size", 112), ("text_config.sliding_window", 8),
             ("text_config.layer_types", ["full_attention", "sliding_attention"]),
             ("text_config.num_sliding_attention_heads", 2)))
+    if "phi4_multimodal" in transformers.CONFIG_MAPPING:
+        spec = Spec("Phi-4-multimodal (phi4_multimodal)", "phi4_multimodal", "Phi4MultimodalProcessor", ("", "", {}),
+                    PHI4_TOKENS, counts=(1, 1), sizes=(1, 2, 448))
+        found[spec.name] = (phi4_multimodal, functools.partial(phi4_calls, functools.partial(samples, spec)),
+                                                (("audio_config.num_blocks", 2),  # its conformer's widths follow
+                                                 *((f"audio_config.{key}", WIDTH) for key in (
+                                                     "ext_pw_out_channel", "depthwise_separable_out_channel",
+                                                     "nemo_conv_channels"))))
     return found
 
 
@@ -79,15 +89,16 @@ def muse_glimmer(model_type: str = "muse_glimmer", processor_class: str = "MuseG
     return processor, transformers.AutoConfig.for_model(model_type)
 
 
-def with_audio(calls: Any, processor: Any, rng: Any) -> list[dict[str, Any]]:
-    """``calls``, and one of a clip of 3 audio tokens (Muse Spark's encoder reads 1920 samples a token)."""
+def with_audio(calls: Any, processor: Any, rng: Any, samples: int = 3 * 1920 - 100,
+               rate: int = 24000) -> list[dict[str, Any]]:
+    """``calls``, and one of an audio clip (by default 3 of Muse Spark's tokens, 1920 samples each)."""
     import numpy as np
 
     from mmrope_core.tiny import filler_text
 
-    clip = np.sin(np.arange(3 * 1920 - 100) / rng.uniform(5, 40)).astype(np.float32)
+    clip = np.sin(np.arange(samples) / rng.uniform(5, 40)).astype(np.float32)
     return [*calls(processor, rng), {"text": [f"{filler_text(rng, 2)} {processor.audio_token} {filler_text(rng, 3)}"],
-                                     "audio": [clip], "sampling_rate": 24000, "return_tensors": "pt"}]
+                                     "audio": [clip], "sampling_rate": rate, "return_tensors": "pt"}]
 
 
 def muse_spark() -> tuple[Any, Any]:
@@ -107,3 +118,32 @@ def step3p7() -> tuple[Any, Any]:
         size={"height": 112, "width": 112}, patch_size=56)
     processor = transformers.Step3p7Processor(image_processor=image_processor, tokenizer=tokenizer)
     return processor, transformers.AutoConfig.for_model("step3p7")
+
+
+
+def phi4_multimodal() -> tuple[Any, Any]:
+    """Phi-4-multimodal's processor at its real crop size, 448 pixels: its image processor counts
+    an image's tokens for that size (256 for the global view), whatever size it is given."""
+    import transformers
+
+    from mmrope_core.tiny import word_level_tokenizer
+
+    tokenizer = word_level_tokenizer(PHI4_TOKENS)
+    image_processor = image_processor_class("phi4_multimodal", "Phi4MultimodalImageProcessor")(dynamic_hd=2)
+    processor = transformers.Phi4MultimodalProcessor(image_processor=image_processor,
+                                                     audio_processor=transformers.Phi4MultimodalFeatureExtractor(),
+                                                     tokenizer=tokenizer)
+    return processor, transformers.AutoConfig.for_model("phi4_multimodal")
+
+
+def phi4_calls(calls: Any, processor: Any, rng: Any) -> list[dict[str, Any]]:
+    """``calls`` (an image each), the last with a second of audio too: its model projects audio for
+    vision in a batch holding images, so a sample with audio alone trains otherwise beside them
+    (the collators refuse that batch: test_batch_wide_modes.py)."""
+    import numpy as np
+
+    out = [dict(call) for call in calls(processor, rng)]
+    out[-1]["text"] = [f"{out[-1]['text'][0]} {processor.audio_token} the"]
+    out[-1]["audio"] = [np.sin(np.arange(16000) / rng.uniform(5, 40)).astype(np.float32)]
+    out[-1]["sampling_rate"] = 16000
+    return out
