@@ -118,9 +118,17 @@ def to_dtype(image: torch.Tensor, dtype: torch.dtype = torch.float32, scale: boo
     return (image * 255).round().clamp(0, 255).to(dtype)
 
 
+def pil_to_tensor(image: Any) -> torch.Tensor:
+    """A ``PIL.Image`` as a (C, H, W) tensor of its own dtype (transformers 5.10's backend reads images so)."""
+    import numpy as np
+
+    array = np.array(image, copy=True)
+    return torch.from_numpy(array[..., None] if array.ndim == 2 else array).permute(2, 0, 1).contiguous()
+
+
 #: The stand-in of ``torchvision.transforms.v2.functional``: what transformers' image processors call.
 FUNCTIONAL = types.ModuleType("torchvision.transforms.v2.functional")
-for _function in (resize, pad, crop, normalize, grayscale_to_rgb, rgb_to_grayscale, to_dtype):
+for _function in (resize, pad, crop, normalize, grayscale_to_rgb, rgb_to_grayscale, to_dtype, pil_to_tensor):
     setattr(FUNCTIONAL, _function.__name__, _function)
 FUNCTIONAL.InterpolationMode = InterpolationMode  # type: ignore[attr-defined]
 
