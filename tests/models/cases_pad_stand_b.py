@@ -69,6 +69,14 @@ def extra_cases() -> dict[str, tuple[Any, Any, tuple[tuple[str, Any], ...]]]:
                                                  *((f"audio_config.{key}", WIDTH) for key in (
                                                      "ext_pw_out_channel", "depthwise_separable_out_channel",
                                                      "nemo_conv_channels"))))
+    if "unlimited_ocr" in transformers.CONFIG_MAPPING:
+        spec = Spec("Unlimited-OCR (unlimited_ocr)", "unlimited_ocr", "UnlimitedOcrProcessor", ("", "", {}),
+                    {"image_token": "<image>"}, sizes=(1, 3, 64))
+        # its SAM encoder's neck and downsampling convolutions feed the CLIP encoder's width; a window
+        # shorter than the samples (a prefill attends past it)
+        found[spec.name] = (unlimited_ocr, functools.partial(samples, spec), (
+            ("text_config.sliding_window", 4), ("vision_config.sam_config.output_channels", WIDTH),
+            ("vision_config.sam_config.downsample_channels", [WIDTH, WIDTH])))
     return found
 
 
@@ -147,3 +155,16 @@ def phi4_calls(calls: Any, processor: Any, rng: Any) -> list[dict[str, Any]]:
     out[-1]["audio"] = [np.sin(np.arange(16000) / rng.uniform(5, 40)).astype(np.float32)]
     out[-1]["sampling_rate"] = 16000
     return out
+
+
+def unlimited_ocr() -> tuple[Any, Any]:
+    """Unlimited-OCR's processor with a global view and tiles of 64 pixels."""
+    import transformers
+
+    from mmrope_core.tiny import word_level_tokenizer
+
+    tokenizer = word_level_tokenizer({"image_token": "<image>"})
+    image_processor = image_processor_class("unlimited_ocr", "UnlimitedOcrImageProcessor")(
+        size={"height": 64, "width": 64}, tile_size=64, max_patches=4)
+    processor = transformers.UnlimitedOcrProcessor(image_processor=image_processor, tokenizer=tokenizer)
+    return processor, transformers.AutoConfig.for_model("unlimited_ocr")
