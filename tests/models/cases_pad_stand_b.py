@@ -29,6 +29,11 @@ STEP_TOKENS = {"image_token": "<im_patch>", **{name: f"<{name}>" for name in (
 #: The checkpoints' image and audio placeholders.
 PHI4_TOKENS = {"image_token": "<|endoftext10|>", "audio_token": "<|endoftext11|>"}
 
+#: Nemotron-H Omni's processor reads these from its tokenizer, with these defaults.
+NEMOTRON_TOKENS = {"image_token": "<image>", "video_token": "<video>", "audio_token": "<so_embedding>",
+                   "image_start_token": "<img>", "image_end_token": "</img>", "audio_start": "<so_start>",
+                   "audio_end": "<so_end>"}
+
 
 def extra_cases() -> dict[str, tuple[Any, Any, tuple[tuple[str, Any], ...]]]:
     """``name -> (build() -> (processor, config), calls(processor, rng), overrides)`` of each
@@ -77,6 +82,11 @@ def extra_cases() -> dict[str, tuple[Any, Any, tuple[tuple[str, Any], ...]]]:
         found[spec.name] = (unlimited_ocr, functools.partial(samples, spec), (
             ("text_config.sliding_window", 4), ("vision_config.sam_config.output_channels", WIDTH),
             ("vision_config.sam_config.downsample_channels", [WIDTH, WIDTH])))
+    if "nemotron_h_omni" in transformers.CONFIG_MAPPING:
+        spec = Spec("Nemotron-H Omni (nemotron_h_omni)", "nemotron_h_omni", "NemotronH_Omni_Reasoning_V3Processor",
+                    ("", "", {}), NEMOTRON_TOKENS, sizes=(1, 3, 32))
+        # the vision tower's width, as the projector reads it
+        found[spec.name] = (nemotron_h_omni, functools.partial(samples, spec), (("vision_hidden_size", WIDTH),))
     return found
 
 
@@ -168,3 +178,22 @@ def unlimited_ocr() -> tuple[Any, Any]:
         size={"height": 64, "width": 64}, tile_size=64, max_patches=4)
     processor = transformers.UnlimitedOcrProcessor(image_processor=image_processor, tokenizer=tokenizer)
     return processor, transformers.AutoConfig.for_model("unlimited_ocr")
+
+
+def nemotron_h_omni() -> tuple[Any, Any]:
+    """Nemotron-H Omni's processor with images of 4 to 16 patches of 16 pixels (1 to 4 tokens)."""
+    import transformers
+
+    from mmrope_core.tiny import processors_without_torchvision, word_level_tokenizer
+
+    tokenizer = word_level_tokenizer(NEMOTRON_TOKENS)
+    image_processor = image_processor_class("nemotron_h_omni", "NemotronH_Omni_Reasoning_V3ImageProcessor")(
+        min_num_patches=4, max_num_patches=16)
+    with processors_without_torchvision() as video_processor:
+        processor = transformers.NemotronH_Omni_Reasoning_V3Processor(
+            image_processor=image_processor, video_processor=video_processor, tokenizer=tokenizer,
+            feature_extractor=transformers.ParakeetFeatureExtractor())
+    config = transformers.AutoConfig.for_model("nemotron_h_omni")  # its default config holds no token ids
+    for kind in ("image", "video", "audio"):
+        setattr(config, f"{kind}_token_id", tokenizer.convert_tokens_to_ids(NEMOTRON_TOKENS[f"{kind}_token"]))
+    return processor, config
