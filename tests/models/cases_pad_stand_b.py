@@ -86,7 +86,9 @@ def extra_cases() -> dict[str, tuple[Any, Any, tuple[tuple[str, Any], ...]]]:
         spec = Spec("Nemotron-H Omni (nemotron_h_omni)", "nemotron_h_omni", "NemotronH_Omni_Reasoning_V3Processor",
                     ("", "", {}), NEMOTRON_TOKENS, sizes=(1, 3, 32))
         # the vision tower's width, as the projector reads it
-        found[spec.name] = (nemotron_h_omni, functools.partial(samples, spec), (("vision_hidden_size", WIDTH),))
+        found[spec.name] = (nemotron_h_omni, functools.partial(with_audio, functools.partial(samples, spec),
+                                                               samples=16000, rate=16000),
+                            (("vision_hidden_size", WIDTH),))
     return found
 
 
