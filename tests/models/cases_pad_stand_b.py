@@ -85,10 +85,14 @@ def extra_cases() -> dict[str, tuple[Any, Any, tuple[tuple[str, Any], ...]]]:
     if "nemotron_h_omni" in transformers.CONFIG_MAPPING:
         spec = Spec("Nemotron-H Omni (nemotron_h_omni)", "nemotron_h_omni", "NemotronH_Omni_Reasoning_V3Processor",
                     ("", "", {}), NEMOTRON_TOKENS, sizes=(1, 3, 32))
-        # the vision tower's width, as the projector reads it
+        # the vision tower's width, as the projector reads it; Mamba and shared-expert sizes the tiny
+        # sizes do not name (chunks shorter than the samples, so that the scan crosses chunks)
         found[spec.name] = (nemotron_h_omni, functools.partial(with_audio, functools.partial(samples, spec),
                                                                samples=16000, rate=16000),
-                            (("vision_hidden_size", WIDTH),))
+                            (("vision_hidden_size", WIDTH), ("text_config.mamba_num_heads", 2),
+                             ("text_config.mamba_head_dim", WIDTH), ("text_config.ssm_state_size", 16),
+                             ("text_config.n_groups", 1), ("text_config.chunk_size", 8),
+                             ("text_config.moe_shared_expert_intermediate_size", 2 * WIDTH)))
     return found
 
 
