@@ -1,10 +1,15 @@
 """Model types whose only image processor needs torchvision, built for the model-level collator
-tests (test_padded_batches.py, test_packed_rows.py) with their real processors.
+tests (test_padded_batches.py, test_packed_rows.py) with their real processors: Muse Glimmer,
+Muse Spark, Nemotron-H Omni, Phi-4-multimodal, Step-3.7 and Unlimited-OCR.
 
-Each is the model type's real processor class with a word-level tokenizer and the real image
-processor class of :mod:`torchvision_stand_in`: the real class's own code (tiling, token counts,
-keys, shapes, dtypes, how it batches images), with torch kernels in place of the torchvision
-ones it calls, which the tests run without. Only pixel values differ from torchvision's.
+Each is the model type's real processor class with a word-level tokenizer, its real audio
+feature extractor (numpy) where it has one, and its real image processor class from
+:mod:`torchvision_stand_in`: the stand-in replaces only the torchvision kernels the class calls
+(resize, pad, crop, normalize), which the tests run without, by torch ones. The class's own code
+plans the tiles and crops, counts each image's tokens, and returns and batches its keys, so the
+keys, shapes, dtypes and tokens per image are the real processor's; only pixel values differ from
+torchvision's resampling. Where a default config does not fit the tiny sizes or the processor,
+the case's overrides say what is set and why.
 """
 
 from __future__ import annotations
@@ -22,17 +27,15 @@ MUSE_TOKENS = {"image_token": "<|patch|>", "image_start_token": "<|image_start|>
 #: Muse Spark's processor takes them from its tokenizer, with these defaults, and its audio ones.
 SPARK_TOKENS = {**MUSE_TOKENS, "audio_token": "<|audio|>", "audio_start_token": "<|soft_audio_start|>",
                 "audio_end_token": "<|soft_audio_end|>"}
-
 #: Step-3.7's processor writes these around each image's crops and global view.
 STEP_TOKENS = {"image_token": "<im_patch>", **{name: f"<{name}>" for name in (
     "patch_start", "patch_end", "patch_newline", "im_start", "im_end")}}
 #: The checkpoints' image and audio placeholders.
 PHI4_TOKENS = {"image_token": "<|endoftext10|>", "audio_token": "<|endoftext11|>"}
-
 #: Nemotron-H Omni's processor reads these from its tokenizer, with these defaults.
 NEMOTRON_TOKENS = {"image_token": "<image>", "video_token": "<video>", "audio_token": "<so_embedding>",
-                   "image_start_token": "<img>", "image_end_token": "</img>", "audio_start": "<so_start>",
-                   "audio_end": "<so_end>"}
+                   "image_start_token": "<img>", "image_end_token": "</img>", "audio_start_token": "<so_start>",
+                   "audio_end_token": "<so_end>"}
 
 
 def extra_cases() -> dict[str, tuple[Any, Any, tuple[tuple[str, Any], ...]]]:
@@ -59,9 +62,9 @@ def extra_cases() -> dict[str, tuple[Any, Any, tuple[tuple[str, Any], ...]]]:
                              ("audio_config.hidden_sizes", [WIDTH] * 4)))
     if "step3p7" in transformers.CONFIG_MAPPING:
         spec = Spec("Step-3.7 (step3p7)", "step3p7", "Step3p7Processor", ("", "", {}), STEP_TOKENS, sizes=(1, 3, 56))
-        # a global view of 112 pixels (4 tokens) and local crops of 56 (1 token each), as the processor has them
-        # its text model builds a sliding-window mask whatever its layers are, and the default config
-        # sets no window: a window of 8 tokens, on a layer of its own beside a full-attention one
+        # a global view of 112 pixels, as the processor has it; its text model builds a sliding-window
+        # mask whatever its layers are, and the default config sets no window: a window of 8 tokens,
+        # on a layer of its own beside a full-attention one
         found[spec.name] = (step3p7, functools.partial(samples, spec), (
             ("vision_config.image_size", 112), ("text_config.sliding_window", 8),
             ("text_config.layer_types", ["full_attention", "sliding_attention"]),
@@ -69,11 +72,10 @@ def extra_cases() -> dict[str, tuple[Any, Any, tuple[tuple[str, Any], ...]]]:
     if "phi4_multimodal" in transformers.CONFIG_MAPPING:
         spec = Spec("Phi-4-multimodal (phi4_multimodal)", "phi4_multimodal", "Phi4MultimodalProcessor", ("", "", {}),
                     PHI4_TOKENS, counts=(1, 1), sizes=(1, 2, 448))
+        # two conformer blocks, whose convolutions' widths the tiny sizes do not name
         found[spec.name] = (phi4_multimodal, functools.partial(phi4_calls, functools.partial(samples, spec)),
-                                                (("audio_config.num_blocks", 2),  # its conformer's widths follow
-                                                 *((f"audio_config.{key}", WIDTH) for key in (
-                                                     "ext_pw_out_channel", "depthwise_separable_out_channel",
-                                                     "nemo_conv_channels"))))
+                            (("audio_config.num_blocks", 2), *((f"audio_config.{key}", WIDTH) for key in (
+                                "ext_pw_out_channel", "depthwise_separable_out_channel", "nemo_conv_channels"))))
     if "unlimited_ocr" in transformers.CONFIG_MAPPING:
         spec = Spec("Unlimited-OCR (unlimited_ocr)", "unlimited_ocr", "UnlimitedOcrProcessor", ("", "", {}),
                     {"image_token": "<image>"}, sizes=(1, 3, 64))
@@ -128,7 +130,8 @@ def with_audio(calls: Any, processor: Any, rng: Any, samples: int = 3 * 1920 - 1
 def muse_spark() -> tuple[Any, Any]:
     import transformers
 
-    return muse_glimmer("muse_spark", "MuseSparkProcessor", SPARK_TOKENS, feature_extractor=transformers.MuseSparkFeatureExtractor())
+    return muse_glimmer("muse_spark", "MuseSparkProcessor", SPARK_TOKENS,
+                        feature_extractor=transformers.MuseSparkFeatureExtractor())
 
 
 def step3p7() -> tuple[Any, Any]:
@@ -142,7 +145,6 @@ def step3p7() -> tuple[Any, Any]:
         size={"height": 112, "width": 112}, patch_size=56)
     processor = transformers.Step3p7Processor(image_processor=image_processor, tokenizer=tokenizer)
     return processor, transformers.AutoConfig.for_model("step3p7")
-
 
 
 def phi4_multimodal() -> tuple[Any, Any]:
