@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import importlib
 import sys
 import types
@@ -184,6 +185,7 @@ def _import_with_stand_in(module_name: str) -> types.ModuleType:
             sys.modules.pop(name, None)
 
 
+@functools.cache
 def image_processor_class(model_type: str, class_name: str) -> type:
     """The real image processor ``class_name`` of ``model_type``, calling torch kernels where
     torchvision is missing (see the module's docstring)."""
