@@ -205,3 +205,23 @@ def nemotron_h_omni() -> tuple[Any, Any]:
     for kind in ("image", "video", "audio"):
         setattr(config, f"{kind}_token_id", tokenizer.convert_tokens_to_ids(NEMOTRON_TOKENS[f"{kind}_token"]))
     return processor, config
+
+
+def pi0() -> tuple[Any, Any]:
+    """PI0's processor with one camera image of 28 pixels (4 tokens), a state and actions of 4
+    values (padded to 8) and chunks of 4 actions. Not one of :func:`extra_cases`: its output is a
+    chunk of action velocities, not token logits (test_action_models.py tests it)."""
+    import transformers
+
+    from mmrope_core.tiny import word_level_tokenizer
+
+    tokenizer = word_level_tokenizer({"bos_token": "<bos>"})
+    image_processor = image_processor_class("pi0", "PI0ImageProcessor")(
+        size={"height": 28, "width": 28}, pad_size={"height": 28, "width": 28})
+    image_processor.image_seq_length = 4  # what the processor reads: tokens per image
+    statistics = {f"{kind}_{moment}": [float(moment == "std")] * 4 for kind in ("state", "actions")
+                  for moment in ("mean", "std")}
+    processor = transformers.PI0Processor(image_processor=image_processor, tokenizer=tokenizer, max_state_dim=8,
+                                          chunk_size=4, **statistics)
+    config = transformers.AutoConfig.for_model("pi0", max_state_dim=8, max_action_dim=8, chunk_size=4)
+    return processor, config

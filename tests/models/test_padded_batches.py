@@ -17,7 +17,8 @@ videos only: the real one is built with a stand-in that no image call reaches). 
 Spark, Nemotron-H Omni, Phi-4-multimodal, Step-3.7 and Unlimited-OCR (cases_pad_stand_b.py) have only
 torchvision image processors: each runs as its real class with torch kernels in place of the
 torchvision ones it calls (torchvision_stand_in.py), so its keys, shapes, dtypes, tokens per image
-and batching are its own; only pixel values differ. GIT, Llama 4,
+and batching are its own; only pixel values differ. PI0, a vision-language-action model (a chunk
+of action velocities, not token logits), has a test of its own (test_action_models.py). GIT, Llama 4,
 MiniMax-M3-VL and T5Gemma2 have tests of their own below (the last three on text samples: their
 image processors need torchvision). The Omni thinkers (``qwen2_5_omni_thinker``,
 ``qwen3_omni_moe_thinker``) run inside the Omni cases.
@@ -29,10 +30,8 @@ Bound model types of transformers 5.24 without a model-level test here, and why:
   lfm2_vl, minicpm_ocr, molmo2;
 - a processor built (torchvision_stand_in.py) but no model to run: perception_lm (its vision tower
   is a timm model, and timm needs torchvision);
-- not a text model: pi0 (a vision-language-action model: its output is a chunk of action
-  velocities from an action expert over the prefix, trained against actions, not token logits;
-  its processor pads every prompt to 48 tokens), pp_formulanet (an image-to-formula
-  encoder-decoder: its processor takes images alone and returns no input_ids);
+- no text in the processor: pp_formulanet (an image-to-formula encoder-decoder: its processor
+  takes images alone and returns no input_ids);
 - no processor in transformers' auto mappings: fast_vlm, kosmos-2, kosmos-2.5, mistral4,
   vision-encoder-decoder;
 - audio features computed with torchaudio, which the tests run without: granite_speech,
