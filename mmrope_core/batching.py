@@ -33,6 +33,8 @@ class MediaKey:
             a sample without the key one with no items, and the slots a sample does not fill
             hold ``empty_item`` (zeros by default).
         empty_item: ``empty_item(shape, dtype)``, the value of unfilled item slots of that shape.
+        pad_value: the value of the entries added where samples' tensors differ in size (1 for
+            Phi-4-multimodal's crop masks: its image processor marks a padded crop attended).
         token_dim: the dim holding one entry per token (Mllama's ``cross_attention_mask``: 1):
             padded to the batch's length on the padding side, as the ids are.
         per_row: the model places the key itself, one per batch row (GIT prepends each row's
@@ -46,16 +48,22 @@ class MediaKey:
             dims but the last (Molmo2's ``image_token_pooling`` indexes the patches of its
             ``pixel_values``): each sample's indices are shifted past the entries of the samples
             before it, as the processor numbers them in one call; negative values (none) are kept.
+        switched_by: a key whose presence anywhere in the batch switches how the model takes
+            this one (Phi-4-multimodal projects audio for vision once the batch holds
+            ``image_pixel_values``): a sample holding this key without that one cannot share a
+            batch with samples holding it.
     """
 
     join: Literal["rows", "last"] = "rows"
     items_dim: int | None = None
     empty_item: EmptyItem | None = None
+    pad_value: float = 0
     token_dim: int | None = None
     per_row: bool = False
     uniform: bool = False
     all_or_none: bool = False
     indexes: str | None = None
+    switched_by: str | None = None
 
     def __post_init__(self) -> None:
         if self.join not in ("rows", "last"):
@@ -64,6 +72,8 @@ class MediaKey:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise TypeError(f"MediaKey.{name} must be a dim >= 1 (dim 0 is the batch's) or None, got {value!r}")
+        if isinstance(self.pad_value, bool) or not isinstance(self.pad_value, (int, float)):
+            raise TypeError(f"MediaKey.pad_value must be a number, got {self.pad_value!r}")
         if self.empty_item is not None and (self.items_dim is None or not callable(self.empty_item)):
             raise TypeError("MediaKey.empty_item must be callable, and needs items_dim")
         if self.join == "last" and (self.items_dim is not None or self.token_dim is not None):

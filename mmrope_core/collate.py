@@ -182,6 +182,14 @@ def _check_presence(key: str, rule: MediaKey, samples: Sequence[Mapping[str, Any
                f"the model reads a batch whose samples all hold {key} or none does, as its processor batches them")
         raise CollateError(f"sample {missing} has no {key!r}, which samples {held} hold: {why}; batch samples "
                            f"without it apart")
+    switching = [index for index, sample in enumerate(samples) if sample.get(rule.switched_by or "") is not None]
+    if rule.switched_by is not None and switching:
+        for index in held:
+            if index not in switching:
+                raise CollateError(f"sample {index} holds {key!r} without {rule.switched_by!r}, which sample "
+                                   f"{switching[0]} holds: the model takes {key} otherwise in a batch holding "
+                                   f"{rule.switched_by}, so sample {index} would train otherwise than alone; batch "
+                                   f"it apart from samples with {rule.switched_by}")
     values = [sample.get(key) for sample in samples]
     if rule.uniform and all(value is None or isinstance(value, torch.Tensor) for value in values):
         # other values are refused by the rule's batching, which names the tensors it needs
@@ -272,7 +280,7 @@ def _padded_by_rule(value: torch.Tensor, sizes: list[int], rule: MediaKey, paddi
         if dim == rule.items_dim and rule.empty_item is not None:
             fill = rule.empty_item(tuple(shape), value.dtype).to(value.device)
         else:
-            fill = value.new_zeros(shape)
+            fill = value.new_full(shape, rule.pad_value)
         left = dim == rule.token_dim and padding_side == "left"
         value = torch.cat([fill, value] if left else [value, fill], dim=dim)
     return value

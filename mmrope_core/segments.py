@@ -37,7 +37,10 @@ from .measured import keeps_segments_apart, packed_segments_differ
 #: masks transformers cuts at the segments' boundaries. Any other kind is refused: an indexer that
 #: picks keys from the whole row, state carried along it, or a kind mmrope has not seen.
 _PER_TOKEN_KINDS = frozenset({"mlp", "moe", "dense"})
-_CUT_ATTENTION_KINDS = frozenset({"full_attention", "sliding_attention", "chunked_attention"})
+#: (Unlimited-OCR's reference_sliding_attention masks are transformers' sliding-window masks, which cut
+#: them, with an overlay keeping the prefill attended.)
+_CUT_ATTENTION_KINDS = frozenset({"full_attention", "sliding_attention", "chunked_attention",
+                                  "reference_sliding_attention"})
 #: Why a layer kind that picks each query's keys with an indexer mixes a packed row's segments.
 _INDEXER_REASONS = {
     "minimax_m3_sparse": "its minimax_m3_sparse layers' indexer pools the keys into blocks by their slot in the row "

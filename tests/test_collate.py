@@ -224,6 +224,24 @@ def test_indices_into_another_keys_entries_are_shifted_past_the_samples_before()
     assert samples[2]["pooling"].tolist() == [[2, -1]]  # inputs untouched
     with pytest.raises(CollateError, match=r"sample 0: 'pooling' indexes the entries of 'patches'"):
         collate([{"patches": [1, 2], "pooling": torch.tensor([[0]])}], media=rules)
+def test_entries_added_where_samples_differ_take_the_keys_pad_value():
+    from mmrope_core import MediaKey
+
+    masks = [{"crops": torch.full((1, 1, 2), 7)}, {"crops": torch.full((1, 2, 2), 7)}]
+    batch = collate(masks, media={"crops": MediaKey(pad_value=1)})
+    assert batch["crops"].tolist() == [[[7, 7], [1, 1]], [[7, 7], [7, 7]]]
+
+
+def test_a_key_switched_by_another_refuses_a_sample_without_it_beside_one_with_it():
+    from mmrope_core import MediaKey
+
+    rules = {"audio": MediaKey(switched_by="images")}
+    with pytest.raises(CollateError, match=r"sample 1 holds 'audio' without 'images', which sample 0 holds"):
+        collate([{"images": torch.ones(1, 2)}, {"audio": torch.ones(1, 3)}], media=rules)
+    # with it, or in a batch without it, the sample takes the key as alone
+    both = collate([{"images": torch.ones(1, 2), "audio": torch.ones(1, 3)}, {"images": torch.ones(1, 2)}], media=rules)
+    assert both["audio"].shape == (1, 3)
+    assert collate([{"audio": torch.ones(1, 3)}, {}], media=rules)["audio"].shape == (1, 3)
 
 
 def test_a_batch_layout_checks_itself():
@@ -235,6 +253,8 @@ def test_a_batch_layout_checks_itself():
         MediaKey(items_dim=0)
     with pytest.raises(TypeError, match="needs items_dim"):
         MediaKey(empty_item=lambda shape, dtype: torch.zeros(shape, dtype=dtype))
+    with pytest.raises(TypeError, match="pad_value must be a number"):
+        MediaKey(pad_value="1")
     with pytest.raises(TypeError, match="reason"):
         BatchLayout(refused_sides={"left": ""})
     with pytest.raises(TypeError, match="indexes"):

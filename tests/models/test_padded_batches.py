@@ -13,7 +13,12 @@ DeepSeek-VL, DeepSeek-VL-Hybrid, Granite-Docling, VideoLLaMA3, Aya Vision, MiniC
 HyperCLOVAX-Vision-V2, LFM3-VL and Video-LLaVA. Two with stand-ins, where the real processor needs a package
 the tests run without: Mistral3 (``PixtralProcessor`` needs torchvision; LightOnOCR's processor
 places Pixtral's tokens by the same rule) and SmolVLM (its processor needs ``num2words``, for
-videos only: the real one is built with a stand-in that no image call reaches). GIT, Llama 4,
+videos only: the real one is built with a stand-in that no image call reaches). Muse Glimmer, Muse
+Spark, Nemotron-H Omni, Phi-4-multimodal, Step-3.7 and Unlimited-OCR (cases_pad_stand_b.py) have only
+torchvision image processors: each runs as its real class with torch kernels in place of the
+torchvision ones it calls (torchvision_stand_in.py), so its keys, shapes, dtypes, tokens per image
+and batching are its own; only pixel values differ. PI0, a vision-language-action model (a chunk
+of action velocities, not token logits), has a test of its own (test_action_models.py). GIT, Llama 4,
 MiniMax-M3-VL and T5Gemma2 have tests of their own below (the last three on text samples: their
 image processors need torchvision). Cohere2-Vision, Inkling 2, Inkling 2 Loop, Inkling,
 Kimi-K2.5, MiniCPM-OCR, Gemma4-Unified, LFM2-VL, Apertus 1.5 and Molmo2 are built in
@@ -24,9 +29,10 @@ inside the Omni cases.
 
 Bound model types of transformers 5.24 without a model-level test here, and why:
 
-- no Pillow image processor (torchvision only), so no real processor, and no stand-in built yet:
-  muse_glimmer, muse_spark, nemotron_h_omni, perception_lm, phi4_multimodal, pi0, pp_formulanet,
-  step3p7, unlimited_ocr;
+- a processor built (torchvision_stand_in.py) but no model to run: perception_lm (its vision tower
+  is a timm model, and timm needs torchvision);
+- no text in the processor: pp_formulanet (an image-to-formula encoder-decoder: its processor
+  takes images alone and returns no input_ids);
 - no processor in transformers' auto mappings: fast_vlm, kosmos-2, kosmos-2.5, mistral4,
   vision-encoder-decoder;
 - audio features computed with torchaudio, which the tests run without: granite_speech,
@@ -125,6 +131,7 @@ def extra_cases():
 #: Modules beside this one whose ``extra_cases()`` returns more cases of the same shape.
 CASE_MODULES: tuple[str, ...] = (
     "cases_pad_stand_a",
+    "cases_pad_stand_b",
 )
 
 

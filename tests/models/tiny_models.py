@@ -116,7 +116,9 @@ SECTIONS = ("mrope_section", "xdrope_section")
 VOCABULARIES = ("vocab_size", "vocab_size_per_layer_input", "vision_vocab_size")
 #: Config key -> where the processor states it, ``(component, attribute)`` in order.
 PROCESSOR_VALUES = {
-    "patch_size": (("image_processor", "patch_size"), ("processor", "patch_size")),
+    # the vision tower's patch where the image processor names its crops patch_size (Step-3.7)
+    "patch_size": (("image_processor", "vision_patch_size"), ("image_processor", "patch_size"),
+                   ("processor", "patch_size")),
     "spatial_merge_size": (("image_processor", "merge_size"),),
     "temporal_patch_size": (("image_processor", "temporal_patch_size"),),
     "image_grid_pinpoints": (("image_processor", "image_grid_pinpoints"),),

@@ -41,6 +41,15 @@ LAYOUTS: Mapping[str, BatchLayout] = {
     # (Idefics2 and SmolVLM: the same image processor and model code as Idefics3); Granite-Docling:
     # a row of the batch's most tiles, the model taking those its pixel_attention_mask marks
     **dict.fromkeys(("idefics2", "idefics3", "smolvlm", "granite_docling"), BatchLayout(media=_IMAGE_ROWS)),
+    # each image's crops padded to the batch's most, a padded crop's mask all ones (the model drops
+    # the padded crops by image_sizes); its audio projection is chosen per batch: for vision where
+    # the batch holds images, for speech where it does not
+    "phi4_multimodal": BatchLayout(media={"image_attention_mask": MediaKey(pad_value=1),
+                                          "audio_input_features": MediaKey(switched_by="image_pixel_values")}),
+    # a vision-language-action model: each row's prompt is followed by its own action chunk
+    "pi0": BatchLayout(packing="each batch row takes one robot state and one chunk of actions, which its action "
+                               "expert predicts attending to the whole row before them: a packed row would give "
+                               "all its samples one state and one chunk"),
     # the processor batches text-to-image or image-to-image samples with one source count, not a mix
     "glm_image": BatchLayout(media={"images_per_sample": MediaKey(uniform=True),
                                     "pixel_values": MediaKey(all_or_none=True)}),
