@@ -10,7 +10,8 @@ Besides the example cases, the model types the plugins bind that have none are b
 same way (:func:`extra_cases`), with their real processors: Idefics2, PaliGemma, Qwen2-Audio,
 GLM-ASR, Qwen3-ASR, VipLLaVA, LLaVA-NeXT-Video, LightOnOCR, GOT-OCR2, Qianfan-OCR, Ovis2, Janus,
 DeepSeek-VL, DeepSeek-VL-Hybrid, Granite-Docling, VideoLLaMA3, Aya Vision, MiniCPM-V 4.6,
-HyperCLOVAX-Vision-V2, LFM3-VL and Video-LLaVA. Two with stand-ins, where the real processor needs a package
+HyperCLOVAX-Vision-V2, LFM3-VL and Video-LLaVA; in cases_pad_more_b.py: ShieldGemma 2 and
+PP-Chart2Table. Two with stand-ins, where the real processor needs a package
 the tests run without: Mistral3 (``PixtralProcessor`` needs torchvision; LightOnOCR's processor
 places Pixtral's tokens by the same rule) and SmolVLM (its processor needs ``num2words``, for
 videos only: the real one is built with a stand-in that no image call reaches). GIT, Llama 4,
@@ -35,7 +36,7 @@ Bound model types of transformers 5.24 without a model-level test here, and why:
 - not yet built here: blip, blip-2, chameleon, deepseek_ocr2, diffusion_gemma, dots3_note, emu3,
   evolla, florence2, fun_asr_nano, fuyu, gemma3n, idefics, instructblip, instructblipvideo,
   kyutai_speech_to_text, moss_transcribe_diarize, nemo_speechlm, omniasr, pix2struct,
-  pp_chart2table, shieldgemma2, udop, vibevoice_asr, voxtral, voxtral_realtime.
+  udop, vibevoice_asr, voxtral, voxtral_realtime.
 """
 
 from __future__ import annotations
@@ -120,7 +121,9 @@ def extra_cases():
 
 
 #: Modules beside this one whose ``extra_cases()`` returns more cases of the same shape.
-CASE_MODULES: tuple[str, ...] = ()
+CASE_MODULES: tuple[str, ...] = (
+    "cases_pad_more_b",
+)
 
 
 @contextlib.contextmanager
@@ -419,11 +422,12 @@ def samples_of(tiny):
 
 #: What processors say when they refuse a text-only sample, alone (PaliGemma's) or beside samples
 #: with images (transformers 5.10's Mllama's): their batches then hold none.
-NO_TEXT_ONLY = ("at least one image per sample", "`images` are expected", "they must match 1:1")
+NO_TEXT_ONLY = ("at least one image per sample", "`images` are expected", "they must match 1:1",
+                "needs images to classify")
 #: Model types whose processor takes no sample without its media (GOT-OCR2's writes each prompt
 #: around its image: transformers 5.24 says so, 5.10 fails loading the missing image; Qwen3-ASR's
 #: requires its audio argument).
-MEDIA_EVERY_SAMPLE = {"got_ocr2", "qwen3_asr"}
+MEDIA_EVERY_SAMPLE = {"got_ocr2", "qwen3_asr", "pp_chart2table"}
 
 
 @functools.cache

@@ -66,12 +66,17 @@ def layout_of(processor: Any, config: Any) -> BatchLayout | None:
 
 
 def _placed_per_row(processor: Any, config: Any) -> dict[str, MediaKey]:
-    """A processor that takes images but writes no placeholder for them feeds a model that places
-    each row's image itself (GIT prepends it): one per batch row, every row."""
+    """A processor that takes images but writes no placeholder for them, for a model whose config
+    names no image token, feeds a model that places each row's image itself (GIT prepends it):
+    one per batch row, every row."""
     from .models import sees_images
 
     image_processor = getattr(processor, "image_processor", None)
     if image_processor is None or any(media_token_ids(processor)) or not sees_images(config):
+        return {}
+    # the model finds its placeholders by the config's id, which the prompt's template writes
+    # (PP-Chart2Table's processor expands none itself)
+    if any(isinstance(getattr(config, name, None), int) for name in ("image_token_id", "image_token_index")):
         return {}
     if any(getattr(processor, name, None) is not None for name in ("image_token", "image_token_id")):
         return {}

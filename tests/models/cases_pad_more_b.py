@@ -1,0 +1,98 @@
+"""More model types the plugins bind, for the model-level collator tests (test_padded_batches.py
+and test_packed_rows.py): each built from its real processor classes, offline, with a word-level
+vocabulary, and its default config carrying the tokenizer's ids.
+
+- ShieldGemma 2: its processor writes every prompt from its chat template (given here: the
+  checkpoint's is on the hub), one image and one policy a row; the policies are written in the
+  vocabulary's words.
+- PP-Chart2Table: its processor expands no image token (the checkpoint's chat template writes
+  the image's tokens): the prompts hold them as the template writes them, one per feature of the
+  tiny vision tower.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mmrope_core.tiny import filler_text, random_image, word_level_tokenizer
+
+
+def extra_cases() -> dict[str, tuple[Any, Any, tuple[tuple[str, Any], ...]]]:
+    """``name -> (build() -> (processor, config), calls(processor, rng), overrides)`` of every
+    model type here that the installed transformers has."""
+    import transformers
+
+    def has(model_type: str, processor: str) -> bool:
+        return model_type in transformers.CONFIG_MAPPING and hasattr(transformers, processor)
+
+    found: dict[str, tuple[Any, Any, tuple[tuple[str, Any], ...]]] = {}
+    if has("shieldgemma2", "ShieldGemma2Processor"):  # patches that tile its 56-pixel images
+        found["ShieldGemma 2 (shieldgemma2)"] = (shieldgemma2, shieldgemma2_calls, (("vision_config.patch_size", 14),))
+    if has("pp_chart2table", "PPChart2TableProcessor"):
+        found["PP-Chart2Table (pp_chart2table)"] = (pp_chart2table, pp_chart2table_calls, ())
+    return found
+
+
+def config_with_ids(model_type: str, tokenizer: Any, ids: dict[str, str]) -> Any:
+    """The model type's default config holding the tokenizer's ids (``config key -> token``)."""
+    import transformers
+
+    config = transformers.AutoConfig.for_model(model_type)
+    for key, token in ids.items():
+        setattr(config, key, tokenizer.convert_tokens_to_ids(token))
+    return config
+
+
+# -- ShieldGemma 2 ---------------------------------------------------------------------------------
+
+SHIELDGEMMA2_TOKENS = {"image_token": "<image_soft_token>", "boi_token": "<start_of_image>",
+                       "eoi_token": "<end_of_image>", "bos_token": "<bos>"}
+#: Gemma's turns, the image first and the policy after it, as the checkpoint's template writes them
+SHIELDGEMMA2_TEMPLATE = ("{% for message in messages %}{% for item in message['content'] %}"
+                         "{% if item['type'] == 'image' %}<start_of_image> {% else %}{{ item['text'] }}{% endif %}"
+                         "{% endfor %}{% endfor %}")
+
+
+def shieldgemma2():
+    import transformers
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+    tokenizer = word_level_tokenizer(SHIELDGEMMA2_TOKENS)
+    processor = transformers.ShieldGemma2Processor(
+        image_processor=Gemma3ImageProcessorPil(size={"height": 56, "width": 56}), tokenizer=tokenizer,
+        chat_template=SHIELDGEMMA2_TEMPLATE, image_seq_length=4,
+        policy_definitions={"cat": "the cat sat on a mat", "dog": "a dog"})
+    config = config_with_ids("shieldgemma2", tokenizer, {"image_token_index": "<image_soft_token>",
+                                                         "boi_token_index": "<start_of_image>",
+                                                         "eoi_token_index": "<end_of_image>"})
+    return processor, config
+
+
+def shieldgemma2_calls(processor, rng):
+    """Two images, each classified against one policy (the processor writes the prompt)."""
+    return [{"images": [random_image(rng, 28 * side, 28 * side)], "text": [""], "policies": ["cat"],
+             "return_tensors": "pt"} for side in (1, 2)]
+
+
+# -- PP-Chart2Table --------------------------------------------------------------------------------
+
+PP_CHART2TABLE_TOKENS = {"image_token": "<imgpad>", "img_start": "<img>", "img_end": "</img>"}
+
+
+def pp_chart2table():
+    import transformers
+    from transformers.models.pp_chart2table.image_processing_pil_pp_chart2table import PPChart2TableImageProcessorPil
+
+    tokenizer = word_level_tokenizer(PP_CHART2TABLE_TOKENS)
+    processor = transformers.PPChart2TableProcessor(
+        image_processor=PPChart2TableImageProcessorPil(size={"height": 56, "width": 56}), tokenizer=tokenizer)
+    return processor, config_with_ids("pp_chart2table", tokenizer, {"image_token_index": "<imgpad>"})
+
+
+def pp_chart2table_calls(processor, rng):
+    """Two charts, each prompt written as the chat template writes it: the image's tokens (one per
+    feature of the tiny vision tower) then the words."""
+    return [{"images": [random_image(rng, 56, 56)], "text": [f"<img><imgpad></img> {filler_text(rng, count)}"],
+             "return_tensors": "pt"} for count in (5, 2)]
+
+
