@@ -8,6 +8,8 @@ vocabulary, and its default config carrying the tokenizer's ids.
 - PP-Chart2Table: its processor expands no image token (the checkpoint's chat template writes
   the image's tokens): the prompts hold them as the template writes them, one per feature of the
   tiny vision tower.
+- InstructBLIP: its processor adds its own image token and puts the Q-Former's queries before
+  each row's text; a second tokenizer (a word-level one too) tokenizes the Q-Former's instruction.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ def extra_cases() -> dict[str, tuple[Any, Any, tuple[tuple[str, Any], ...]]]:
         found["ShieldGemma 2 (shieldgemma2)"] = (shieldgemma2, shieldgemma2_calls, (("vision_config.patch_size", 14),))
     if has("pp_chart2table", "PPChart2TableProcessor"):
         found["PP-Chart2Table (pp_chart2table)"] = (pp_chart2table, pp_chart2table_calls, ())
+    if has("instructblip", "InstructBlipProcessor"):  # the processor's query tokens; patches that tile its images
+        found["InstructBLIP (instructblip)"] = (instructblip, image_calls,
+                                                (("num_query_tokens", QUERY_TOKENS), ("vision_config.patch_size", 14),
+                                                 ("text_config.word_embed_proj_dim", 32)))  # OPT's, as wide as it
     return found
 
 
@@ -96,3 +102,27 @@ def pp_chart2table_calls(processor, rng):
              "return_tensors": "pt"} for count in (5, 2)]
 
 
+
+
+def image_calls(processor, rng):
+    """Two samples with an image each, of 28 pixels (the processor places the image's tokens)."""
+    return [{"images": [random_image(rng, 28, 28)], "text": [filler_text(rng, count)], "return_tensors": "pt"}
+            for count in (5, 2)]
+
+
+# -- InstructBLIP ----------------------------------------------------------------------------------
+
+#: The Q-Former's queries, each an image token the processor puts before the text
+QUERY_TOKENS = 4
+
+
+def instructblip():
+    import transformers
+    from transformers.models.blip.image_processing_pil_blip import BlipImageProcessorPil
+
+    tokenizer = word_level_tokenizer({"bos_token": "</s>"})  # the processor adds its image token
+    qformer_tokenizer = word_level_tokenizer({"cls_token": "[CLS]", "sep_token": "[SEP]"})
+    processor = transformers.InstructBlipProcessor(
+        image_processor=BlipImageProcessorPil(size={"height": 28, "width": 28}), tokenizer=tokenizer,
+        qformer_tokenizer=qformer_tokenizer, num_query_tokens=QUERY_TOKENS)
+    return processor, config_with_ids("instructblip", tokenizer, {"image_token_index": "<image>"})

@@ -43,6 +43,13 @@ LAYOUTS: Mapping[str, BatchLayout] = {
     # the processor batches text-to-image or image-to-image samples with one source count, not a mix
     "glm_image": BatchLayout(media={"images_per_sample": MediaKey(uniform=True),
                                     "pixel_values": MediaKey(all_or_none=True)}),
+    # the Q-Former reads row i's instruction beside image i: every sample holds an image (its processor
+    # gives every row of a batch with images their tokens); its forward hands the language model a mask
+    # of ones where it gets none, hiding a packed row's boundaries (InstructBLIP-Video: the same code)
+    **dict.fromkeys(("instructblip", "instructblipvideo"), BatchLayout(
+        media={"pixel_values": MediaKey(all_or_none=True)},
+        packing="its forward replaces a missing attention mask with one of ones, which hides a packed row's segments "
+                "from its language model: every segment would attend to the ones before it")),
     # its text model takes exactly its xD-RoPE rows (it raises on the text row transformers 5.x
     # prepends), and without that row it cannot find a packed row's segments
     "hunyuan_vl": BatchLayout(text_positions=False,
