@@ -8,12 +8,15 @@ vocabulary, and its default config carrying the tokenizer's ids.
 - PP-Chart2Table: its processor expands no image token (the checkpoint's chat template writes
   the image's tokens): the prompts hold them as the template writes them, one per feature of the
   tiny vision tower.
+- MOSS-Transcribe-Diarize, OmniASR, VibeVoice-ASR: their own feature extractors, the text
+  holding the audio token where the clip goes (the processor expands it to the clip's tokens).
 - InstructBLIP: its processor adds its own image token and puts the Q-Former's queries before
   each row's text; a second tokenizer (a word-level one too) tokenizes the Q-Former's instruction.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from mmrope_core.tiny import filler_text, random_image, word_level_tokenizer
@@ -36,6 +39,11 @@ def extra_cases() -> dict[str, tuple[Any, Any, tuple[tuple[str, Any], ...]]]:
         found["InstructBLIP (instructblip)"] = (instructblip, image_calls,
                                                 (("num_query_tokens", QUERY_TOKENS), ("vision_config.patch_size", 14),
                                                  ("text_config.word_embed_proj_dim", 32)))  # OPT's, as wide as it
+    for model_type, processor, tokens, rate, overrides in AUDIO:
+        if has(model_type, processor):
+            found[f"{processor.removesuffix('Processor')} ({model_type})"] = (
+                functools.partial(audio_model, model_type, processor, tokens),
+                functools.partial(audio_calls, rate=rate), overrides)
     return found
 
 
@@ -126,3 +134,43 @@ def instructblip():
         image_processor=BlipImageProcessorPil(size={"height": 28, "width": 28}), tokenizer=tokenizer,
         qformer_tokenizer=qformer_tokenizer, num_query_tokens=QUERY_TOKENS)
     return processor, config_with_ids("instructblip", tokenizer, {"image_token_index": "<image>"})
+
+
+# -- audio-language models -------------------------------------------------------------------------
+
+#: ``(model type, processor class, the processor's audio tokens, sampling rate, overrides)``: each
+#: built from its own feature extractor and a word-level tokenizer holding the tokens.
+AUDIO = (
+    ("moss_transcribe_diarize", "MossTranscribeDiarizeProcessor",
+     {"audio_token": "<|audio_pad|>", "audio_bos_token": "<|audio_start|>", "audio_eos_token": "<|audio_end|>"}, 16000,
+     ()),
+    # its wav2vec2 feature encoder's channels and positional convolution, which the sizes do not name
+    ("omniasr", "OmniASRProcessor", {"audio_token": "<extra_id_1>"}, 16000,
+     (("audio_config.conv_dim", [32] * 7), ("audio_config.num_conv_pos_embeddings", 16),
+      ("audio_config.num_conv_pos_embedding_groups", 2))),
+    # the noise its forward adds to the acoustic latents (a sigma-VAE's, drawn per call) set to none:
+    # a sample's logits are then the same at every call
+    ("vibevoice_asr", "VibeVoiceAsrProcessor",
+     {"audio_token": "<|box_start|>", "audio_bos_token": "<|object_ref_start|>",
+      "audio_eos_token": "<|object_ref_end|>", "audio_duration_token": "<|AUDIO_DURATION|>"}, 24000,
+     (("acoustic_tokenizer_encoder_config.vae_std", 0.0),)),
+)
+
+
+def audio_model(model_type, processor_class, tokens):
+    import transformers
+    from transformers.models.auto.feature_extraction_auto import FEATURE_EXTRACTOR_MAPPING_NAMES
+
+    tokenizer = word_level_tokenizer({**tokens, "bos_token": "<s>"})
+    extractor = getattr(transformers, FEATURE_EXTRACTOR_MAPPING_NAMES[model_type])()
+    processor = getattr(transformers, processor_class)(feature_extractor=extractor, tokenizer=tokenizer, **tokens)
+    return processor, config_with_ids(model_type, tokenizer, {"audio_token_id": tokens["audio_token"]})
+
+
+def audio_calls(processor, rng, rate=16000):
+    """Two samples with an audio clip each, of 1 and 2 seconds, the clip's token where the text has it."""
+    import numpy as np
+
+    return [{"text": [f"{filler_text(rng, 2)} {processor.audio_token} {filler_text(rng, 3)}"],
+             "audio": [np.sin(np.arange(rate * seconds) / rng.uniform(5, 40)).astype(np.float32)],
+             "return_tensors": "pt"} for seconds in (1, 2)]
