@@ -149,11 +149,14 @@ AUDIO = (
      (("audio_config.conv_dim", [32] * 7), ("audio_config.num_conv_pos_embeddings", 16),
       ("audio_config.num_conv_pos_embedding_groups", 2))),
     # the noise its forward adds to the acoustic latents (a sigma-VAE's, drawn per call) set to none:
-    # a sample's logits are then the same at every call
+    # a sample's logits are then the same at every call; its encoders' blocks and channels, which
+    # the sizes do not name (their downsampling kept: the processor's 3200 samples a token)
     ("vibevoice_asr", "VibeVoiceAsrProcessor",
      {"audio_token": "<|box_start|>", "audio_bos_token": "<|object_ref_start|>",
       "audio_eos_token": "<|object_ref_end|>", "audio_duration_token": "<|AUDIO_DURATION|>"}, 24000,
-     (("acoustic_tokenizer_encoder_config.vae_std", 0.0),)),
+     (("acoustic_tokenizer_encoder_config.vae_std", 0.0),
+      *((f"{encoder}_tokenizer_encoder_config.{key}", value) for encoder in ("acoustic", "semantic")
+        for key, value in (("depths", [1] * 7), ("num_filters", 2))))),
 )
 
 
