@@ -8,8 +8,9 @@ vocabulary, and its default config carrying the tokenizer's ids.
 - PP-Chart2Table: its processor expands no image token (the checkpoint's chat template writes
   the image's tokens): the prompts hold them as the template writes them, one per feature of the
   tiny vision tower.
-- MOSS-Transcribe-Diarize, OmniASR, VibeVoice-ASR: their own feature extractors, the text
-  holding the audio token where the clip goes (the processor expands it to the clip's tokens).
+- MOSS-Transcribe-Diarize, OmniASR, VibeVoice-ASR, Nemotron-3.5-Transcribe: their own feature
+  extractors, the text holding the audio token where the clip goes (the processor expands it to
+  the clip's tokens); Nemotron's word-timestamp vocabulary, which no call reads, word-level too.
 - InstructBLIP: its processor adds its own image token and puts the Q-Former's queries before
   each row's text; a second tokenizer (a word-level one too) tokenizes the Q-Former's instruction.
 """
@@ -157,7 +158,20 @@ AUDIO = (
      (("acoustic_tokenizer_encoder_config.vae_std", 0.0),
       *((f"{encoder}_tokenizer_encoder_config.{key}", value) for encoder in ("acoustic", "semantic")
         for key, value in (("depths", [1] * 7), ("num_filters", 2))))),
+    # sizes the tiny sizes do not name: the diarization head's input (its encoder's width), the
+    # Mamba layers' heads and state, the shared expert; its audio encoders' attention has a key and
+    # value head per query head
+    ("nemo_speechlm", "Nemotron3_5TranscribeProcessor", {"audio_token": "<|audio|>"}, 16000,
+     (("audio_config.asr_config.num_key_value_heads", 2),
+      ("audio_config.diarization_config.audio_config.num_key_value_heads", 2),
+      ("audio_config.diarization_config.head_config.audio_hidden_size", 32),
+      ("audio_config.diarization_config.head_config.hidden_size", 32),
+      ("text_config.mamba_num_heads", 4), ("text_config.mamba_head_dim", 16), ("text_config.ssm_state_size", 16),
+      ("text_config.n_groups", 1), ("text_config.moe_shared_expert_intermediate_size", 64))),
 )
+#: Further parts of a processor: word-level tokenizers too (Nemotron's word-timestamp vocabulary,
+#: which no call here reads).
+PARTS = {"nemo_speechlm": ("alignment_tokenizer",)}
 
 
 def audio_model(model_type, processor_class, tokens):
@@ -166,7 +180,9 @@ def audio_model(model_type, processor_class, tokens):
 
     tokenizer = word_level_tokenizer({**tokens, "bos_token": "<s>"})
     extractor = getattr(transformers, FEATURE_EXTRACTOR_MAPPING_NAMES[model_type])()
-    processor = getattr(transformers, processor_class)(feature_extractor=extractor, tokenizer=tokenizer, **tokens)
+    parts = {name: word_level_tokenizer({}) for name in PARTS.get(model_type, ())}
+    processor = getattr(transformers, processor_class)(feature_extractor=extractor, tokenizer=tokenizer, **parts,
+                                                       **tokens)
     return processor, config_with_ids(model_type, tokenizer, {"audio_token_id": tokens["audio_token"]})
 
 

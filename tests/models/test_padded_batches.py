@@ -11,7 +11,8 @@ same way (:func:`extra_cases`), with their real processors: Idefics2, PaliGemma,
 GLM-ASR, Qwen3-ASR, VipLLaVA, LLaVA-NeXT-Video, LightOnOCR, GOT-OCR2, Qianfan-OCR, Ovis2, Janus,
 DeepSeek-VL, DeepSeek-VL-Hybrid, Granite-Docling, VideoLLaMA3, Aya Vision, MiniCPM-V 4.6,
 HyperCLOVAX-Vision-V2, LFM3-VL and Video-LLaVA; in cases_pad_more_b.py: ShieldGemma 2,
-PP-Chart2Table, InstructBLIP, MOSS-Transcribe-Diarize, OmniASR and VibeVoice-ASR. Two with stand-ins, where the real processor needs a package
+PP-Chart2Table, InstructBLIP, MOSS-Transcribe-Diarize, OmniASR, VibeVoice-ASR and Nemotron-3.5-Transcribe
+(nemo_speechlm). Two with stand-ins, where the real processor needs a package
 the tests run without: Mistral3 (``PixtralProcessor`` needs torchvision; LightOnOCR's processor
 places Pixtral's tokens by the same rule) and SmolVLM (its processor needs ``num2words``, for
 videos only: the real one is built with a stand-in that no image call reaches). GIT, Llama 4,
@@ -35,7 +36,7 @@ Bound model types of transformers 5.24 without a model-level test here, and why:
   batch fails in its model: the tiny config's sizes are not yet fitted);
 - not yet built here: blip, blip-2, chameleon, deepseek_ocr2, diffusion_gemma, dots3_note, emu3,
   evolla, florence2, fun_asr_nano, fuyu, gemma3n, idefics, instructblipvideo,
-  kyutai_speech_to_text, nemo_speechlm, pix2struct, udop, voxtral, voxtral_realtime.
+  kyutai_speech_to_text, pix2struct, udop, voxtral, voxtral_realtime.
 """
 
 from __future__ import annotations
