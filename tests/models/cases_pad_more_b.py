@@ -13,12 +13,16 @@ vocabulary, and its default config carrying the tokenizer's ids.
   the clip's tokens); Nemotron's word-timestamp vocabulary, which no call reads, word-level too.
 - InstructBLIP: its processor adds its own image token and puts the Q-Former's queries before
   each row's text; a second tokenizer (a word-level one too) tokenizes the Q-Former's instruction.
+- InstructBLIP-Video: the same, its video processor a stand-in (the real one needs torchvision):
+  each video's frames rescaled and normalized by CLIP's mean and std as the real one does at their
+  own size, ``pixel_values`` ``(videos, frames, 3, height, width)``; 4 frames a video, as the
+  processor's tokens (the queries times 4) assume.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, ClassVar
 
 from mmrope_core.tiny import filler_text, random_image, word_level_tokenizer
 
@@ -40,6 +44,10 @@ def extra_cases() -> dict[str, tuple[Any, Any, tuple[tuple[str, Any], ...]]]:
         found["InstructBLIP (instructblip)"] = (instructblip, image_calls,
                                                 (("num_query_tokens", QUERY_TOKENS), ("vision_config.patch_size", 14),
                                                  ("text_config.word_embed_proj_dim", 32)))  # OPT's, as wide as it
+    if has("instructblipvideo", "InstructBlipVideoProcessor"):
+        found["InstructBLIP-Video (instructblipvideo)"] = (
+            instructblipvideo, video_calls, (("num_query_tokens", QUERY_TOKENS), ("vision_config.patch_size", 14),
+                                             ("vision_config.image_size", 28), ("text_config.word_embed_proj_dim", 32)))
     for model_type, processor, tokens, rate, overrides in AUDIO:
         if has(model_type, processor):
             found[f"{processor.removesuffix('Processor')} ({model_type})"] = (
@@ -123,6 +131,51 @@ def image_calls(processor, rng):
 
 #: The Q-Former's queries, each an image token the processor puts before the text
 QUERY_TOKENS = 4
+
+
+def instructblipvideo():
+    """Its processor around a stand-in video processor (the real one needs torchvision)."""
+    import transformers
+
+    from mmrope_core.tiny import processors_without_torchvision
+
+    tokenizer = word_level_tokenizer({"bos_token": "</s>"})  # the processor adds its video token
+    qformer_tokenizer = word_level_tokenizer({"cls_token": "[CLS]", "sep_token": "[SEP]"})
+    with processors_without_torchvision() as placeholder:
+        processor = transformers.InstructBlipVideoProcessor(
+            video_processor=video_processor_stand_in(type(placeholder)), tokenizer=tokenizer,
+            qformer_tokenizer=qformer_tokenizer, num_query_tokens=QUERY_TOKENS)
+    return processor, config_with_ids("instructblipvideo", tokenizer, {"video_token_index": "<video>"})
+
+
+def video_processor_stand_in(base):
+    """InstructBLIP-Video's video processor where torchvision is missing: each video's frames as
+    the real one outputs them at their own size (rescaled, normalized by CLIP's mean and std), the
+    batch's ``pixel_values`` ``(videos, frames, 3, height, width)``."""
+    import numpy as np
+    import torch
+    from transformers.feature_extraction_utils import BatchFeature
+    from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
+
+    class StandIn(base):
+        model_input_names: ClassVar[list[str]] = ["pixel_values"]
+
+        def __call__(self, videos, **kwargs):
+            mean, std = np.array(OPENAI_CLIP_MEAN), np.array(OPENAI_CLIP_STD)
+            frames = [(np.asarray(video, dtype=np.float32) / 255 - mean) / std for video in videos]
+            pixels = torch.tensor(np.stack(frames), dtype=torch.float32).permute(0, 1, 4, 2, 3)
+            return BatchFeature({"pixel_values": pixels.contiguous()})
+
+    return StandIn()
+
+
+def video_calls(processor, rng):
+    """Two samples with a video each: 4 frames of 28 pixels (the model's 4 frames a video)."""
+    import numpy as np
+
+    generator = np.random.default_rng(rng.randint(0, 2**31))
+    return [{"images": [generator.integers(0, 256, (4, 28, 28, 3), dtype=np.uint8)], "text": [filler_text(rng, count)],
+             "return_tensors": "pt"} for count in (5, 2)]
 
 
 def instructblip():

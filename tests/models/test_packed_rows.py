@@ -70,7 +70,8 @@ def rows_of(tiny):
 
 #: Models that run no sample of text alone: model type -> why.
 NO_TEXT_ALONE = {"glm_image": "an image generator: its own positions fail on text alone",
-                 "instructblip": "its forward requires pixel_values: the Q-Former reads each row's image"}
+                 **dict.fromkeys(("instructblip", "instructblipvideo"),
+                                 "its forward requires pixel_values: the Q-Former reads each row's image")}
 
 
 def with_text(tiny, samples):
@@ -113,7 +114,8 @@ def by_hand(engine, samples):
             positions = positions[1:]
     join = JOINS.get(engine.config.model_type)
     joined = engine.collate(media) if join is None else join(media, lengths)
-    return {**batch, **joined, "position_ids": positions, "use_cache": False}
+    given = {"position_ids": positions} if engine.batch_layout.takes_positions else {}  # else it counts its own
+    return {**batch, **joined, **given, "use_cache": False}
 
 
 def joined_strips(media, lengths):

@@ -11,9 +11,10 @@ same way (:func:`extra_cases`), with their real processors: Idefics2, PaliGemma,
 GLM-ASR, Qwen3-ASR, VipLLaVA, LLaVA-NeXT-Video, LightOnOCR, GOT-OCR2, Qianfan-OCR, Ovis2, Janus,
 DeepSeek-VL, DeepSeek-VL-Hybrid, Granite-Docling, VideoLLaMA3, Aya Vision, MiniCPM-V 4.6,
 HyperCLOVAX-Vision-V2, LFM3-VL and Video-LLaVA; in cases_pad_more_b.py: ShieldGemma 2,
-PP-Chart2Table, InstructBLIP, MOSS-Transcribe-Diarize, OmniASR, VibeVoice-ASR and Nemotron-3.5-Transcribe
-(nemo_speechlm). Two with stand-ins, where the real processor needs a package
-the tests run without: Mistral3 (``PixtralProcessor`` needs torchvision; LightOnOCR's processor
+PP-Chart2Table, InstructBLIP, MOSS-Transcribe-Diarize, OmniASR, VibeVoice-ASR and
+Nemotron-3.5-Transcribe (nemo_speechlm). Three with stand-ins, where the real processor needs a
+package the tests run without: InstructBLIP-Video (cases_pad_more_b.py: its video processor needs
+torchvision; the stand-in rescales and normalizes the frames as it does), Mistral3 (``PixtralProcessor`` needs torchvision; LightOnOCR's processor
 places Pixtral's tokens by the same rule) and SmolVLM (its processor needs ``num2words``, for
 videos only: the real one is built with a stand-in that no image call reaches). GIT, Llama 4,
 MiniMax-M3-VL and T5Gemma2 have tests of their own below (the last three on text samples: their
@@ -35,7 +36,7 @@ Bound model types of transformers 5.24 without a model-level test here, and why:
   ``deepstack_layer_map``, which its projector needs), mistral_large4 (the Mistral3 stand-in's
   batch fails in its model: the tiny config's sizes are not yet fitted);
 - not yet built here: blip, blip-2, chameleon, deepseek_ocr2, diffusion_gemma, dots3_note, emu3,
-  evolla, florence2, fun_asr_nano, fuyu, gemma3n, idefics, instructblipvideo,
+  evolla, florence2, fun_asr_nano, fuyu, gemma3n, idefics,
   kyutai_speech_to_text, pix2struct, udop, voxtral, voxtral_realtime.
 """
 
@@ -444,7 +445,7 @@ NO_TEXT_ONLY = ("at least one image per sample", "`images` are expected", "they 
 #: around its image: transformers 5.24 says so, 5.10 fails loading the missing image; Qwen3-ASR's
 #: requires its audio argument, PP-Chart2Table's both; InstructBLIP's gives every row of a batch
 #: with images the image's tokens).
-MEDIA_EVERY_SAMPLE = {"got_ocr2", "qwen3_asr", "pp_chart2table", "instructblip"}
+MEDIA_EVERY_SAMPLE = {"got_ocr2", "qwen3_asr", "pp_chart2table", "instructblip", "instructblipvideo"}
 
 
 @functools.cache
@@ -549,10 +550,10 @@ def test_a_padded_batch_trains_as_its_samples_alone(name, side):
 
 #: Model types whose processor's left-padded batch gives a sample other logits than alone: the
 #: collator's left batch is the processor's right one with each row's tokens moved to its end.
-LEFT_BATCH_DIFFERS = {
-    "instructblip": "the processor pads the Q-Former's instruction on the left too, shifting its absolute "
-                    "positions (a sample's logits differ by 1e-3), and puts the query tokens before the padding",
-}
+LEFT_BATCH_DIFFERS = dict.fromkeys(
+    ("instructblip", "instructblipvideo"),
+    "the processor pads the Q-Former's instruction on the left too, shifting its absolute positions (a sample's "
+    "logits differ by 1e-3), and puts the query tokens before the padding")
 
 
 def equals_the_processors_batch(tiny, batch, calls, side):

@@ -28,6 +28,9 @@ _MLLAMA = {
 
 _IMAGE_ROWS = {"pixel_values": MediaKey(items_dim=1), "pixel_attention_mask": MediaKey(items_dim=1)}
 
+_ONES_MASK = ("its forward replaces a missing attention mask with one of ones, which hides a packed row's segments "
+              "from its language model: every segment would attend to the ones before it")
+
 #: model_type -> what its processor's batched call does otherwise, and why packed rows cannot hold it.
 LAYOUTS: Mapping[str, BatchLayout] = {
     # one (1, 3, 14, W) strip per sample; the batch's strips joined into one, as the model takes them
@@ -46,10 +49,11 @@ LAYOUTS: Mapping[str, BatchLayout] = {
     # the Q-Former reads row i's instruction beside image i: every sample holds an image (its processor
     # gives every row of a batch with images their tokens); its forward hands the language model a mask
     # of ones where it gets none, hiding a packed row's boundaries (InstructBLIP-Video: the same code)
-    **dict.fromkeys(("instructblip", "instructblipvideo"), BatchLayout(
-        media={"pixel_values": MediaKey(all_or_none=True)},
-        packing="its forward replaces a missing attention mask with one of ones, which hides a packed row's segments "
-                "from its language model: every segment would attend to the ones before it")),
+    "instructblip": BatchLayout(media={"pixel_values": MediaKey(all_or_none=True)}, packing=_ONES_MASK),
+    # InstructBLIP-Video's forward also hands position_ids on to its Q-Former, which fails on them:
+    # its language model (OPT) counts them from the mask
+    "instructblipvideo": BatchLayout(media={"pixel_values": MediaKey(all_or_none=True)}, takes_positions=False,
+                                     packing=_ONES_MASK),
     # its text model takes exactly its xD-RoPE rows (it raises on the text row transformers 5.x
     # prepends), and without that row it cannot find a packed row's segments
     "hunyuan_vl": BatchLayout(text_positions=False,
@@ -69,6 +73,7 @@ def layout_of(processor: Any, config: Any) -> BatchLayout | None:
     if not (stated or media or refused or labels_right):
         return None
     return BatchLayout(media=media, text_positions=stated.text_positions if stated else True,
+                       takes_positions=stated.takes_positions if stated else True,
                        refused_sides=refused, labels_right=labels_right, packing=stated.packing if stated else "")
 
 
