@@ -4,7 +4,8 @@ vocabulary, and its default config carrying the tokenizer's ids.
 
 - ShieldGemma 2: its processor writes every prompt from its chat template (given here: the
   checkpoint's is on the hub), one image and one policy a row; the policies are written in the
-  vocabulary's words.
+  vocabulary's words. Its batches apply one policy to every image and take no text alone, so its
+  rows are of one length: the padded tests check its media and logits, not padding.
 - PP-Chart2Table: its processor expands no image token (the checkpoint's chat template writes
   the image's tokens): the prompts hold them as the template writes them, one per feature of the
   tiny vision tower.
