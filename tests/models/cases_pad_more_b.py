@@ -18,6 +18,9 @@ vocabulary, and its default config carrying the tokenizer's ids.
   each video's frames rescaled and normalized by CLIP's mean and std as the real one does at their
   own size, ``pixel_values`` ``(videos, frames, 3, height, width)``; 4 frames a video, as the
   processor's tokens (the queries times 4) assume.
+- UDOP (for test_udop_batches.py): its own tokenizer class over a word-level vocabulary, the
+  words and their boxes given (its image processor's OCR needs pytesseract); not an extra case,
+  since its padded batches are refused.
 """
 
 from __future__ import annotations
@@ -247,3 +250,39 @@ def audio_calls(processor, rng, rate=16000):
     return [{"text": [f"{filler_text(rng, 2)} {processor.audio_token} {filler_text(rng, 3)}"],
              "audio": [np.sin(np.arange(rate * seconds) / rng.uniform(5, 40)).astype(np.float32)],
              "return_tensors": "pt"} for seconds in (1, 2)]
+
+
+# -- UDOP ------------------------------------------------------------------------------------------
+
+
+def udop():
+    """UDOP's processor: its own tokenizer class over a word-level vocabulary, words and their
+    boxes given (no OCR), and its default config holding the tokenizer's ids."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers.models.layoutlmv3.image_processing_pil_layoutlmv3 import LayoutLMv3ImageProcessorPil
+
+    from mmrope_core.tiny import FILLER_WORDS
+
+    specials = ["<pad>", "</s>", "<unk>"]
+    vocabulary = {token: index for index, token in enumerate([*specials, *dict.fromkeys(FILLER_WORDS)])}
+    words = Tokenizer(models.WordLevel(vocab=vocabulary, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = transformers.UdopTokenizer(tokenizer_object=words, pad_token="<pad>", eos_token="</s>",
+                                           unk_token="<unk>")
+    processor = transformers.UdopProcessor(
+        image_processor=LayoutLMv3ImageProcessorPil(apply_ocr=False, size={"height": 28, "width": 28}),
+        tokenizer=tokenizer)
+    return processor, transformers.AutoConfig.for_model("udop")
+
+
+def udop_calls(processor, rng):
+    """Two pages of 28 pixels, with 5 and 2 words and their boxes."""
+    from mmrope_core.tiny import FILLER_WORDS
+
+    calls = []
+    for count in (5, 2):
+        words = [rng.choice(FILLER_WORDS) for _ in range(count)]
+        calls.append({"images": [random_image(rng, 28, 28)], "text": [words],
+                      "boxes": [[[rng.randint(0, 500)] * 4 for _ in words]], "return_tensors": "pt"})
+    return calls

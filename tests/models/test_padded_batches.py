@@ -18,7 +18,8 @@ torchvision; the stand-in rescales and normalizes the frames as it does), Mistra
 places Pixtral's tokens by the same rule) and SmolVLM (its processor needs ``num2words``, for
 videos only: the real one is built with a stand-in that no image call reaches). GIT, Llama 4,
 MiniMax-M3-VL and T5Gemma2 have tests of their own below (the last three on text samples: their
-image processors need torchvision). The Omni thinkers (``qwen2_5_omni_thinker``,
+image processors need torchvision); UDOP has one in test_udop_batches.py (padding refused on
+both sides: its own padded batch changes a sample). The Omni thinkers (``qwen2_5_omni_thinker``,
 ``qwen3_omni_moe_thinker``) run inside the Omni cases.
 
 Bound model types of transformers 5.24 without a model-level test here, and why:
@@ -43,9 +44,7 @@ Bound model types of transformers 5.24 without a model-level test here, and why:
   pix2struct (its processor returns no ``input_ids``: the image's patches, with their own mask,
   are the encoder's whole input, the text its ``decoder_input_ids``);
 - not yet built here: blip, blip-2, chameleon, deepseek_ocr2, diffusion_gemma, dots3_note, emu3,
-  evolla, florence2, fun_asr_nano, fuyu, gemma3n, idefics, udop (an encoder-decoder: its
-  processor needs ``UdopTokenizer`` with word boxes, and a sample alone needs decoder inputs,
-  which the reference here does not give; T5Gemma2 has a test of its own for that).
+  evolla, florence2, fun_asr_nano, fuyu, gemma3n, idefics.
 """
 
 from __future__ import annotations

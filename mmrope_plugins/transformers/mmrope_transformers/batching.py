@@ -31,6 +31,10 @@ _IMAGE_ROWS = {"pixel_values": MediaKey(items_dim=1), "pixel_attention_mask": Me
 _ONES_MASK = ("its forward replaces a missing attention mask with one of ones, which hides a packed row's segments "
               "from its language model: every segment would attend to the ones before it")
 
+_PATCHES_AFTER_PADDING = ("its encoder appends the image patches after the whole padded row, so the relative "
+                          "position bias between a shorter sample's text and its patches grows with the padding "
+                          "(its processor's own padded batch changes the sample too); train it one sample a batch")
+
 #: model_type -> what its processor's batched call does otherwise, and why packed rows cannot hold it.
 LAYOUTS: Mapping[str, BatchLayout] = {
     # one (1, 3, 14, W) strip per sample; the batch's strips joined into one, as the model takes them
@@ -54,6 +58,9 @@ LAYOUTS: Mapping[str, BatchLayout] = {
     # its language model (OPT) counts them from the mask
     "instructblipvideo": BatchLayout(media={"pixel_values": MediaKey(all_or_none=True)}, takes_positions=False,
                                      packing=_ONES_MASK),
+    # its encoder appends the image patches no text token covers after the whole padded row: T5's
+    # relative position bias between a sample's text and those patches grows with the padding
+    "udop": BatchLayout(refused_sides=dict.fromkeys(("left", "right"), _PATCHES_AFTER_PADDING)),
     # its text model takes exactly its xD-RoPE rows (it raises on the text row transformers 5.x
     # prepends), and without that row it cannot find a packed row's segments
     "hunyuan_vl": BatchLayout(text_positions=False,
@@ -68,7 +75,7 @@ def layout_of(processor: Any, config: Any) -> BatchLayout | None:
     stated = LAYOUTS.get(model_type)
     media = dict(stated.media) if stated else {}
     media.update(_placed_per_row(processor, config))
-    refused = _refused_sides(config)
+    refused = {**(stated.refused_sides if stated else {}), **_refused_sides(config)}
     labels_right = bool(getattr(config, "is_encoder_decoder", False))
     if not (stated or media or refused or labels_right):
         return None
