@@ -52,9 +52,9 @@ def extra_cases() -> dict[str, tuple[Any, Any, tuple[tuple[str, Any], ...]]]:
         found["InstructBLIP-Video (instructblipvideo)"] = (
             instructblipvideo, video_calls, (("num_query_tokens", QUERY_TOKENS), ("vision_config.patch_size", 14),
                                              ("vision_config.image_size", 28), ("text_config.word_embed_proj_dim", 32)))
-    for model_type, processor, tokens, rate, overrides in AUDIO:
+    for name, model_type, processor, tokens, rate, overrides in AUDIO:
         if has(model_type, processor):
-            found[f"{processor.removesuffix('Processor')} ({model_type})"] = (
+            found[f"{name} ({model_type})"] = (
                 functools.partial(audio_model, model_type, processor, tokens),
                 functools.partial(audio_calls, rate=rate), overrides)
     return found
@@ -74,7 +74,7 @@ def config_with_ids(model_type: str, tokenizer: Any, ids: dict[str, str]) -> Any
 
 SHIELDGEMMA2_TOKENS = {"image_token": "<image_soft_token>", "boi_token": "<start_of_image>",
                        "eoi_token": "<end_of_image>", "bos_token": "<bos>"}
-#: Gemma's turns, the image first and the policy after it, as the checkpoint's template writes them
+#: the image, then the policy: the order the checkpoint's template writes them in (its turn markers left out)
 SHIELDGEMMA2_TEMPLATE = ("{% for message in messages %}{% for item in message['content'] %}"
                          "{% if item['type'] == 'image' %}<start_of_image> {% else %}{{ item['text'] }}{% endif %}"
                          "{% endfor %}{% endfor %}")
@@ -196,20 +196,20 @@ def instructblip():
 
 # -- audio-language models -------------------------------------------------------------------------
 
-#: ``(model type, processor class, the processor's audio tokens, sampling rate, overrides)``: each
+#: ``(name, model type, processor class, the processor's audio tokens, sampling rate, overrides)``: each
 #: built from its own feature extractor and a word-level tokenizer holding the tokens.
 AUDIO = (
-    ("moss_transcribe_diarize", "MossTranscribeDiarizeProcessor",
+    ("MOSS-Transcribe-Diarize", "moss_transcribe_diarize", "MossTranscribeDiarizeProcessor",
      {"audio_token": "<|audio_pad|>", "audio_bos_token": "<|audio_start|>", "audio_eos_token": "<|audio_end|>"}, 16000,
      ()),
     # its wav2vec2 feature encoder's channels and positional convolution, which the sizes do not name
-    ("omniasr", "OmniASRProcessor", {"audio_token": "<extra_id_1>"}, 16000,
+    ("OmniASR", "omniasr", "OmniASRProcessor", {"audio_token": "<extra_id_1>"}, 16000,
      (("audio_config.conv_dim", [32] * 7), ("audio_config.num_conv_pos_embeddings", 16),
       ("audio_config.num_conv_pos_embedding_groups", 2))),
     # the noise its forward adds to the acoustic latents (a sigma-VAE's, drawn per call) set to none:
     # a sample's logits are then the same at every call; its encoders' blocks and channels, which
     # the sizes do not name (their downsampling kept: the processor's 3200 samples a token)
-    ("vibevoice_asr", "VibeVoiceAsrProcessor",
+    ("VibeVoice-ASR", "vibevoice_asr", "VibeVoiceAsrProcessor",
      {"audio_token": "<|box_start|>", "audio_bos_token": "<|object_ref_start|>",
       "audio_eos_token": "<|object_ref_end|>", "audio_duration_token": "<|AUDIO_DURATION|>"}, 24000,
      (("acoustic_tokenizer_encoder_config.vae_std", 0.0),
@@ -218,7 +218,7 @@ AUDIO = (
     # sizes the tiny sizes do not name: the diarization head's input (its encoder's width), the
     # Mamba layers' heads and state, the shared expert; its audio encoders' attention has a key and
     # value head per query head
-    ("nemo_speechlm", "Nemotron3_5TranscribeProcessor", {"audio_token": "<|audio|>"}, 16000,
+    ("Nemotron-3.5-Transcribe", "nemo_speechlm", "Nemotron3_5TranscribeProcessor", {"audio_token": "<|audio|>"}, 16000,
      (("audio_config.asr_config.num_key_value_heads", 2),
       ("audio_config.diarization_config.audio_config.num_key_value_heads", 2),
       ("audio_config.diarization_config.head_config.audio_hidden_size", 32),
