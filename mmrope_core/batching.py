@@ -91,6 +91,9 @@ class BatchLayout:
         text_positions: whether the model takes M-RoPE positions with the text positions as their
             first row (transformers' ``(4, B, L)`` for three M-RoPE rows); False: only the rows
             its rotary embedding reads (HunYuan-VL's four xD-RoPE rows).
+        takes_positions: False where the model takes no ``position_ids`` and counts its 1-D
+            positions from the attention mask itself (InstructBLIP-Video's forward hands them on to
+            its Q-Former): ``PaddedCollator`` leaves them out of the batch.
         refused_sides: padding side -> why the model's own layers give a sample padded on that
             side other logits than the sample alone; ``PaddedCollator`` refuses the side.
         labels_right: the labels are a sequence of their own (an encoder-decoder's decoder
@@ -100,6 +103,7 @@ class BatchLayout:
 
     media: Mapping[str, MediaKey] = dataclasses.field(default_factory=dict)
     text_positions: bool = True
+    takes_positions: bool = True
     refused_sides: Mapping[str, str] = dataclasses.field(default_factory=dict)
     labels_right: bool = False
     packing: str = ""

@@ -83,8 +83,9 @@ class PaddedCollator:
                 starts = input_ids.shape[1] - torch.tensor([row.shape[1] for row in labels])
                 batch_labels[torch.arange(len(labels)), starts] = IGNORE_INDEX
         types = {key: self._padded(rows, input_ids.shape[1], 0) for key, rows in per_token.items()}
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": positions,
-                "labels": batch_labels, **types, **inputs}
+        given = {"position_ids": positions} if self.engine.batch_layout.takes_positions else {}
+        return {"input_ids": input_ids, "attention_mask": attention_mask, **given, "labels": batch_labels, **types,
+                **inputs}
 
     def _each_alone(self, positions: torch.Tensor, read: list[dict[str, Any]],
                     generated: list[torch.Tensor] | None) -> None:

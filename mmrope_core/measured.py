@@ -120,7 +120,12 @@ def _tiny_model(config: Any, settings: dict[str, int]) -> Any:
     tiny._attn_implementation = "sdpa"
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        model = AutoModel.from_config(tiny, attn_implementation="sdpa")
+        try:
+            model = AutoModel.from_config(tiny, attn_implementation="sdpa")
+        except ValueError:  # a type mapped to a head only (ShieldGemma 2 on Gemma3's): its base model
+            from transformers import AutoModelForImageTextToText
+
+            model = AutoModelForImageTextToText.from_config(tiny, attn_implementation="sdpa").model
     return model.eval().float()
 
 

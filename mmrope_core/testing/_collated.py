@@ -34,7 +34,12 @@ def collated_problem(samples: Sequence[Mapping[str, Any]], batch: Mapping[str, A
     from ..collators import PackedCollator
 
     ids, labels = batch["input_ids"], batch["labels"]
-    positions = batch["position_ids"]
+    positions = batch.get("position_ids")
+    if positions is None:  # a model that counts its own (InstructBLIP-Video): checked as the engine gives them
+        if collator.engine.batch_layout.takes_positions:
+            return "the batch holds no position_ids"
+        positions = collator.engine.compute_position_ids(ids, batch.get("attention_mask"), media_of(batch),
+                                                         collator.mm_processor_kwargs)
     four_rows = positions.dim() == 3
     laid = positions.transpose(0, 1) if four_rows else positions  # (B, rows, L) or (B, L)
     exact = ids.dtype == torch.int64

@@ -68,13 +68,19 @@ def rows_of(tiny):
     return [with_text(tiny, samples)]
 
 
+#: Models that run no sample of text alone: model type -> why.
+NO_TEXT_ALONE = {"glm_image": "an image generator: its own positions fail on text alone",
+                 **dict.fromkeys(("instructblip", "instructblipvideo"),
+                                 "its forward requires pixel_values: the Q-Former reads each row's image")}
+
+
 def with_text(tiny, samples):
     rows = [{**sample, "labels": sample["input_ids"].clone()} for sample in samples]
     tokenizer = tiny.processor.tokenizer
     ids = torch.tensor([tokenizer.convert_tokens_to_ids(tokenizer.tokenize("the cat sat on a mat"))])
     text = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
     text.update({key: torch.zeros_like(ids) for key in tiny.samples[0] if key.endswith("token_type_ids")})
-    if tiny.config.model_type != "glm_image":  # an image generator: its own positions fail on text alone
+    if tiny.config.model_type not in NO_TEXT_ALONE:
         rows.append(text)
     return rows
 
@@ -108,7 +114,8 @@ def by_hand(engine, samples):
             positions = positions[1:]
     join = JOINS.get(engine.config.model_type)
     joined = engine.collate(media) if join is None else join(media, lengths)
-    return {**batch, **joined, "position_ids": positions, "use_cache": False}
+    given = {"position_ids": positions} if engine.batch_layout.takes_positions else {}  # else it counts its own
+    return {**batch, **joined, **given, "use_cache": False}
 
 
 def joined_strips(media, lengths):

@@ -28,6 +28,13 @@ _MLLAMA = {
 
 _IMAGE_ROWS = {"pixel_values": MediaKey(items_dim=1), "pixel_attention_mask": MediaKey(items_dim=1)}
 
+_ONES_MASK = ("its forward replaces a missing attention mask with one of ones, which hides a packed row's segments "
+              "from its language model: every segment would attend to the ones before it")
+
+_PATCHES_AFTER_PADDING = ("its encoder appends the image patches after the whole padded row, so the relative "
+                          "position bias between a shorter sample's text and its patches grows with the padding "
+                          "(its processor's own padded batch changes the sample too); train it one sample a batch")
+
 #: model_type -> what its processor's batched call does otherwise, and why packed rows cannot hold it.
 LAYOUTS: Mapping[str, BatchLayout] = {
     # one (1, 3, 14, W) strip per sample; the batch's strips joined into one, as the model takes them
@@ -53,6 +60,17 @@ LAYOUTS: Mapping[str, BatchLayout] = {
     # the processor batches text-to-image or image-to-image samples with one source count, not a mix
     "glm_image": BatchLayout(media={"images_per_sample": MediaKey(uniform=True),
                                     "pixel_values": MediaKey(all_or_none=True)}),
+    # the Q-Former reads row i's instruction beside image i: every sample holds an image (its processor
+    # gives every row of a batch with images their tokens); its forward hands the language model a mask
+    # of ones where it gets none, hiding a packed row's boundaries (InstructBLIP-Video: the same code)
+    "instructblip": BatchLayout(media={"pixel_values": MediaKey(all_or_none=True)}, packing=_ONES_MASK),
+    # InstructBLIP-Video's forward also hands position_ids on to its Q-Former, which fails on them:
+    # its language model (OPT) counts them from the mask
+    "instructblipvideo": BatchLayout(media={"pixel_values": MediaKey(all_or_none=True)}, takes_positions=False,
+                                     packing=_ONES_MASK),
+    # its encoder appends the image patches no text token covers after the whole padded row: T5's
+    # relative position bias between a sample's text and those patches grows with the padding
+    "udop": BatchLayout(refused_sides=dict.fromkeys(("left", "right"), _PATCHES_AFTER_PADDING)),
     # its text model takes exactly its xD-RoPE rows (it raises on the text row transformers 5.x
     # prepends), and without that row it cannot find a packed row's segments
     "hunyuan_vl": BatchLayout(text_positions=False,
@@ -67,21 +85,27 @@ def layout_of(processor: Any, config: Any) -> BatchLayout | None:
     stated = LAYOUTS.get(model_type)
     media = dict(stated.media) if stated else {}
     media.update(_placed_per_row(processor, config))
-    refused = _refused_sides(config)
+    refused = {**(stated.refused_sides if stated else {}), **_refused_sides(config)}
     labels_right = bool(getattr(config, "is_encoder_decoder", False))
     if not (stated or media or refused or labels_right):
         return None
     return BatchLayout(media=media, text_positions=stated.text_positions if stated else True,
+                       takes_positions=stated.takes_positions if stated else True,
                        refused_sides=refused, labels_right=labels_right, packing=stated.packing if stated else "")
 
 
 def _placed_per_row(processor: Any, config: Any) -> dict[str, MediaKey]:
-    """A processor that takes images but writes no placeholder for them feeds a model that places
-    each row's image itself (GIT prepends it): one per batch row, every row."""
+    """A processor that takes images but writes no placeholder for them, for a model whose config
+    names no image token, feeds a model that places each row's image itself (GIT prepends it):
+    one per batch row, every row."""
     from .models import sees_images
 
     image_processor = getattr(processor, "image_processor", None)
     if image_processor is None or any(media_token_ids(processor)) or not sees_images(config):
+        return {}
+    # the model finds its placeholders by the config's id, which the prompt's template writes
+    # (PP-Chart2Table's processor expands none itself)
+    if any(isinstance(getattr(config, name, None), int) for name in ("image_token_id", "image_token_index")):
         return {}
     if any(getattr(processor, name, None) is not None for name in ("image_token", "image_token_id")):
         return {}
