@@ -120,7 +120,7 @@ def extra_cases():
 
 
 #: Modules beside this one whose ``extra_cases()`` returns more cases of the same shape.
-CASE_MODULES: tuple[str, ...] = ()
+CASE_MODULES: tuple[str, ...] = ("cases_pad_more_a",)
 
 
 @contextlib.contextmanager

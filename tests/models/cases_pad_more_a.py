@@ -1,0 +1,45 @@
+"""More model types for the model-level collator tests (test_padded_batches.py, test_packed_rows.py),
+each with its real processor built in code: Chameleon.
+"""
+
+from __future__ import annotations
+
+import functools
+
+#: Chameleon's VQ codes as its vocabulary names them (``IMGIMG`` + the code in letters A-J + ``Z``).
+CHAMELEON_CODES = tuple(f"IMGIMG{letter}Z" for letter in "ABCD")
+
+
+def extra_cases():
+    import transformers
+
+    found = {}
+    if "chameleon" in transformers.CONFIG_MAPPING:
+        # a VQ encoder of 4 codes that turns a 16-pixel image into 2x2 codes: 4 tokens an image
+        found["Chameleon (chameleon)"] = (chameleon, functools.partial(image_calls, side=16, image_text="<image> "), (
+            ("vq_config.resolution", 16), ("vq_config.channel_multiplier", [1, 1, 1, 1]),
+            ("vq_config.num_embeddings", len(CHAMELEON_CODES)), ("vq_config.base_channels", 32),
+            ("vq_config.num_res_blocks", 1)))
+    return found
+
+
+def image_calls(processor, rng, side=28, image_text=""):
+    """Two samples with an image each, of ``side`` pixels, ``image_text`` where the text places it."""
+    from mmrope_core.tiny import filler_text, random_image
+
+    return [{"text": [f"{image_text}{filler_text(rng, count)}".strip()], "images": [random_image(rng, side, side)],
+             "return_tensors": "pt"} for count in (4, 2)]
+
+
+def chameleon():
+    import transformers
+    from transformers.models.chameleon.image_processing_pil_chameleon import ChameleonImageProcessorPil
+
+    from mmrope_core.tiny import FILLER_WORDS, word_level_tokenizer
+
+    tokenizer = word_level_tokenizer({"image_token": "<image>", "boi_token": "<racm3:break>", "eoi_token": "<eoss>",
+                                      "sep_token": "<reserved08706>"}, words=(*FILLER_WORDS, *CHAMELEON_CODES))
+    image_processor = ChameleonImageProcessorPil(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16})
+    processor = transformers.ChameleonProcessor(image_processor, tokenizer, image_seq_length=4)
+    config = transformers.AutoConfig.for_model("chameleon", vocabulary_map=tokenizer.get_vocab())
+    return processor, config
