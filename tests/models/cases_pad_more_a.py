@@ -20,6 +20,10 @@ def extra_cases():
             ("vq_config.resolution", 16), ("vq_config.channel_multiplier", [1, 1, 1, 1]),
             ("vq_config.num_embeddings", len(CHAMELEON_CODES)), ("vq_config.base_channels", 32),
             ("vq_config.num_res_blocks", 1)))
+    if "blip-2" in transformers.CONFIG_MAPPING:  # patches that tile its 28-pixel images, 4 query tokens
+        found["BLIP-2 (blip-2)"] = (blip_2, image_calls, (("vision_config.patch_size", 14),
+                                                          ("vision_config.image_size", 28), ("num_query_tokens", 4),
+                                                          ("text_config.word_embed_proj_dim", 32)))
     return found
 
 
@@ -42,4 +46,19 @@ def chameleon():
     image_processor = ChameleonImageProcessorPil(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16})
     processor = transformers.ChameleonProcessor(image_processor, tokenizer, image_seq_length=4)
     config = transformers.AutoConfig.for_model("chameleon", vocabulary_map=tokenizer.get_vocab())
+    return processor, config
+
+
+def blip_2():
+    import transformers
+    from transformers.models.blip.image_processing_pil_blip import BlipImageProcessorPil
+
+    from mmrope_core.tiny import word_level_tokenizer
+
+    tokenizer = word_level_tokenizer({"bos_token": "</s>"})
+    image_processor = BlipImageProcessorPil(size={"height": 28, "width": 28})
+    # the checkpoints' tokenizer has no image token: the processor adds it
+    processor = transformers.Blip2Processor(image_processor, tokenizer, num_query_tokens=4)
+    config = transformers.AutoConfig.for_model("blip-2", num_query_tokens=4)
+    config.image_token_id = tokenizer.convert_tokens_to_ids("<image>")
     return processor, config

@@ -74,7 +74,8 @@ def with_text(tiny, samples):
     ids = torch.tensor([tokenizer.convert_tokens_to_ids(tokenizer.tokenize("the cat sat on a mat"))])
     text = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
     text.update({key: torch.zeros_like(ids) for key in tiny.samples[0] if key.endswith("token_type_ids")})
-    if tiny.config.model_type != "glm_image":  # an image generator: its own positions fail on text alone
+    # an image generator (its own positions fail on text alone), or a model that needs its image
+    if tiny.config.model_type not in ("glm_image", *padded_batches.NEEDS_MEDIA):
         rows.append(text)
     return rows
 

@@ -385,7 +385,7 @@ def tiny_of_spec(name):
                for call in calls(processor, random.Random(0))]
     tiny = _tiny_config(config, processor, samples, overrides)
     model_class = _model_class(tiny)
-    tiny._attn_implementation = "sdpa" if getattr(model_class, "_supports_sdpa", True) else "eager"
+    tiny._attn_implementation = attention_of(model_class, tiny)
     if tiny.model_type not in ONE_D_ROTARY_SECTIONS:
         _fit_rope_sections(model_class, tiny)
     with torch.random.fork_rng():
@@ -393,6 +393,22 @@ def tiny_of_spec(name):
         model = model_class(tiny).eval()
         _enliven(model)
     return TinyModel(name, processor, tiny, model, samples, (), {}, {})
+
+
+def attention_of(model_class, config):
+    """sdpa where the model and every part of it take it (transformers 5.10's BLIP-2 Q-Former
+    does not, its model does), else eager."""
+    if not getattr(model_class, "_supports_sdpa", True):
+        return "eager"
+    config._attn_implementation = "sdpa"
+    try:
+        with torch.device("meta"):
+            model_class(config)
+    except ValueError as refused:
+        if "does not support an attention implementation" not in str(refused):
+            raise
+        return "eager"
+    return "sdpa"
 
 
 def samples_calls(name, processor):
@@ -417,13 +433,16 @@ def samples_of(tiny):
     return [*tiny.samples, dict(tiny.processor(**calls_of(tiny)[-1]))]
 
 
+#: Model types whose forward takes no sample without its image (``pixel_values`` is a required
+#: argument): they train no text-only sample, padded or packed.
+NEEDS_MEDIA = {"blip-2"}
 #: What processors say when they refuse a text-only sample, alone (PaliGemma's) or beside samples
 #: with images (transformers 5.10's Mllama's): their batches then hold none.
 NO_TEXT_ONLY = ("at least one image per sample", "`images` are expected", "they must match 1:1")
 #: Model types whose processor takes no sample without its media (GOT-OCR2's writes each prompt
 #: around its image: transformers 5.24 says so, 5.10 fails loading the missing image; Qwen3-ASR's
-#: requires its audio argument).
-MEDIA_EVERY_SAMPLE = {"got_ocr2", "qwen3_asr"}
+#: requires its audio argument), and those whose model takes none (:data:`NEEDS_MEDIA`).
+MEDIA_EVERY_SAMPLE = {"got_ocr2", "qwen3_asr", *NEEDS_MEDIA}
 
 
 @functools.cache
@@ -445,8 +464,22 @@ def takes_text_beside_images(name):
     return True
 
 
+#: Processors that pad the text before prepending tokens of their own (BLIP-2's query tokens): their
+#: left-padded rows hold the padding after those tokens. The reference moves it to the row's start,
+#: where the collator puts it; the model reads its positions from the mask either way.
+PADS_BEFORE_ITS_PREFIX = {"blip-2"}
+
+
 def processor_batch(tiny, calls, side):
     """The processor's own batched call on the samples' texts and media, padded on ``side``."""
+    batch = _processor_batch(tiny, calls, side)
+    if side == "left" and tiny.config.model_type in PADS_BEFORE_ITS_PREFIX:
+        order = batch["attention_mask"].argsort(dim=1, stable=True)  # padding first, tokens in order
+        batch.update({key: batch[key].gather(1, order) for key in ("input_ids", "attention_mask")})
+    return batch
+
+
+def _processor_batch(tiny, calls, side):
     media = {}
     for kind in MEDIA:
         if any(kind in call for call in calls):

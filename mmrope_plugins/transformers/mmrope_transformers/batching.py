@@ -43,6 +43,10 @@ LAYOUTS: Mapping[str, BatchLayout] = {
     # the processor batches text-to-image or image-to-image samples with one source count, not a mix
     "glm_image": BatchLayout(media={"images_per_sample": MediaKey(uniform=True),
                                     "pixel_values": MediaKey(all_or_none=True)}),
+    # its forward fills a missing attention mask with ones before its language model sees the row
+    "blip-2": BatchLayout(packing="its forward fills the attention mask a packed row goes without with ones, so "
+                                  "transformers never reads the segments' boundaries from the position ids and "
+                                  "every segment attends to the ones before it"),
     # its text model takes exactly its xD-RoPE rows (it raises on the text row transformers 5.x
     # prepends), and without that row it cannot find a packed row's segments
     "hunyuan_vl": BatchLayout(text_positions=False,
