@@ -24,6 +24,9 @@ def extra_cases():
         found["BLIP-2 (blip-2)"] = (blip_2, image_calls, (("vision_config.patch_size", 14),
                                                           ("vision_config.image_size", 28), ("num_query_tokens", 4),
                                                           ("text_config.word_embed_proj_dim", 32)))
+    if "blip" in transformers.CONFIG_MAPPING:  # its text decoder's loss without the checkpoints' label smoothing
+        found["BLIP (blip)"] = (blip, image_calls, (("vision_config.patch_size", 14), ("vision_config.image_size", 28),
+                                                    ("text_config.label_smoothing", 0.0)))
     return found
 
 
@@ -61,4 +64,17 @@ def blip_2():
     processor = transformers.Blip2Processor(image_processor, tokenizer, num_query_tokens=4)
     config = transformers.AutoConfig.for_model("blip-2", num_query_tokens=4)
     config.image_token_id = tokenizer.convert_tokens_to_ids("<image>")
+    return processor, config
+
+
+def blip():
+    """The processor writes no image tokens: the model's text decoder attends to its row's image."""
+    import transformers
+    from transformers.models.blip.image_processing_pil_blip import BlipImageProcessorPil
+
+    from mmrope_core.tiny import word_level_tokenizer
+
+    tokenizer = word_level_tokenizer({"bos_token": "[DEC]", "sep_token": "[SEP]"})
+    processor = transformers.BlipProcessor(BlipImageProcessorPil(size={"height": 28, "width": 28}), tokenizer)
+    config = transformers.AutoConfig.for_model("blip")
     return processor, config

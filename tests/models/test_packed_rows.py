@@ -136,10 +136,16 @@ def joined_cross_attention(media, lengths):
             "cross_attention_mask": mask}
 
 
+def one_image_a_row(media, lengths):
+    """BLIP's image as its model takes it, one a row (its text decoder attends to it): the first
+    sample's, the only one a packed row can hold."""
+    return dict(media[0])
+
+
 #: How a refusal names media handed to a batch's rows one by one (GLM-Image on transformers 5.10).
 MEDIA_BY_ROWS = "hands the media to the batch's rows one by one"
 #: Media of a packed row joined by hand where the engine's batch of them is not the model's one row.
-JOINS = {"minicpmv4_7": joined_strips, "mllama": joined_cross_attention}
+JOINS = {"minicpmv4_7": joined_strips, "mllama": joined_cross_attention, "blip": one_image_a_row}
 
 
 def segments_of(logits, samples):

@@ -435,7 +435,7 @@ def samples_of(tiny):
 
 #: Model types whose forward takes no sample without its image (``pixel_values`` is a required
 #: argument): they train no text-only sample, padded or packed.
-NEEDS_MEDIA = {"blip-2"}
+NEEDS_MEDIA = {"blip", "blip-2"}
 #: What processors say when they refuse a text-only sample, alone (PaliGemma's) or beside samples
 #: with images (transformers 5.10's Mllama's): their batches then hold none.
 NO_TEXT_ONLY = ("at least one image per sample", "`images` are expected", "they must match 1:1")
