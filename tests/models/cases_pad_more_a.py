@@ -27,15 +27,23 @@ def extra_cases():
     if "blip" in transformers.CONFIG_MAPPING:  # its text decoder's loss without the checkpoints' label smoothing
         found["BLIP (blip)"] = (blip, image_calls, (("vision_config.patch_size", 14), ("vision_config.image_size", 28),
                                                     ("text_config.label_smoothing", 0.0)))
+    if "idefics" in transformers.CONFIG_MAPPING:  # patches that tile its 28-pixel images
+        found["IDEFICS (idefics)"] = (idefics, functools.partial(image_calls, nested=True), (
+            ("vision_config.patch_size", 14), ("vision_config.image_size", 28)))
     return found
 
 
-def image_calls(processor, rng, side=28, image_text=""):
-    """Two samples with an image each, of ``side`` pixels, ``image_text`` where the text places it."""
+def image_calls(processor, rng, side=28, image_text="", nested=False):
+    """Two samples with an image each, of ``side`` pixels, ``image_text`` where the text places it
+    (``nested``: each sample's images in a list of their own)."""
     from mmrope_core.tiny import filler_text, random_image
 
-    return [{"text": [f"{image_text}{filler_text(rng, count)}".strip()], "images": [random_image(rng, side, side)],
-             "return_tensors": "pt"} for count in (4, 2)]
+    calls = []
+    for count in (4, 2):
+        image = random_image(rng, side, side)
+        calls.append({"text": [f"{image_text}{filler_text(rng, count)}".strip()],
+                      "images": [[image]] if nested else [image], "return_tensors": "pt"})
+    return calls
 
 
 def chameleon():
@@ -77,4 +85,19 @@ def blip():
     tokenizer = word_level_tokenizer({"bos_token": "[DEC]", "sep_token": "[SEP]"})
     processor = transformers.BlipProcessor(BlipImageProcessorPil(size={"height": 28, "width": 28}), tokenizer)
     config = transformers.AutoConfig.for_model("blip")
+    return processor, config
+
+
+def idefics():
+    """Its processor writes each image's tokens itself, from the images given after the text."""
+    import transformers
+    from transformers.models.idefics.image_processing_pil_idefics import IdeficsImageProcessorPil
+
+    from mmrope_core.tiny import word_level_tokenizer
+
+    tokenizer = word_level_tokenizer({"bos_token": "<s>", "eos_token": "</s>", "image_token": "<image>",
+                                      "fake_image_token": "<fake_token_around_image>",
+                                      "end_of_utterance_token": "<end_of_utterance>"})
+    processor = transformers.IdeficsProcessor(IdeficsImageProcessorPil(image_size=28), tokenizer)
+    config = transformers.AutoConfig.for_model("idefics")
     return processor, config

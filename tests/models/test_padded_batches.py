@@ -68,8 +68,8 @@ PROCESSOR_BATCH_IS_REFERENCE = {
                 "an image other logits than alone (by 2.5e-5 in float64), the same as the collator's batch does",
 }
 #: Keys compared at the real tokens only: the processor fills them at padding tokens too (Mllama's
-#: last image attends to the end of the padded row), which no real token reads.
-AT_TOKENS_ONLY = {"cross_attention_mask"}
+#: and IDEFICS's last image attends to the end of the padded row), which no real token reads.
+AT_TOKENS_ONLY = {"cross_attention_mask", "image_attention_mask"}
 #: Audio features compared at each clip's frames but its last: the processor's batch computes the
 #: last frame of a shorter clip from a window reaching into its padding, which the clip alone never
 #: has; the model reads only the frames the mask marks, and trains each sample as it comes alone.

@@ -26,6 +26,15 @@ _MLLAMA = {
     "cross_attention_mask": MediaKey(items_dim=2, token_dim=1),
 }
 
+#: IDEFICS: every sample gets a row of the batch's most images, its image attention mask one entry
+#: per token, padded as the ids are
+_IDEFICS = {"pixel_values": MediaKey(items_dim=1), "image_attention_mask": MediaKey(items_dim=2, token_dim=1)}
+
+#: Models whose forward fills a missing attention mask with ones before its language model sees the row.
+_FILLS_THE_MASK = ("its forward fills the attention mask a packed row goes without with ones, so transformers never "
+                   "reads the segments' boundaries from the position ids and every segment attends to the ones "
+                   "before it")
+
 _IMAGE_ROWS = {"pixel_values": MediaKey(items_dim=1), "pixel_attention_mask": MediaKey(items_dim=1)}
 
 #: model_type -> what its processor's batched call does otherwise, and why packed rows cannot hold it.
@@ -36,6 +45,10 @@ LAYOUTS: Mapping[str, BatchLayout] = {
     "mllama": BatchLayout(media=_MLLAMA, packing="its cross-attention mask and image rows are per batch row: "
                                                  "a packed row would let every segment's tokens see the images "
                                                  "of the row's first sample only"),
+    # packed rows: their forward fills the attention mask with ones (IDEFICS's gated cross-attention
+    # alone would keep to a block-diagonal image mask)
+    "idefics": BatchLayout(media=_IDEFICS, packing=_FILLS_THE_MASK),
+    "blip-2": BatchLayout(packing=_FILLS_THE_MASK),
     # every sample gets a row of the batch's most images; the model drops the all-zero ones
     # (Idefics2 and SmolVLM: the same image processor and model code as Idefics3); Granite-Docling:
     # a row of the batch's most tiles, the model taking those its pixel_attention_mask marks
@@ -43,10 +56,6 @@ LAYOUTS: Mapping[str, BatchLayout] = {
     # the processor batches text-to-image or image-to-image samples with one source count, not a mix
     "glm_image": BatchLayout(media={"images_per_sample": MediaKey(uniform=True),
                                     "pixel_values": MediaKey(all_or_none=True)}),
-    # its forward fills a missing attention mask with ones before its language model sees the row
-    "blip-2": BatchLayout(packing="its forward fills the attention mask a packed row goes without with ones, so "
-                                  "transformers never reads the segments' boundaries from the position ids and "
-                                  "every segment attends to the ones before it"),
     # its text model takes exactly its xD-RoPE rows (it raises on the text row transformers 5.x
     # prepends), and without that row it cannot find a packed row's segments
     "hunyuan_vl": BatchLayout(text_positions=False,
