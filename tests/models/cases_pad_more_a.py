@@ -10,6 +10,10 @@ import functools
 CHAMELEON_CODES = tuple(f"IMGIMG{letter}Z" for letter in "ABCD")
 
 
+#: Emu3's VQ codes as its vocabulary names them, and the end of a row of codes.
+EMU3_CODES = tuple(f"<|visual token {code:06d}|>" for code in range(4))
+
+
 def extra_cases():
     import transformers
 
@@ -30,17 +34,24 @@ def extra_cases():
     if "idefics" in transformers.CONFIG_MAPPING:  # patches that tile its 28-pixel images
         found["IDEFICS (idefics)"] = (idefics, functools.partial(image_calls, nested=True), (
             ("vision_config.patch_size", 14), ("vision_config.image_size", 28)))
+    if "emu3" in transformers.CONFIG_MAPPING:
+        # a VQ encoder of 4 codes and the processor's 8-fold downsampling: images of 16x16 and 16x24
+        # pixels become 2x2 and 2x3 codes, a row's end after each row of codes
+        found["Emu3 (emu3)"] = (emu3, functools.partial(image_calls, sizes=[(16, 16), (16, 24)], image_text="<image> "), (
+            ("vq_config.channel_multiplier", [1, 1, 1, 1]), ("vq_config.codebook_size", len(EMU3_CODES)),
+            ("vq_config.base_channels", 32), ("vq_config.num_res_blocks", 1), ("vq_config.embed_dim", 4),
+            ("vq_config.latent_channels", 4)))
     return found
 
 
-def image_calls(processor, rng, side=28, image_text="", nested=False):
-    """Two samples with an image each, of ``side`` pixels, ``image_text`` where the text places it
-    (``nested``: each sample's images in a list of their own)."""
+def image_calls(processor, rng, side=28, image_text="", nested=False, sizes=None):
+    """Two samples with an image each, of ``side`` pixels (or ``sizes``, (height, width) each),
+    ``image_text`` where the text places it (``nested``: each sample's images in a list of their own)."""
     from mmrope_core.tiny import filler_text, random_image
 
     calls = []
-    for count in (4, 2):
-        image = random_image(rng, side, side)
+    for count, (height, width) in zip((4, 2), sizes or [(side, side)] * 2):
+        image = random_image(rng, height, width)
         calls.append({"text": [f"{image_text}{filler_text(rng, count)}".strip()],
                       "images": [[image]] if nested else [image], "return_tensors": "pt"})
     return calls
@@ -100,4 +111,21 @@ def idefics():
                                       "end_of_utterance_token": "<end_of_utterance>"})
     processor = transformers.IdeficsProcessor(IdeficsImageProcessorPil(image_size=28), tokenizer)
     config = transformers.AutoConfig.for_model("idefics")
+    return processor, config
+
+
+def emu3():
+    import transformers
+    from transformers.models.emu3.image_processing_emu3 import Emu3ImageProcessor
+
+    from mmrope_core.tiny import FILLER_WORDS, word_level_tokenizer
+
+    tokenizer = word_level_tokenizer({"image_token": "<image>", "boi_token": "<|image start|>",
+                                      "eoi_token": "<|image end|>", "image_wrapper_token": "<|image token|>",
+                                      "eof_token": "<|extra_201|>", "bos_token": "<|extra_203|>",
+                                      "eol_token": "<|extra_200|>"}, words=(*FILLER_WORDS, "2*2", "2*3", *EMU3_CODES))
+    # Pillow only (its module imports no torchvision): sides of multiples of its 8-pixel factor, kept
+    image_processor = Emu3ImageProcessor(min_pixels=16 * 16, max_pixels=16 * 24)
+    processor = transformers.Emu3Processor(image_processor, tokenizer)
+    config = transformers.AutoConfig.for_model("emu3", vocabulary_map=tokenizer.get_vocab())
     return processor, config
