@@ -5,6 +5,7 @@ each with its real processor built in code: Chameleon.
 from __future__ import annotations
 
 import functools
+import re
 
 #: Chameleon's VQ codes as its vocabulary names them (``IMGIMG`` + the code in letters A-J + ``Z``).
 CHAMELEON_CODES = tuple(f"IMGIMG{letter}Z" for letter in "ABCD")
@@ -41,6 +42,8 @@ def extra_cases():
             ("vq_config.channel_multiplier", [1, 1, 1, 1]), ("vq_config.codebook_size", len(EMU3_CODES)),
             ("vq_config.base_channels", 32), ("vq_config.num_res_blocks", 1), ("vq_config.embed_dim", 4),
             ("vq_config.latent_channels", 4)))
+    if "fuyu" in transformers.CONFIG_MAPPING:  # 14-pixel patches: 2x2 an image, each row ending in a newline
+        found["Fuyu (fuyu)"] = (fuyu, image_calls, (("patch_size", 14), ("image_size", 28)))
     return found
 
 
@@ -129,3 +132,46 @@ def emu3():
     processor = transformers.Emu3Processor(image_processor, tokenizer)
     config = transformers.AutoConfig.for_model("emu3", vocabulary_map=tokenizer.get_vocab())
     return processor, config
+
+
+def fuyu():
+    """Its processor with a stand-in image processor: the Pillow one, whose ``patchify_image`` takes
+    the tensors transformers 5.24's processor hands it (the torchvision one, which takes tensors,
+    needs torchvision): the same patches, as tensors."""
+    import torch
+    import transformers
+    from transformers.models.fuyu.image_processing_pil_fuyu import FuyuImageProcessorPil
+
+    class TensorPatchesFuyuImageProcessor(FuyuImageProcessorPil):
+        def patchify_image(self, image, patch_size=None):  # the same patches, a tensor in and out
+            if not isinstance(image, torch.Tensor):  # transformers 5.10's processor hands it arrays
+                return super().patchify_image(image, patch_size)
+            return torch.from_numpy(super().patchify_image(image.numpy(), patch_size))
+
+
+    tokenizer = fuyu_tokenizer()
+    image_processor = TensorPatchesFuyuImageProcessor(size={"height": 28, "width": 28},
+                                                      patch_size={"height": 14, "width": 14})
+    processor = transformers.FuyuProcessor(image_processor, tokenizer)
+    config = transformers.AutoConfig.for_model("fuyu")
+    config.image_token_id = tokenizer.convert_tokens_to_ids("|SPEAKER|")
+    return processor, config
+
+
+def fuyu_tokenizer():
+    """A word-level tokenizer that starts every text with ``▁``, as the checkpoint's SentencePiece
+    tokenizer does: the processor strips that first token off the image's placeholder tokens."""
+    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from mmrope_core.tiny import FILLER_WORDS
+
+    # the image's tokens, the answer's start and the text's end (transformers 5.10's processor reads them)
+    specials = ["|SPEAKER|", "|NEWLINE|", "<s>", "<0x04>", "|ENDOFTEXT|"]
+    words = ["<pad>", "[UNK]", "▁", *specials, *FILLER_WORDS]
+    model = Tokenizer(models.WordLevel(vocab={word: index for index, word in enumerate(words)}, unk_token="[UNK]"))
+    model.normalizer = normalizers.Prepend("▁ ")
+    model.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex("|".join(map(re.escape, specials))), behavior="isolated"),
+        pre_tokenizers.WhitespaceSplit()])
+    return PreTrainedTokenizerFast(tokenizer_object=model, pad_token="<pad>", unk_token="[UNK]", bos_token="<s>")

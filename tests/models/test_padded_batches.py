@@ -70,6 +70,10 @@ PROCESSOR_BATCH_IS_REFERENCE = {
 #: Keys compared at the real tokens only: the processor fills them at padding tokens too (Mllama's
 #: and IDEFICS's last image attends to the end of the padded row), which no real token reads.
 AT_TOKENS_ONLY = {"cross_attention_mask", "image_attention_mask"}
+#: Keys a processor gives that the model takes and never reads: transformers 5.10's Fuyu processor
+#: gives image_patches_indices, longer than the row and padded on the left whatever side is asked;
+#: its model finds the image tokens by their id.
+NEVER_READ = ("image_patches_indices",)
 #: Audio features compared at each clip's frames but its last: the processor's batch computes the
 #: last frame of a shorter clip from a window reaching into its padding, which the clip alone never
 #: has; the model reads only the frames the mask marks, and trains each sample as it comes alone.
@@ -441,8 +445,9 @@ NEEDS_MEDIA = {"blip", "blip-2"}
 NO_TEXT_ONLY = ("at least one image per sample", "`images` are expected", "they must match 1:1")
 #: Model types whose processor takes no sample without its media (GOT-OCR2's writes each prompt
 #: around its image: transformers 5.24 says so, 5.10 fails loading the missing image; Qwen3-ASR's
-#: requires its audio argument), and those whose model takes none (:data:`NEEDS_MEDIA`).
-MEDIA_EVERY_SAMPLE = {"got_ocr2", "qwen3_asr", *NEEDS_MEDIA}
+#: requires its audio argument; Fuyu's pairs texts with images, dropping the texts past them), and
+#: those whose model takes none (:data:`NEEDS_MEDIA`).
+MEDIA_EVERY_SAMPLE = {"got_ocr2", "qwen3_asr", "fuyu", *NEEDS_MEDIA}
 
 
 @functools.cache
@@ -464,17 +469,19 @@ def takes_text_beside_images(name):
     return True
 
 
-#: Processors that pad the text before prepending tokens of their own (BLIP-2's query tokens): their
-#: left-padded rows hold the padding after those tokens. The reference moves it to the row's start,
-#: where the collator puts it; the model reads its positions from the mask either way.
-PADS_BEFORE_ITS_PREFIX = {"blip-2"}
+#: Processors that place the padding their own way: BLIP-2's pads the text before prepending its
+#: query tokens (its left-padded rows hold the padding after them), Fuyu's pads on the left whatever
+#: side is asked. The reference moves it to the side asked, where the collator puts it; the model
+#: reads its positions from the mask either way.
+PADS_ITS_OWN_WAY = {"blip-2", "fuyu"}
 
 
 def processor_batch(tiny, calls, side):
     """The processor's own batched call on the samples' texts and media, padded on ``side``."""
     batch = _processor_batch(tiny, calls, side)
-    if side == "left" and tiny.config.model_type in PADS_BEFORE_ITS_PREFIX:
-        order = batch["attention_mask"].argsort(dim=1, stable=True)  # padding first, tokens in order
+    if tiny.config.model_type in PADS_ITS_OWN_WAY:
+        mask = batch["attention_mask"].long()
+        order = (mask if side == "left" else 1 - mask).argsort(dim=1, stable=True)  # tokens kept in order
         batch.update({key: batch[key].gather(1, order) for key in ("input_ids", "attention_mask")})
     return batch
 
@@ -567,7 +574,7 @@ def equals_the_processors_batch(tiny, batch, calls, side):
     torch.testing.assert_close(batch["attention_mask"], reference["attention_mask"].to(batch["attention_mask"].dtype),
                                rtol=0, atol=0)
     for key, value in reference.items():
-        if not isinstance(value, torch.Tensor) or key in ("input_ids", "attention_mask", "labels"):
+        if not isinstance(value, torch.Tensor) or key in ("input_ids", "attention_mask", "labels", *NEVER_READ):
             continue
         assert key in batch, f"{key}: in the processor's batch, not in the collator's"
         mine = batch[key]
