@@ -15,8 +15,26 @@ CHAMELEON_CODES = tuple(f"IMGIMG{letter}Z" for letter in "ABCD")
 EMU3_CODES = tuple(f"<|visual token {code:06d}|>" for code in range(4))
 
 
+def dots3_note_spec():
+    """dots3.note's processor over Qwen2-VL's image processor, with its own audio feature extractor."""
+    import transformers
+
+    from mmrope_transformers.specs import _QWEN_IMAGE, Spec
+
+    # one frame a patch: its vision tower embeds 3 x 14 x 14 values a patch
+    return Spec("dots3.note (dots3_note)", "dots3_note", "Dots3NoteProcessor",
+                ("qwen2_vl", "Qwen2VLImageProcessorPil", {"temporal_patch_size": 1}),
+                {"image_token": "<|imgpad|>", "video_token": "<|video_pad|>", "audio_token": "<|audio_comp_pad|>",
+                 "vision_start_token": "<|vision_start|>", "vision_end_token": "<|vision_end|>"},
+                {"image_token_id": "<|imgpad|>", "video_token_id": "<|video_pad|>",
+                 "audio_token_id": "<|audio_comp_pad|>"}, _QWEN_IMAGE, video_processor=True,
+                processor_kwargs={"feature_extractor": transformers.Dots3NoteFeatureExtractor()})
+
+
 def extra_cases():
     import transformers
+
+    from mmrope_transformers.examples import build, samples
 
     found = {}
     if "chameleon" in transformers.CONFIG_MAPPING:
@@ -44,6 +62,17 @@ def extra_cases():
             ("vq_config.latent_channels", 4)))
     if "fuyu" in transformers.CONFIG_MAPPING:  # 14-pixel patches: 2x2 an image, each row ending in a newline
         found["Fuyu (fuyu)"] = (fuyu, image_calls, (("patch_size", 14), ("image_size", 28)))
+    if "dots3_note" in transformers.CONFIG_MAPPING:  # the adapters' widths follow the tiny towers'
+        spec = dots3_note_spec()
+        found[spec.name] = (functools.partial(build, spec), functools.partial(samples, spec), (
+            ("vision_config.adapter_in_dim", 32), ("vision_config.adapter_out_dim", 32),
+            ("audio_config.adapter_input_size", 32), ("audio_config.adapter_out_dim", 32),
+            # its attention takes as many key-value heads as query heads, its sliding layers' head
+            # the sum of their rotary and other parts
+            ("text_config.num_key_value_heads", 2),
+            ("text_config.per_layer_config", {"2": {"num_attention_heads": 2, "num_key_value_heads": 2,
+                                                    "kv_lora_rank": 32, "qk_nope_head_dim": 16, "head_dim": 32}}),
+            ("vision_config.per_layer_config", {"1": {"num_local_experts": 4}})))  # its vision experts: 2 routed
     return found
 
 
@@ -147,7 +176,6 @@ def fuyu():
             if not isinstance(image, torch.Tensor):  # transformers 5.10's processor hands it arrays
                 return super().patchify_image(image, patch_size)
             return torch.from_numpy(super().patchify_image(image.numpy(), patch_size))
-
 
     tokenizer = fuyu_tokenizer()
     image_processor = TensorPatchesFuyuImageProcessor(size={"height": 28, "width": 28},

@@ -64,6 +64,9 @@ SIDES = ("right", "left")
 #: part in the cross-attention): the processor's batch through the model is the reference.
 PROCESSOR_BATCH_IS_REFERENCE = {
     "mllama": "an empty image slot of a row takes part in its cross-attention",
+    "dots3_note": "its indexer keeps a query's index_topk best-scored keys, and torch.topk tells keys scored alike "
+                  "(a ReLU scores many 0) apart otherwise in a longer row: the model's own padded batch changes a "
+                  "sample, on either side",
     "hy_v4_vl": "the model's own batch changes a sample: its processor's batch through the model gives a sample with "
                 "an image other logits than alone (by 2.5e-5 in float64), the same as the collator's batch does",
 }
