@@ -73,6 +73,15 @@ def extra_cases():
             ("text_config.per_layer_config", {"2": {"num_attention_heads": 2, "num_key_value_heads": 2,
                                                     "kv_lora_rank": 32, "qk_nope_head_dim": 16, "head_dim": 32}}),
             ("vision_config.per_layer_config", {"1": {"num_local_experts": 4}})))  # its vision experts: 2 routed
+    if "deepseek_ocr2" in transformers.CONFIG_MAPPING:
+        # 768-pixel global views (its vision tower's queries are sized for 768 or 1024 pixels: 144
+        # tokens an image), a narrow SAM encoder (its MLP width is no size the tiny config shrinks)
+        found["DeepSeek-OCR-2 (deepseek_ocr2)"] = (deepseek_ocr2, functools.partial(image_calls, side=56,
+                                                                                  image_text="<image> "), (
+            ("vision_config.sam_config.image_size", 768), ("vision_config.sam_config.mlp_dim", 64),
+            ("vision_config.sam_config.downsample_channels", [32, 32]), ("vision_config.sam_config.output_channels", 32),
+            # the checkpoint's layers (the default config names none): a dense one, then experts, 2 a token
+            ("text_config.mlp_layer_types", ["dense", "sparse"]), ("text_config.num_experts_per_tok", 2)))
     return found
 
 
@@ -203,3 +212,18 @@ def fuyu_tokenizer():
         pre_tokenizers.Split(Regex("|".join(map(re.escape, specials))), behavior="isolated"),
         pre_tokenizers.WhitespaceSplit()])
     return PreTrainedTokenizerFast(tokenizer_object=model, pad_token="<pad>", unk_token="[UNK]", bos_token="<s>")
+
+
+def deepseek_ocr2():
+    """Images no larger than its tiles: one global view each, no local crops."""
+    import transformers
+    from transformers.models.deepseek_ocr2.image_processing_pil_deepseek_ocr2 import DeepseekOcr2ImageProcessorPil
+
+    from mmrope_core.tiny import word_level_tokenizer
+
+    tokenizer = word_level_tokenizer({"image_token": "<image>"})
+    image_processor = DeepseekOcr2ImageProcessorPil(size={"height": 768, "width": 768}, tile_size=768)
+    processor = transformers.DeepseekOcr2Processor(image_processor, tokenizer)
+    config = transformers.AutoConfig.for_model("deepseek_ocr2")
+    config.image_token_id = tokenizer.convert_tokens_to_ids("<image>")
+    return processor, config
