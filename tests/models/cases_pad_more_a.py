@@ -33,6 +33,7 @@ def dots3_note_spec():
 
 def extra_cases():
     import transformers
+    from test_padded_batches import audio_calls
 
     from mmrope_transformers.examples import build, samples
 
@@ -82,6 +83,10 @@ def extra_cases():
             ("vision_config.sam_config.downsample_channels", [32, 32]), ("vision_config.sam_config.output_channels", 32),
             # the checkpoint's layers (the default config names none): a dense one, then experts, 2 a token
             ("text_config.mlp_layer_types", ["dense", "sparse"]), ("text_config.num_experts_per_tok", 2)))
+    if "fun_asr_nano" in transformers.CONFIG_MAPPING:  # an audio token per frame of its features
+        found["Fun-ASR-Nano (fun_asr_nano)"] = (fun_asr_nano, functools.partial(audio_calls,
+                                                                                audio_text="<|object_ref_start|>"),
+                                                       (("adaptor_config.intermediate_size", 8),))  # a quarter of 32
     return found
 
 
@@ -227,3 +232,40 @@ def deepseek_ocr2():
     config = transformers.AutoConfig.for_model("deepseek_ocr2")
     config.image_token_id = tokenizer.convert_tokens_to_ids("<image>")
     return processor, config
+
+
+def fun_asr_nano():
+    """Its processor with a stand-in feature extractor: its own, whose Kaldi filterbank (computed
+    with torchaudio, which the tests run without) is replaced by one of the same frames and bins
+    computed with torch (:class:`KaldiShapedFeatures`); the frame stacking, padding and mask are its own."""
+    import transformers
+
+    from mmrope_core.tiny import word_level_tokenizer
+
+    tokenizer = word_level_tokenizer({"audio_token": "<|object_ref_start|>"})
+    processor = transformers.FunAsrNanoProcessor(kaldi_shaped_features(), tokenizer)
+    config = transformers.AutoConfig.for_model("fun_asr_nano")
+    config.audio_token_id = tokenizer.convert_tokens_to_ids("<|object_ref_start|>")
+    return processor, config
+
+
+def kaldi_shaped_features():
+    """Fun-ASR-Nano's feature extractor, its filterbank computed as Kaldi frames it (25 ms windows every
+    10 ms, no frame past the clip's end): log mel energies of Hamming-windowed frames."""
+    import numpy as np
+    import torch
+    from transformers.audio_utils import mel_filter_bank
+    from transformers.models.fun_asr_nano.feature_extraction_fun_asr_nano import FunAsrNanoFeatureExtractor
+
+    class KaldiShapedFeatures(FunAsrNanoFeatureExtractor):
+        def _extract_fbank_features(self, waveform):
+            window = self.sampling_rate * self.frame_length // 1000
+            shift = self.sampling_rate * self.frame_shift // 1000
+            frames = waveform.float().unfold(0, window, shift)  # 1 + (samples - window) // shift frames
+            frames = (frames - frames.mean(-1, keepdim=True)) * torch.hamming_window(window, periodic=False)
+            power = torch.fft.rfft(frames, n=512).abs() ** 2
+            mel = torch.from_numpy(mel_filter_bank(257, self.feature_size, 20.0, self.sampling_rate / 2,
+                                                   self.sampling_rate, mel_scale="kaldi").astype(np.float32))
+            return torch.log(torch.clamp(power @ mel, min=1e-10))
+
+    return KaldiShapedFeatures()
