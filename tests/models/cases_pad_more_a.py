@@ -1,5 +1,13 @@
 """More model types for the model-level collator tests (test_padded_batches.py, test_packed_rows.py),
-each with its real processor built in code: Chameleon.
+each with its real processor built in code and its tiny config fitted to it: Chameleon and Emu3
+(tiny VQ encoders whose codes the word-level vocabulary names as the checkpoints' vocabularies
+do), BLIP, BLIP-2, IDEFICS, Fuyu, DeepSeek-OCR-2, dots3.note (images) and Fun-ASR-Nano (audio).
+
+Two stand-ins, for parts that need what the tests run without, each keeping the real one's keys,
+shapes and tokens: Fuyu's image processor is its Pillow one converting the tensors transformers
+5.24's processor hands its ``patchify_image`` (which takes arrays; the torchvision one, which takes
+tensors, needs torchvision), and Fun-ASR-Nano's feature extractor is its own with the Kaldi
+filterbank it computes with torchaudio computed with torch, on the same frames and mel bins.
 """
 
 from __future__ import annotations

@@ -16,7 +16,10 @@ places Pixtral's tokens by the same rule) and SmolVLM (its processor needs ``num
 videos only: the real one is built with a stand-in that no image call reaches). GIT, Llama 4,
 MiniMax-M3-VL and T5Gemma2 have tests of their own below (the last three on text samples: their
 image processors need torchvision). The Omni thinkers (``qwen2_5_omni_thinker``,
-``qwen3_omni_moe_thinker``) run inside the Omni cases.
+``qwen3_omni_moe_thinker``) run inside the Omni cases. ``cases_pad_more_a.py`` builds Chameleon,
+Emu3, BLIP, BLIP-2, IDEFICS, DeepSeek-OCR-2, dots3.note (images) and, with stand-ins, Fuyu (its
+Pillow image processor patchifies arrays, where transformers 5.24's processor hands it tensors) and
+Fun-ASR-Nano (its filterbank is computed with torchaudio).
 
 Bound model types of transformers 5.24 without a model-level test here, and why:
 
@@ -28,12 +31,16 @@ Bound model types of transformers 5.24 without a model-level test here, and why:
   vision-encoder-decoder;
 - audio features computed with torchaudio, which the tests run without: granite_speech,
   granite_speech_plus;
+- a vision tower from timm, which needs torchvision: gemma3n;
+- no sample to batch: diffusion_gemma (a block-diffusion model: its forward denoises a canvas of
+  ``decoder_input_ids`` against an encoded prefix in its cache, which neither collator builds);
 - built but not yet run through the model: glm5_next (the tests' tiny sizes, 2 query heads and 1
   key-value head, are refused by its config), granite4_vision (its default config has no
   ``deepstack_layer_map``, which its projector needs), mistral_large4 (the Mistral3 stand-in's
   batch fails in its model: the tiny config's sizes are not yet fitted);
-- not yet built here: blip, blip-2, chameleon, deepseek_ocr2, diffusion_gemma, dots3_note, emu3,
-  evolla, florence2, fun_asr_nano, fuyu, gemma3n, idefics, instructblip, instructblipvideo,
+- not yet built here: evolla (its text decoder attends to each row's protein, tokenized by an ESM
+  tokenizer, with no placeholder tokens), florence2 (an encoder-decoder: its forward decodes the
+  labels, so it needs a test of its own, as T5Gemma2's), instructblip, instructblipvideo,
   kyutai_speech_to_text, moss_transcribe_diarize, nemo_speechlm, omniasr, pix2struct,
   pp_chart2table, shieldgemma2, udop, vibevoice_asr, voxtral, voxtral_realtime.
 """
