@@ -1,7 +1,8 @@
 """More model types for the model-level collator tests (test_padded_batches.py, test_packed_rows.py),
 each with its real processor built in code and its tiny config fitted to it: Chameleon and Emu3
 (tiny VQ encoders whose codes the word-level vocabulary names as the checkpoints' vocabularies
-do), BLIP, BLIP-2, IDEFICS, Fuyu, DeepSeek-OCR-2, dots3.note (images) and Fun-ASR-Nano (audio).
+do), BLIP, BLIP-2, IDEFICS, Fuyu, DeepSeek-OCR-2, dots3.note (images) and Fun-ASR-Nano (audio);
+and Florence-2, an encoder-decoder that test_encoder_decoder_batches.py runs.
 
 Two stand-ins, for parts that need what the tests run without, each keeping the real one's keys,
 shapes and tokens: Fuyu's image processor is its Pillow one converting the tensors transformers
@@ -277,3 +278,25 @@ def kaldi_shaped_features():
             return torch.log(torch.clamp(power @ mel, min=1e-10))
 
     return KaldiShapedFeatures()
+
+
+def florence2():
+    """Florence-2's processor over CLIP's Pillow image processor: 64-pixel images, which its tiny
+    DaViT tower turns into 2x2 features and their mean, 5 tokens an image. An encoder-decoder, run
+    by a test of its own (test_encoder_decoder_batches.py), not by the padded-batch test's cases."""
+    import transformers
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    from mmrope_core.tiny import word_level_tokenizer
+
+    tokenizer = word_level_tokenizer({"image_token": "<image>", "bos_token": "<s>", "eos_token": "</s>"})
+    image_processor = CLIPImageProcessorPil(size={"shortest_edge": 64}, crop_size={"height": 64, "width": 64})
+    image_processor.image_seq_length = 5  # what the processor reads: tokens per image
+    processor = transformers.Florence2Processor(image_processor, tokenizer)
+    config = transformers.AutoConfig.for_model("florence2")
+    config.image_token_id = tokenizer.convert_tokens_to_ids("<image>")
+    return processor, config
+
+
+#: Florence-2's tiny DaViT tower: one block a stage (the default's third stage has nine).
+FLORENCE2_OVERRIDES = (("vision_config.depths", [1, 1, 1, 1]),)

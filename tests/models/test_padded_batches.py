@@ -19,7 +19,8 @@ image processors need torchvision). The Omni thinkers (``qwen2_5_omni_thinker``,
 ``qwen3_omni_moe_thinker``) run inside the Omni cases. ``cases_pad_more_a.py`` builds Chameleon,
 Emu3, BLIP, BLIP-2, IDEFICS, DeepSeek-OCR-2, dots3.note (images) and, with stand-ins, Fuyu (its
 Pillow image processor patchifies arrays, where transformers 5.24's processor hands it tensors) and
-Fun-ASR-Nano (its filterbank is computed with torchaudio).
+Fun-ASR-Nano (its filterbank is computed with torchaudio). Florence-2, an encoder-decoder, has a
+test of its own (test_encoder_decoder_batches.py).
 
 Bound model types of transformers 5.24 without a model-level test here, and why:
 
@@ -39,8 +40,7 @@ Bound model types of transformers 5.24 without a model-level test here, and why:
   ``deepstack_layer_map``, which its projector needs), mistral_large4 (the Mistral3 stand-in's
   batch fails in its model: the tiny config's sizes are not yet fitted);
 - not yet built here: evolla (its text decoder attends to each row's protein, tokenized by an ESM
-  tokenizer, with no placeholder tokens), florence2 (an encoder-decoder: its forward decodes the
-  labels, so it needs a test of its own, as T5Gemma2's), instructblip, instructblipvideo,
+  tokenizer, with no placeholder tokens), instructblip, instructblipvideo,
   kyutai_speech_to_text, moss_transcribe_diarize, nemo_speechlm, omniasr, pix2struct,
   pp_chart2table, shieldgemma2, udop, vibevoice_asr, voxtral, voxtral_realtime.
 """

@@ -93,7 +93,8 @@ def _placed_per_row(processor: Any, config: Any) -> dict[str, MediaKey]:
 
 
 def _refused_sides(config: Any) -> dict[str, str]:
-    """Padding sides the model's own layers get wrong, read from its text config."""
+    """Padding sides the model's own layers get wrong, read from its text config (an encoder-decoder's
+    with learned positions and no RoPE: BART's, Florence-2's)."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     refused: list[str] = []
     no_rope = getattr(text, "no_rope_layers", None) or ()
@@ -106,4 +107,8 @@ def _refused_sides(config: Any) -> dict[str, str]:
     if block and kinds - {"full_attention", "sliding_attention"}:
         refused.append(f"its sparse indexer picks key blocks by slot (slot // index_block_size={block}), which left "
                        f"padding shifts")
+    if (getattr(text, "is_encoder_decoder", False) and isinstance(getattr(text, "max_position_embeddings", None), int)
+            and getattr(text, "rope_parameters", None) is None and getattr(text, "rope_theta", None) is None):
+        refused.append("its encoder adds a learned position embedding for each token's slot in the row (it takes no "
+                       "position ids), which left padding shifts")
     return {"left": "; ".join(refused)} if refused else {}
