@@ -39,10 +39,11 @@ Bound model types of transformers 5.24 without a model-level test here, and why:
   key-value head, are refused by its config), granite4_vision (its default config has no
   ``deepstack_layer_map``, which its projector needs), mistral_large4 (the Mistral3 stand-in's
   batch fails in its model: the tiny config's sizes are not yet fitted);
-- not yet built here: evolla (its text decoder attends to each row's protein, tokenized by an ESM
-  tokenizer, with no placeholder tokens), instructblip, instructblipvideo,
-  kyutai_speech_to_text, moss_transcribe_diarize, nemo_speechlm, omniasr, pix2struct,
-  pp_chart2table, shieldgemma2, udop, vibevoice_asr, voxtral, voxtral_realtime.
+- not yet built here: evolla (its processor takes proteins, tokenized by an ESM tokenizer, and chat
+  messages, no text, padding them on its tokenizer's side; its text decoder attends to each row's
+  protein with no placeholder tokens: it needs calls and a reference batch of its own), instructblip,
+  instructblipvideo, kyutai_speech_to_text, moss_transcribe_diarize, nemo_speechlm, omniasr,
+  pix2struct, pp_chart2table, shieldgemma2, udop, vibevoice_asr, voxtral, voxtral_realtime.
 """
 
 from __future__ import annotations
