@@ -79,10 +79,18 @@ def with_text(tiny, samples):
     tokenizer = tiny.processor.tokenizer
     ids = torch.tensor([tokenizer.convert_tokens_to_ids(tokenizer.tokenize("the cat sat on a mat"))])
     text = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+    if tiny.config.model_type in TEXT_FROM_THE_PROCESSOR:
+        text = dict(tiny.processor(text=["the cat sat on a mat"], return_tensors="pt"))
+        text["labels"] = text["input_ids"].clone()
     text.update({key: torch.zeros_like(ids) for key in tiny.samples[0] if key.endswith("token_type_ids")})
-    if tiny.config.model_type not in NO_TEXT_ALONE:
+    if tiny.config.model_type not in NO_TEXT_ALONE and tiny.config.model_type not in padded_batches.NEEDS_MEDIA:
         rows.append(text)
     return rows
+
+
+#: Model types whose processor gives a text-only sample media its model needs (IDEFICS: an empty
+#: image slot, which its forward requires).
+TEXT_FROM_THE_PROCESSOR = {"idefics"}
 
 
 def alone(model, sample, kwargs):
@@ -142,10 +150,30 @@ def joined_cross_attention(media, lengths):
             "cross_attention_mask": mask}
 
 
+def joined_image_attention(media, lengths):
+    """IDEFICS's images in one row: all of them on the image axis, each segment's tokens masked to
+    its own sample's images (a block-diagonal image_attention_mask); a text sample's empty slot left out."""
+    counts = [int(item["image_attention_mask"].any(dim=1).sum()) for item in media]
+    mask = torch.zeros(1, sum(lengths), max(1, sum(counts)), dtype=media[0]["image_attention_mask"].dtype)
+    for item, start, first, count in zip(media, itertools.accumulate([0, *lengths]), itertools.accumulate([0, *counts]),
+                                         counts):
+        block = item["image_attention_mask"][:, :, :count]
+        mask[:, start:start + block.shape[1], first:first + count] = block
+    return {"pixel_values": torch.cat([item["pixel_values"][:, :count] for item, count in zip(media, counts)], dim=1),
+            "image_attention_mask": mask}
+
+
+def one_image_a_row(media, lengths):
+    """BLIP's image as its model takes it, one a row (its text decoder attends to it): the first
+    sample's, the only one a packed row can hold."""
+    return dict(media[0])
+
+
 #: How a refusal names media handed to a batch's rows one by one (GLM-Image on transformers 5.10).
 MEDIA_BY_ROWS = "hands the media to the batch's rows one by one"
 #: Media of a packed row joined by hand where the engine's batch of them is not the model's one row.
-JOINS = {"minicpmv4_7": joined_strips, "mllama": joined_cross_attention}
+JOINS = {"minicpmv4_7": joined_strips, "mllama": joined_cross_attention, "blip": one_image_a_row,
+         "idefics": joined_image_attention}
 
 
 def segments_of(logits, samples):

@@ -29,7 +29,11 @@ cases_pad_stand_a.py with their real processors and a stand-in for their image p
 which need torchvision (each keeps the real one's keys, shapes and tokens per image; that
 module says how). UDOP has one in test_udop_batches.py (padding refused on
 both sides: its own padded batch changes a sample). The Omni thinkers (``qwen2_5_omni_thinker``,
-``qwen3_omni_moe_thinker``) run inside the Omni cases.
+``qwen3_omni_moe_thinker``) run inside the Omni cases. ``cases_pad_more_a.py`` builds Chameleon,
+Emu3, BLIP, BLIP-2, IDEFICS, DeepSeek-OCR-2, dots3.note (images) and, with stand-ins, Fuyu (its
+Pillow image processor patchifies arrays, where transformers 5.24's processor hands it tensors) and
+Fun-ASR-Nano (its filterbank is computed with torchaudio). Florence-2, an encoder-decoder, has a
+test of its own (test_encoder_decoder_batches.py).
 
 Bound model types of transformers 5.24 without a model-level test here, and why:
 
@@ -41,6 +45,9 @@ Bound model types of transformers 5.24 without a model-level test here, and why:
   vision-encoder-decoder;
 - audio features computed with torchaudio, which the tests run without: granite_speech,
   granite_speech_plus;
+- a vision tower from timm, which needs torchvision: gemma3n;
+- no sample to batch: diffusion_gemma (a block-diffusion model: its forward denoises a canvas of
+  ``decoder_input_ids`` against an encoded prefix in its cache, which neither collator builds);
 - built but not yet run through the model: glm5_next (the tests' tiny sizes, 2 query heads and 1
   key-value head, are refused by its config), granite4_vision (its default config has no
   ``deepstack_layer_map``, which its projector needs), mistral_large4 (the Mistral3 stand-in's
@@ -52,8 +59,9 @@ Bound model types of transformers 5.24 without a model-level test here, and why:
   which its codec computes inside ``generate``; the processor returns raw ``input_values``),
   pix2struct (its processor returns no ``input_ids``: the image's patches, with their own mask,
   are the encoder's whole input, the text its ``decoder_input_ids``);
-- not yet built here: blip, blip-2, chameleon, deepseek_ocr2, diffusion_gemma, dots3_note, emu3,
-  evolla, florence2, fun_asr_nano, fuyu, gemma3n, idefics.
+- not yet built here: evolla (its processor takes proteins, tokenized by an ESM tokenizer, and chat
+  messages, no text; its text decoder attends to each row's protein with no placeholder tokens: it
+  needs calls and a reference batch of its own).
 """
 
 from __future__ import annotations
@@ -82,12 +90,19 @@ SIDES = ("right", "left")
 #: part in the cross-attention): the processor's batch through the model is the reference.
 PROCESSOR_BATCH_IS_REFERENCE = {
     "mllama": "an empty image slot of a row takes part in its cross-attention",
+    "dots3_note": "its indexer keeps a query's index_topk best-scored keys, and torch.topk tells keys scored alike "
+                  "(a ReLU scores many 0) apart otherwise in a longer row: the model's own padded batch changes a "
+                  "sample, on either side",
     "hy_v4_vl": "the model's own batch changes a sample: its processor's batch through the model gives a sample with "
                 "an image other logits than alone (by 2.5e-5 in float64), the same as the collator's batch does",
 }
 #: Keys compared at the real tokens only: the processor fills them at padding tokens too (Mllama's
-#: last image attends to the end of the padded row), which no real token reads.
-AT_TOKENS_ONLY = {"cross_attention_mask"}
+#: and IDEFICS's last image attends to the end of the padded row), which no real token reads.
+AT_TOKENS_ONLY = {"cross_attention_mask", "image_attention_mask"}
+#: Keys a processor gives that the model takes and never reads: transformers 5.10's Fuyu processor
+#: gives image_patches_indices, longer than the row and padded on the left whatever side is asked;
+#: its model finds the image tokens by their id.
+NEVER_READ = ("image_patches_indices",)
 #: Audio features compared at each clip's frames but its last: the processor's batch computes the
 #: last frame of a shorter clip from a window reaching into its padding, which the clip alone never
 #: has; the model reads only the frames the mask marks, and trains each sample as it comes alone.
@@ -141,6 +156,7 @@ def extra_cases():
 CASE_MODULES: tuple[str, ...] = (
     "cases_pad_stand_a",
     "cases_pad_stand_b",
+    "cases_pad_more_a",
     "cases_pad_more_b",
 )
 
@@ -420,8 +436,8 @@ def tiny_of_spec(name):
 
 
 def attention_of(model_class, config):
-    """sdpa, or eager where the model or one of its sub-models has no sdpa (transformers 5.10's
-    InstructBLIP Q-Former, whose top model class claims it)."""
+    """sdpa where the model and every part of it take it (transformers 5.10's BLIP-2 and
+    InstructBLIP Q-Formers do not, their models do), else eager."""
     if not getattr(model_class, "_supports_sdpa", True):
         return "eager"
     config._attn_implementation = "sdpa"
@@ -457,6 +473,9 @@ def samples_of(tiny):
     return [*tiny.samples, dict(tiny.processor(**calls_of(tiny)[-1]))]
 
 
+#: Model types whose forward takes no sample without its image (``pixel_values`` is a required
+#: argument): they train no text-only sample, padded or packed.
+NEEDS_MEDIA = {"blip", "blip-2"}
 #: What processors say when they refuse a text-only sample, alone (PaliGemma's) or beside samples
 #: with images (transformers 5.10's Mllama's): their batches then hold none.
 NO_TEXT_ONLY = ("at least one image per sample", "`images` are expected", "they must match 1:1",
@@ -464,8 +483,10 @@ NO_TEXT_ONLY = ("at least one image per sample", "`images` are expected", "they 
 #: Model types whose processor takes no sample without its media (GOT-OCR2's writes each prompt
 #: around its image: transformers 5.24 says so, 5.10 fails loading the missing image; Qwen3-ASR's
 #: requires its audio argument, PP-Chart2Table's both; InstructBLIP's gives every row of a batch
-#: with images the image's tokens).
-MEDIA_EVERY_SAMPLE = {"got_ocr2", "qwen3_asr", "pp_chart2table", "instructblip", "instructblipvideo"}
+#: with images the image's tokens; Fuyu's pairs texts with images, dropping the texts past them),
+#: and those whose model takes none (:data:`NEEDS_MEDIA`).
+MEDIA_EVERY_SAMPLE = {"got_ocr2", "qwen3_asr", "pp_chart2table", "instructblip", "instructblipvideo", "fuyu",
+                      *NEEDS_MEDIA}
 
 
 @functools.cache
@@ -487,8 +508,24 @@ def takes_text_beside_images(name):
     return True
 
 
+#: Processors that place the padding their own way: BLIP-2's pads the text before prepending its
+#: query tokens (its left-padded rows hold the padding after them), Fuyu's pads on the left whatever
+#: side is asked. The reference moves it to the side asked, where the collator puts it; the model
+#: reads its positions from the mask either way.
+PADS_ITS_OWN_WAY = {"blip-2", "fuyu"}
+
+
 def processor_batch(tiny, calls, side):
     """The processor's own batched call on the samples' texts and media, padded on ``side``."""
+    batch = _processor_batch(tiny, calls, side)
+    if tiny.config.model_type in PADS_ITS_OWN_WAY:
+        mask = batch["attention_mask"].long()
+        order = (mask if side == "left" else 1 - mask).argsort(dim=1, stable=True)  # tokens kept in order
+        batch.update({key: batch[key].gather(1, order) for key in ("input_ids", "attention_mask")})
+    return batch
+
+
+def _processor_batch(tiny, calls, side):
     media = {}
     for kind in MEDIA:
         if any(kind in call for call in calls):
@@ -590,7 +627,7 @@ def equals_the_processors_batch(tiny, batch, calls, side):
     torch.testing.assert_close(batch["attention_mask"], reference["attention_mask"].to(batch["attention_mask"].dtype),
                                rtol=0, atol=0)
     for key, value in reference.items():
-        if not isinstance(value, torch.Tensor) or key in ("input_ids", "attention_mask", "labels"):
+        if not isinstance(value, torch.Tensor) or key in ("input_ids", "attention_mask", "labels", *NEVER_READ):
             continue
         assert key in batch, f"{key}: in the processor's batch, not in the collator's"
         mine = batch[key]

@@ -504,6 +504,8 @@ def _processor_value(processor: Any, key: str) -> Any:
     for component, attribute in PROCESSOR_VALUES[key]:
         owner = processor if component == "processor" else getattr(processor, component, None)
         value = getattr(owner, attribute, None)
+        if getattr(value, "height", None) is not None:  # per side (Fuyu's patch SizeDict): square ones here
+            return value.height
         if value is not None:
             return value
     return None

@@ -26,8 +26,14 @@ _MLLAMA = {
     "cross_attention_mask": MediaKey(items_dim=2, token_dim=1),
 }
 
+#: IDEFICS: every sample gets a row of the batch's most images, its image attention mask one entry
+#: per token, padded as the ids are
+_IDEFICS = {"pixel_values": MediaKey(items_dim=1), "image_attention_mask": MediaKey(items_dim=2, token_dim=1)}
+
+
 _IMAGE_ROWS = {"pixel_values": MediaKey(items_dim=1), "pixel_attention_mask": MediaKey(items_dim=1)}
 
+#: Why a model whose forward fills a missing attention mask with ones cannot take a packed row.
 _ONES_MASK = ("its forward replaces a missing attention mask with one of ones, which hides a packed row's segments "
               "from its language model: every segment would attend to the ones before it")
 
@@ -44,6 +50,10 @@ LAYOUTS: Mapping[str, BatchLayout] = {
                                                  "of the row's first sample only"),
     # its pooling indices number the patches of the whole batch's crops, in one call
     "molmo2": BatchLayout(media={"image_token_pooling": MediaKey(indexes="pixel_values")}),
+    # packed rows: their forward fills the attention mask with ones (IDEFICS's gated cross-attention
+    # alone would keep to a block-diagonal image mask)
+    "idefics": BatchLayout(media=_IDEFICS, packing=_ONES_MASK),
+    "blip-2": BatchLayout(packing=_ONES_MASK),
     # every sample gets a row of the batch's most images; the model drops the all-zero ones
     # (Idefics2 and SmolVLM: the same image processor and model code as Idefics3); Granite-Docling:
     # a row of the batch's most tiles, the model taking those its pixel_attention_mask marks
@@ -114,7 +124,8 @@ def _placed_per_row(processor: Any, config: Any) -> dict[str, MediaKey]:
 
 
 def _refused_sides(config: Any) -> dict[str, str]:
-    """Padding sides the model's own layers get wrong, read from its text config."""
+    """Padding sides the model's own layers get wrong, read from its text config (an encoder-decoder's
+    with learned positions and no RoPE: BART's, Florence-2's)."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     refused: list[str] = []
     no_rope = getattr(text, "no_rope_layers", None) or ()
@@ -127,4 +138,8 @@ def _refused_sides(config: Any) -> dict[str, str]:
     if block and kinds - {"full_attention", "sliding_attention"}:
         refused.append(f"its sparse indexer picks key blocks by slot (slot // index_block_size={block}), which left "
                        f"padding shifts")
+    if (getattr(text, "is_encoder_decoder", False) and isinstance(getattr(text, "max_position_embeddings", None), int)
+            and getattr(text, "rope_parameters", None) is None and getattr(text, "rope_theta", None) is None):
+        refused.append("its encoder adds a learned position embedding for each token's slot in the row (it takes no "
+                       "position ids), which left padding shifts")
     return {"left": "; ".join(refused)} if refused else {}
