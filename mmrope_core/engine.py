@@ -27,6 +27,7 @@ from .errors import (
     RopeIndexUnavailableError,
     SegmentCutError,
 )
+from .independence import samples_independent
 from .inputs import MODEL_INPUTS, ReadOnlyInputs, read_batch, read_generated_mask, require_mappings
 from .manager import PluginInfo, PluginManager, get_plugin_manager
 from .media import read_media, require_string_keys
@@ -138,6 +139,13 @@ class RopeEngine:
     @property
     def implementation(self) -> str:
         return self.binding.implementation
+
+    @property
+    def samples_independent(self) -> bool:
+        """Whether the kernel gives a sample the positions it gives it alone wherever it stands in
+        a batch: declared by the kernel, else shown once on its plugin's example samples (see
+        :mod:`mmrope_core.independence`); False where nothing shows it. Packed rows need it."""
+        return samples_independent(self)
 
     @property
     def position_dtype(self) -> torch.dtype:
@@ -289,11 +297,12 @@ class RopeEngine:
             if generated is not None:
                 inputs["generated_mask"] = generated
             return self._kernel(ids, mask, inputs, four_rows)
-        if not kernel.samples_independent:  # type: ignore[union-attr]
+        if not self.samples_independent:
             raise PackingUnsupportedError(
-                f"{self._label()} may compute a sample's positions from the samples before it in the batch (its "
-                f"media counted across the batch; nothing shows otherwise), so a packed segment cannot be computed "
-                f"as its sample alone; compute each sample in a batch of its own, or pad")
+                f"{self._label()}'s kernel may give a sample other positions after other samples than alone (a "
+                f"reference numbering media across the batch): it does not declare samples_independent, and no "
+                f"example sample of its plugin shows it, so a packed segment cannot be computed as its sample alone; "
+                f"pad the batch instead, where each sample is computed alone")
         with _segments_as_samples():
             if kernel.places_packed_rows:  # type: ignore[union-attr]
                 if generated is not None:

@@ -86,7 +86,7 @@ def collated_problem(samples: Sequence[Mapping[str, Any]], batch: Mapping[str, A
         if start != ids.shape[1] or not torch.equal(batch["cu_seq_lens_q"].long(), bounds):
             return f"cu_seq_lens_q {batch['cu_seq_lens_q'].tolist()} for samples ending at {bounds.tolist()}"
         return ""
-    if not getattr(collator.engine.binding.kernel, "samples_independent", True):
+    if not collator.engine.samples_independent:
         return ""  # the model's method numbers the batch's media in order: each sample alone is the reference
     whole = _rows(layout, _positions(own, ids, batch["attention_mask"], media_of(batch), kwargs, failed))
     if whole is not None and not _same(laid, whole, exact):
