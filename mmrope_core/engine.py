@@ -142,9 +142,7 @@ class RopeEngine:
 
     @property
     def samples_independent(self) -> bool:
-        """Whether the kernel gives a sample the positions it gives it alone wherever it stands in
-        a batch: declared by the kernel, else shown once on its plugin's example samples (see
-        :mod:`mmrope_core.independence`); False where nothing shows it. Packed rows need it."""
+        """Whether a sample gets its positions alone wherever it stands in a batch (:mod:`.independence`)."""
         return samples_independent(self)
 
     @property
@@ -299,10 +297,8 @@ class RopeEngine:
             return self._kernel(ids, mask, inputs, four_rows)
         if not self.samples_independent:
             raise PackingUnsupportedError(
-                f"{self._label()}'s kernel may give a sample other positions after other samples than alone (a "
-                f"reference numbering media across the batch): it does not declare samples_independent, and no "
-                f"example sample of its plugin shows it, so a packed segment cannot be computed as its sample alone; "
-                f"pad the batch instead, where each sample is computed alone")
+                f"{self._label()}'s kernel may number media across the batch (nothing shows otherwise): a packed "
+                f"segment cannot be computed as its sample alone; pad the batch, where each sample is computed alone")
         with _segments_as_samples():
             if kernel.places_packed_rows:  # type: ignore[union-attr]
                 if generated is not None:

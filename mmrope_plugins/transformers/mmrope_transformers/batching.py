@@ -106,4 +106,9 @@ def _text_configs(config: Any) -> list[Any]:
     try:
         return [config.get_text_config()]
     except ValueError:
-        return list(text_configs(config))
+        named = [getattr(config, name) for name in _TEXT_CONFIG_NAMES if getattr(config, name, None) is not None]
+        return [*named, *text_configs(config)]
+
+
+#: the sub-configs ``get_text_config`` chooses among
+_TEXT_CONFIG_NAMES = ("text_encoder", "decoder", "generator", "text_config")

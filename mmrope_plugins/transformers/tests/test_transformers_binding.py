@@ -268,3 +268,18 @@ def test_a_model_type_without_a_sample_to_probe_is_not_taken_as_independent(mana
     monkeypatch.setattr(manager, "results_of", lambda name, hook, **kwargs: [] if hook == "example_cases" else
                         type(manager).results_of(manager, name, hook, **kwargs))
     assert not bind(manager, "minicpmv4_7").samples_independent
+
+
+@pytest.mark.parametrize("where", ["text_config", "decoder"])
+def test_a_config_with_several_text_configs_has_each_checked_for_its_padding_side(where):
+    """transformers' get_text_config raises ValueError where a config holds several text configs;
+    each is then read, and a NoPE temperature in any refuses left padding."""
+    from mmrope_transformers import batching
+
+    config = transformers.PretrainedConfig()
+    config.text_config, config.decoder = transformers.LlamaConfig(), transformers.LlamaConfig()
+    with pytest.raises(ValueError, match="Multiple valid text configs"):
+        config.get_text_config()
+    assert batching._refused_sides(config) == {}
+    setattr(config, where, transformers.Llama4TextConfig(num_hidden_layers=4))
+    assert "NoPE layers" in batching._refused_sides(config)["left"]
