@@ -27,7 +27,8 @@ from .errors import MmropeError
 _DRAWS = 8
 
 _decided: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
-_lock = threading.Lock()
+_by_identity: dict[int, tuple[Any, bool]] = {}
+_lock = threading.RLock()  # a probe that builds an engine of its own may ask again
 
 
 def samples_independent(engine: Any) -> bool:
@@ -41,12 +42,13 @@ def samples_independent(engine: Any) -> bool:
         return declared
     with _lock:  # engines built on several threads probe once
         try:
-            if kernel in _decided:
-                return _decided[kernel]
-        except TypeError:  # neither hashable nor weakly referable: shown for this call only
-            return shown_independent(engine)
-        _decided[kernel] = shown_independent(engine)
-        return _decided[kernel]
+            if kernel not in _decided:
+                _decided[kernel] = shown_independent(engine)
+            return _decided[kernel]
+        except TypeError:  # neither hashable nor weakly referable: kept by identity (and alive)
+            if id(kernel) not in _by_identity:
+                _by_identity[id(kernel)] = (kernel, shown_independent(engine))
+            return _by_identity[id(kernel)][1]
 
 
 def shown_independent(engine: Any) -> bool:
