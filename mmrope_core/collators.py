@@ -56,6 +56,9 @@ class PaddedCollator:
                                           f"{padding_side}: {refused}; use padding_side={other!r}")
         self.padding_side = padding_side
         self.mm_processor_kwargs = _processor_kwargs(mm_processor_kwargs)
+        #: the batch's positions in one call, or each sample's alone where the kernel may number
+        #: media across the batch (HunYuan-VL): decided once, here
+        self.samples_independent = self.engine.samples_independent
 
     @checked_keywords
     def __call__(self, samples: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
@@ -64,11 +67,12 @@ class PaddedCollator:
         generated = _generated(read)
         per_token = {key: [sample.pop(key) for sample in read] for key in _token_aligned(read)}
         input_ids, attention_mask, inputs = self.engine.batch(read, padding_side=self.padding_side)
-        positions = self.engine.compute_position_ids(
-            input_ids, attention_mask, inputs, self.mm_processor_kwargs,
-            generated_mask=None if generated is None else self._padded(generated, input_ids.shape[1], 0))
-        if not getattr(self.engine.binding.kernel, "samples_independent", True):
-            self._each_alone(positions, read, generated)
+        generated_mask = None if generated is None else self._padded(generated, input_ids.shape[1], 0)
+        if self.samples_independent:
+            positions = self.engine.compute_position_ids(input_ids, attention_mask, inputs, self.mm_processor_kwargs,
+                                                         generated_mask=generated_mask)
+        else:
+            positions = self._each_alone(input_ids, attention_mask, read, generated_mask)
         if self.engine.rope_kind == "mrope":
             positions = positions.transpose(0, 1)  # (B, 4, L) -> (4, B, L): the model takes the rows first
             if not self.engine.batch_layout.text_positions:
@@ -87,19 +91,18 @@ class PaddedCollator:
         return {"input_ids": input_ids, "attention_mask": attention_mask, **given, "labels": batch_labels, **types,
                 **inputs}
 
-    def _each_alone(self, positions: torch.Tensor, read: list[dict[str, Any]],
-                    generated: list[torch.Tensor] | None) -> None:
-        """Each row's positions as its sample's alone, where the model's method numbers the batch's
-        media across rows (HunYuan-VL): a sample must not depend on the samples before it."""
-        width = positions.shape[-1]
+    def _each_alone(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, read: list[dict[str, Any]],
+                    generated_mask: torch.Tensor | None) -> torch.Tensor:
+        """Each row's positions computed as its sample's alone, padded as in the batch, where the
+        model's method may number the batch's media across rows: a sample must not depend on the
+        samples before it."""
+        rows = []
         for row, sample in enumerate(read):
-            length = sample["input_ids"].shape[1]
             media = {key: value for key, value in sample.items() if key not in ("input_ids", "attention_mask")}
-            own = self.engine.compute_position_ids(sample["input_ids"], sample.get("attention_mask"), media,
-                                                   self.mm_processor_kwargs,
-                                                   generated_mask=None if generated is None else generated[row])
-            span = slice(width - length, width) if self.padding_side == "left" else slice(0, length)
-            positions[row, ..., span] = own[0]
+            rows.append(self.engine.compute_position_ids(
+                input_ids[row:row + 1], attention_mask[row:row + 1], media, self.mm_processor_kwargs,
+                generated_mask=None if generated_mask is None else generated_mask[row:row + 1]))
+        return torch.cat(rows)
 
     def _padded(self, rows: list[torch.Tensor], width: int, value: int) -> torch.Tensor:
         """``(1, L_i)`` rows as one ``(B, width)`` tensor, padded with ``value`` where the ids are."""

@@ -27,6 +27,7 @@ from .errors import (
     RopeIndexUnavailableError,
     SegmentCutError,
 )
+from .independence import samples_independent
 from .inputs import MODEL_INPUTS, ReadOnlyInputs, read_batch, read_generated_mask, require_mappings
 from .manager import PluginInfo, PluginManager, get_plugin_manager
 from .media import read_media, require_string_keys
@@ -138,6 +139,11 @@ class RopeEngine:
     @property
     def implementation(self) -> str:
         return self.binding.implementation
+
+    @property
+    def samples_independent(self) -> bool:
+        """Whether a sample gets its positions alone wherever it stands in a batch (:mod:`.independence`)."""
+        return samples_independent(self)
 
     @property
     def position_dtype(self) -> torch.dtype:
@@ -289,11 +295,10 @@ class RopeEngine:
             if generated is not None:
                 inputs["generated_mask"] = generated
             return self._kernel(ids, mask, inputs, four_rows)
-        if not kernel.samples_independent:  # type: ignore[union-attr]
+        if not self.samples_independent:
             raise PackingUnsupportedError(
-                f"{self._label()} may compute a sample's positions from the samples before it in the batch (its "
-                f"media counted across the batch; nothing shows otherwise), so a packed segment cannot be computed "
-                f"as its sample alone; compute each sample in a batch of its own, or pad")
+                f"{self._label()}'s kernel may number media across the batch (nothing shows otherwise): a packed "
+                f"segment cannot be computed as its sample alone; pad the batch, where each sample is computed alone")
         with _segments_as_samples():
             if kernel.places_packed_rows:  # type: ignore[union-attr]
                 if generated is not None:

@@ -56,10 +56,13 @@ class RopeKernel(abc.ABC):
     position_dtype: torch.dtype = torch.int64
     #: :meth:`rope_index` and :meth:`position_ids` take ``cu_seqlens`` (see the class docstring).
     places_packed_rows: bool = False
-    #: Each sample's positions depend on its own tokens and media alone. A reference that counts
-    #: media across the batch (HunYuan-VL numbers a batch's images in order) sets it False: the
-    #: engine then refuses packed rows, whose segments it could not compute as their samples alone.
-    samples_independent: bool = True
+    #: Each sample's positions depend on its own tokens and media alone, wherever it stands in a
+    #: batch: True for a batched kernel that computes every row alike (the conformance suite holds
+    #: it to that); False for a reference that counts media across the batch (HunYuan-VL numbers
+    #: a batch's images in order). None: the core shows it on the plugin's example samples, once
+    #: per kernel (:mod:`mmrope_core.independence`), and what it cannot show counts as False. Not
+    #: independent, packed rows are refused and padded batches computed sample by sample.
+    samples_independent: bool | None = None
     #: Rows of :meth:`rope_index`'s positions: 3 (``t, h, w``) for most families; a model with
     #: more axes (HunYuan-VL's four xD-RoPE sections) sets its own, and :meth:`position_ids`
     #: then has one more.

@@ -31,6 +31,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .errors import PackingUnsupportedError
+from .independence import samples_independent
 from .measured import keeps_segments_apart, packed_segments_differ
 
 #: Layer kinds (``layer_types`` entries) that work token by token, and the attention kinds whose
@@ -138,7 +139,7 @@ def packed_row_support(engine: Any) -> PackedRowSupport:
                    f"in a packed row (transformers reads them from the text row that three (t, h, w) rows come "
                    f"with) and its segments attend to one another", f"To train it, {pad}")
     found = _layers_support(model, config, pad)
-    if found.exact and not getattr(engine.binding.kernel, "samples_independent", True):
+    if found.exact and not samples_independent(engine):
         return PackedRowSupport(
             model, "mmrope cannot show that its get_rope_index gives a sample the positions it gives it alone "
                    "wherever it stands in a batch (it may number media across the batch), so a packed segment's "

@@ -251,3 +251,35 @@ def test_the_fuzzers_batch_check_finds_media_out_of_place(side):
     assert "'pixel_values'" in problem(short)
     missing = {key: value for key, value in batch.items() if key != "image_grid_thw"}
     assert "'image_grid_thw' of the samples is not in the batch" in problem(missing)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_the_fuzzers_batch_check_finds_media_padding_that_is_not_the_rules(side):
+    """Mllama's unfilled image slots hold zeros, and its aspect_ratio_mask's a first tile of 1
+    (as its image processor pads them): other values there are found."""
+    from mmrope_core.testing._collated import collated_problem
+
+    name = "Mllama (mllama)"
+    if name not in CASES:
+        pytest.skip("this transformers has no Mllama")
+
+    def problem(batch):
+        def failed(exc):
+            raise exc
+
+        return collated_problem(samples, batch, collator, engine, failed)
+
+    engine, samples = engine_and_samples(name)
+    collator = PaddedCollator(engine, padding_side=side)
+    batch = collator(samples)
+    assert problem(batch) == ""
+    images = [sample["pixel_values"].shape[1] for sample in samples if "pixel_values" in sample]
+    row = next(index for index, sample in enumerate(samples)
+               if "pixel_values" in sample and sample["pixel_values"].shape[1] < max(images))
+    unfilled = samples[row]["pixel_values"].shape[1]
+    slots = batch["aspect_ratio_mask"].clone()
+    slots[row, unfilled, 0] = 0  # an empty slot that no longer counts its one tile
+    assert "'aspect_ratio_mask'" in problem({**batch, "aspect_ratio_mask": slots})
+    pixels = batch["pixel_values"].clone()
+    pixels[row, unfilled] = 1.0  # an empty image slot holding other than zeros
+    assert "'pixel_values'" in problem({**batch, "pixel_values": pixels})

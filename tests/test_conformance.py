@@ -23,6 +23,7 @@ def test_violations_name_the_plugin_the_hook_and_the_rule(make_manager):
     assert ("nonconforming", "get_rope_index_kwargs", "does not change its inputs") in broken
     assert ("nonconforming", "bind_rope_index", "left and right padding give the same valid positions") in broken
     assert ("nonconforming", "bind_rope_index", "position_ids equal the text row over rope_index's positions") in broken
+    assert ("nonconforming", "bind_rope_index", "a kernel declaring samples_independent keeps to it") in broken
     for rule in ("a packed segment equals its sample alone", "get_rope_index of a packed segment equals its sample alone"):
         packing = [v.detail for v in violations if v.rule == rule]
         assert {detail.split(":")[0] for detail in packing} == {"cu_seqlens", "segment_ids"}

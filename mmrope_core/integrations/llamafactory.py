@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -99,10 +99,26 @@ def collator_engine(collator: Any) -> Any:
             if getattr(collator, "get_rope_func", None) is not None:  # LLaMA-Factory would place M-RoPE itself
                 raise
             engine = None
+        if engine is not None:
+            _refuse_padding_side(engine, collator)
         if engine is not None and engine.rope_kind != "mrope":
             engine = None
     collator.__dict__["_mmrope_engine"] = (key, engine)
     return engine
+
+
+def _refuse_padding_side(engine: Any, collator: Any) -> None:
+    """A padding side the model's own layers get wrong (the engine's ``batch_layout``) raises
+    :class:`~mmrope_core.PaddingUnsupportedError`, whichever positions the batch gets."""
+    from mmrope_core.errors import PaddingUnsupportedError
+
+    side = getattr(collator.tokenizer, "padding_side", "right")
+    refused = engine.batch_layout.refused_sides.get(side)
+    if refused:
+        other = "right" if side == "left" else "left"
+        raise PaddingUnsupportedError(
+            f"{getattr(engine.config, 'model_type', type(engine.processor).__name__)} cannot train samples padded on "
+            f"the {side}: {refused}; LLaMA-Factory pads on its tokenizer's padding_side: set it to {other!r}")
 
 
 # -- the wrappers -------------------------------------------------------------------------------
@@ -142,6 +158,7 @@ def _call_with_mmrope_positions(original: Callable[..., Any], collator: Any, fea
     if generated is None:
         _warn_without_generated_mask(collator, engine)
     injected = _injected_media(collator, features_read)
+    counts = None if engine.samples_independent else _media_counts(features_read)
     packed = any(len((feature.get("packing_params") or {}).get("sequence_boundaries") or ()) > 2
                  for feature in features_read)
     with _framework_positions_off(collator):
@@ -165,7 +182,9 @@ def _call_with_mmrope_positions(original: Callable[..., Any], collator: Any, fea
         batch.pop("rope_deltas", None)
     else:
         batch["position_ids"], batch["rope_deltas"] = _padded_positions(engine, collator, batch, inputs,
-                                                                        mm_processor_kwargs, generated_mask)
+                                                                        mm_processor_kwargs, generated_mask, counts)
+        if engine.batch_layout.labels_right and collator.tokenizer.padding_side == "left" and "labels" in batch:
+            batch["labels"] = _labels_on_the_right(batch["labels"], batch["attention_mask"])
     if batch["position_ids"].is_floating_point():  # what the SFT collator's dtype cast must not reach
         _exact.last = (collator, batch["position_ids"], batch["attention_mask"])
     return batch
@@ -218,17 +237,39 @@ def _framework_positions_off(collator: Any) -> Iterator[None]:
 
 def _padded_positions(engine: Any, collator: Any, batch: Mapping[str, Any], inputs: dict[str, Any],
                       mm_processor_kwargs: dict[str, Any], generated_mask: torch.Tensor | None = None,
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+                      counts: list[dict[str, int]] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(4, B, L)``: the text row counting valid tokens (1 at padding) above the model's own
-    ``(t, h, w)``; and the deltas as LLaMA-Factory hands them on."""
+    ``(t, h, w)`` (only the rows it reads, where it takes no text row); and the deltas as
+    LLaMA-Factory hands them on. With ``counts`` (each row's media), each row is computed alone."""
+    from mmrope_core.integrations._rows import each_row_alone
+
     mask = (batch["attention_mask"] != 0).long()
-    positions, deltas = engine.get_rope_index(batch["input_ids"], mask, generated_mask=generated_mask,
-                                              **engine.rope_index_kwargs(inputs, mm_processor_kwargs))
+    kwargs = engine.rope_index_kwargs(inputs, mm_processor_kwargs)
+    if counts is None:
+        positions, deltas = engine.get_rope_index(batch["input_ids"], mask, generated_mask=generated_mask, **kwargs)
+    else:  # the model's method numbers media across the batch: each row as its sample alone
+        positions, deltas = each_row_alone(engine, batch["input_ids"], mask, kwargs, counts, generated_mask)
     text = torch.ones_like(mask)
     text[mask.bool()] = (torch.cumsum(mask, dim=-1) - 1)[mask.bool()]
     if _model_type(_config_of(collator)) in _OMNI_THINKERS:  # LLaMA-Factory counts Omni deltas over padding too
         deltas = deltas - (1 - mask).sum(dim=-1, keepdim=True).to(deltas.dtype)
+    if not engine.batch_layout.text_positions:  # the model reads only its own rows (HunYuan-VL's four)
+        return positions, deltas
     return torch.cat([text.to(positions.dtype)[None], positions], dim=0), deltas
+
+
+def _media_counts(features: Sequence[Mapping[str, Any]]) -> list[dict[str, int]]:
+    """Each feature's images, videos and audios, in the batch's order (the fake ones LLaMA-Factory
+    adds place nothing: their inputs are left out)."""
+    return [{kind: len(feature.get(f"{kind}s") or ()) for kind in ("image", "video", "audio")}
+            for feature in features]
+
+
+def _labels_on_the_right(labels: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """An encoder-decoder's labels, a sequence of their own, moved to the start of each row: the
+    padding LLaMA-Factory put before them goes after them."""
+    pads = (attention_mask == 0).sum(dim=-1)
+    return torch.stack([row.roll(-int(pad)) for row, pad in zip(labels, pads)])
 
 
 def _without_generated_masks(features: Any) -> tuple[Any, list[tuple[list[int], Any]] | None]:

@@ -29,6 +29,7 @@ class MropeKernel(RopeKernel):
     """
 
     places_packed_rows = True
+    samples_independent = True  # every row computed alike: the conformance suite holds it to that
     input_keys = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
 
     def __init__(self, family: MropeFamily) -> None:

@@ -91,7 +91,7 @@ def collated_problem(samples: Sequence[Mapping[str, Any]], batch: Mapping[str, A
         if start != ids.shape[1] or not torch.equal(batch["cu_seq_lens_q"].long(), bounds):
             return f"cu_seq_lens_q {batch['cu_seq_lens_q'].tolist()} for samples ending at {bounds.tolist()}"
         return ""
-    if not getattr(collator.engine.binding.kernel, "samples_independent", True):
+    if not collator.engine.samples_independent:
         return ""  # the model's method numbers the batch's media in order: each sample alone is the reference
     whole = _rows(layout, _positions(own, ids, batch["attention_mask"], media_of(batch), kwargs, failed))
     if whole is not None and not _same(laid, whole, exact):
@@ -131,19 +131,38 @@ def _media_problem(samples: Sequence[Mapping[str, Any]], batch: Mapping[str, Any
             where = index if rule.items_dim is not None else offset
             if got.dim() != value.dim() or got.shape[0] < where + rows:
                 return f"{key!r}: sample {index}'s {tuple(value.shape)} does not fit the batch's {tuple(got.shape)}"
-            region = got[where:where + rows]
-            for dim in range(1, value.dim()):
-                width = value.shape[dim]
-                if width > region.shape[dim]:
-                    return f"{key!r}: sample {index}'s {tuple(value.shape)} does not fit the batch's {tuple(got.shape)}"
-                left = dim == rule.token_dim and getattr(collator, "padding_side", "right") == "left"
-                region = region.narrow(dim, region.shape[dim] - width if left else 0, width)
-            if not _equal(region, value):
-                return f"{key!r}: sample {index}'s value is not at its place in the batch (rows {where}..{where + rows})"
+            rows_of_sample = got[where:where + rows]
+            if any(value.shape[dim] > rows_of_sample.shape[dim] for dim in range(1, value.dim())):
+                return f"{key!r}: sample {index}'s {tuple(value.shape)} does not fit the batch's {tuple(got.shape)}"
+            left = getattr(collator, "padding_side", "right") == "left"
+            if not _equal(rows_of_sample, _padded_as_the_rule(value, rows_of_sample, rule, left)):
+                return (f"{key!r}: sample {index}'s value is not at its place in the batch (rows {where}..{where + rows}), "
+                        f"or its padding holds other than zeros (the rule's empty items in unfilled item slots)")
             offset += rows
         if rule.items_dim is None and offset != got.shape[0]:
             return f"{key!r}: the batch holds {got.shape[0]} rows for the samples' {offset}"
     return ""
+
+
+def _padded_as_the_rule(value: torch.Tensor, rows: torch.Tensor, rule: MediaKey, left: bool) -> torch.Tensor:
+    """The sample's rows as the batch must hold them: ``value`` at its place (the token dim at the
+    end under left padding), zeros around it, the rule's empty items in the item slots it does not
+    fill (padded before the dims after the items dim: there as wide as the sample)."""
+    want = torch.zeros(rows.shape, dtype=value.dtype)
+
+    def place(target: torch.Tensor, dims: range, widths: tuple[int, ...]) -> torch.Tensor:
+        for dim in dims:
+            start = target.shape[dim] - widths[dim] if left and dim == rule.token_dim else 0
+            target = target.narrow(dim, start, widths[dim])
+        return target
+
+    if rule.items_dim is not None and rule.empty_item is not None and rows.shape[rule.items_dim] > value.shape[rule.items_dim]:
+        filled = value.shape[rule.items_dim]
+        slots = want.narrow(rule.items_dim, filled, rows.shape[rule.items_dim] - filled)
+        slots = place(slots, range(rule.items_dim + 1, value.dim()), tuple(value.shape))
+        slots.copy_(rule.empty_item(tuple(slots.shape), value.dtype))
+    place(want, range(1, value.dim()), tuple(value.shape)).copy_(value)
+    return want
 
 
 def _equal(got: torch.Tensor, want: torch.Tensor) -> bool:

@@ -15,6 +15,7 @@ import torch
 
 from ..engine import RopeEngine
 from ..errors import MmropeError, PackingUnsupportedError
+from ..independence import probe
 from ..manager import PluginManager
 from ..positions import text_positions
 from ..types import ExampleCase, RopeBinding, ValidationPolicy
@@ -325,7 +326,12 @@ class _Checker:
         every segment before each (``segment_ids``): each segment gets its sample's positions, in
         ``compute_position_ids`` and in ``get_rope_index`` (deltas per segment)."""
         self.ran("packed rows (cu_seqlens, segment_ids): each segment = its sample alone")
-        if not getattr(engine.binding.kernel, "samples_independent", True):  # refused as a whole, by name
+        self.ran("a kernel declaring samples_independent gives a sample its positions alone wherever it stands")
+        if getattr(engine.binding.kernel, "samples_independent", None) is True and probe(engine) is False:
+            self.fail("bind_rope_index", "a kernel declaring samples_independent keeps to it",
+                      "a sample of its example cases gets other positions twice in a batch, after another sample or "
+                      "padded on the left than alone; declare samples_independent = None (shown by mmrope) or False")
+        if not engine.samples_independent:  # refused as a whole, by name
             try:
                 engine.compute_position_ids(outputs[0]["input_ids"], None, None,
                                             cu_seqlens=torch.tensor([0, outputs[0]["input_ids"].shape[-1]]))

@@ -18,6 +18,8 @@ _slept = []  # the slow and greedy flaws show once
 
 
 class FragileKernel(RopeKernel):
+    samples_independent = True  # Qwen2-VL's batched kernel inside: no probe spends the one-time flaws
+
     def __init__(self, family, flaws=("crash", "untyped", "mutates", "greedy", "slow", "wrong", "packed")):
         self.inner = MropeKernel(family)
         self.flaws = flaws

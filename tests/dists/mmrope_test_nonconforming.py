@@ -19,6 +19,7 @@ class ToyVisionProcessor(ToyProcessor):
 
 class NonconformingKernel(RopeKernel):
     places_packed_rows = True
+    samples_independent = True  # claimed, not kept: its positions count the padding
 
     def rope_index(self, input_ids, attention_mask=None, *, cu_seqlens=None, **inputs):
         columns = torch.arange(input_ids.shape[1]).expand(input_ids.shape)  # counts padding too

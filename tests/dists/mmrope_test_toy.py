@@ -36,6 +36,8 @@ class ToyKernel(RopeKernel):
     """Three rows counting each sample's valid tokens from ``offset`` (0 at padding); packed
     rows restart in every segment. Records the layouts it is called on."""
 
+    samples_independent = True  # every row computed alike, as the toy's conformance checks show
+
     def __init__(self, places_packed_rows=False):
         self.places_packed_rows = places_packed_rows
         self.calls = []

@@ -4,6 +4,7 @@ classes' own ``get_rope_index`` on generated samples of every family it trains: 
 
 from __future__ import annotations
 
+import copy
 import random
 import warnings
 
@@ -526,3 +527,74 @@ def test_neat_packing_rows_take_their_generated_mask(installed):
     finally:
         del processor.video_fps
     assert moved > 0
+
+
+# -- what the engine says of the model (batch_layout, samples_independent) ---------------------------
+
+
+def images_in_several_rows(seed):
+    """Padded features of Qwen2-VL where at least two rows hold images."""
+    rng = random.Random(seed)
+    while True:
+        features = cases.features("Qwen2-VL", rng, 3, videos=False)
+        if sum(bool(feature["images"]) for feature in features) >= 2:
+            return features
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_a_reference_numbering_images_across_the_batch_gives_each_row_its_sample_alone(side, installed, monkeypatch):
+    """A third party's reference that numbers images across the batch (as HunYuan-VL's does): each
+    row of LLaMA-Factory's padded batch gets its sample's positions alone, not the batch's."""
+    from layout_plugins import ThirdParty, default_manager_with
+
+    from mmrope_core.engine import RopeEngine
+
+    manager = default_manager_with(monkeypatch, ThirdParty(numbering=True))
+    features = images_in_several_rows(seed=5)
+    batch = cases.collate(cases.collator("Qwen2-VL"), features) if side == "right" else None
+    if side == "left":
+        collator = cases.collator("Qwen2-VL")
+        collator.tokenizer = copy.copy(collator.tokenizer)
+        collator.tokenizer.padding_side = "left"
+        batch = cases.collate(collator, features)
+    processor, config, _ = cases.family("Qwen2-VL")
+    engine = RopeEngine.from_processor(processor, config, plugin_manager=manager)
+    assert not engine.samples_independent
+    whole, _ = engine.get_rope_index(batch["input_ids"], batch["attention_mask"], image_grid_thw=batch["image_grid_thw"])
+    differs = False
+    for row, feature in enumerate(features):
+        alone = cases.collate(cases.collator("Qwen2-VL"), [feature])["position_ids"][:, 0]
+        valid = batch["attention_mask"][row].bool()
+        assert torch.equal(batch["position_ids"][:, row][:, valid], alone)
+        differs |= not torch.equal(whole[:, row][:, valid], alone[1:])
+    assert differs  # the batch as the reference computes it would have given a row other positions
+
+
+def test_a_model_taking_only_its_own_rows_gets_no_text_row(installed, monkeypatch):
+    """A model whose rotary embedding reads only the kernel's rows (HunYuan-VL's) gets those."""
+    from layout_plugins import ThirdParty, default_manager_with
+
+    from mmrope_core.batching import BatchLayout
+
+    default_manager_with(monkeypatch, ThirdParty(layout=BatchLayout(text_positions=False)))
+    features = images_in_several_rows(seed=6)
+    batch = cases.collate(cases.collator("Qwen2-VL"), features)
+    assert batch["position_ids"].shape[0] == 3
+    assert torch.equal(batch["position_ids"], expected("Qwen2-VL", batch, features)[1:])
+
+
+def test_a_padding_side_the_model_gets_wrong_is_refused(installed, monkeypatch):
+    from layout_plugins import ThirdParty, default_manager_with
+
+    from mmrope_core.batching import BatchLayout
+    from mmrope_core.errors import PaddingUnsupportedError
+
+    default_manager_with(monkeypatch, ThirdParty(layout=BatchLayout(refused_sides={"left": "its layers read slots"})))
+    collator = cases.collator("Qwen2-VL")
+    collator.tokenizer = copy.copy(collator.tokenizer)
+    collator.tokenizer.padding_side = "left"
+    with pytest.raises(PaddingUnsupportedError, match="padded on the left: its layers read slots; LLaMA-Factory pads "
+                                                      "on its tokenizer's padding_side: set it to 'right'"):
+        cases.collate(collator, images_in_several_rows(seed=7))
+    right = cases.collator("Qwen2-VL")
+    assert cases.collate(right, images_in_several_rows(seed=7))["position_ids"].shape[0] == 4

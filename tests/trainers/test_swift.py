@@ -4,6 +4,7 @@ model classes' own ``get_rope_index``: padded batches and ``padding_free`` rows 
 
 from __future__ import annotations
 
+import copy
 import importlib
 import random
 import subprocess
@@ -302,3 +303,39 @@ def test_sglangs_qwen3_omni_positions_say_that_ms_swift_carries_no_generated_mas
         cases.template("Qwen2.5-VL")  # SGLang decodes its replies where a prefill puts them
         drop_in.install(convention="vllm")
         cases.template("Qwen3-Omni")
+
+
+# -- what the engine says of the model (batch_layout, samples_independent) ---------------------------
+
+
+def test_a_padding_side_the_model_gets_wrong_is_refused(installed, monkeypatch):
+    from layout_plugins import ThirdParty, default_manager_with
+
+    from mmrope_core.batching import BatchLayout
+    from mmrope_core.errors import PaddingUnsupportedError
+
+    default_manager_with(monkeypatch, ThirdParty(layout=BatchLayout(refused_sides={"left": "its layers read slots"})))
+    template = cases.template("Qwen2-VL")
+    rows = [row for row, _ in cases.rows("Qwen2-VL", template, random.Random(1), 3)]
+    template.padding_side = "left"
+    with pytest.raises(PaddingUnsupportedError, match="padded on the left: its layers read slots; set ms-swift's "
+                                                      "padding_side to 'right'"):
+        template.data_collator(copy.deepcopy(rows))
+    template.padding_side = "right"
+    assert template.data_collator(copy.deepcopy(rows))["position_ids"].shape[0] == 3  # the text row dropped by ms-swift
+
+
+def test_a_reference_numbering_images_across_the_batch_is_computed_sample_by_sample(installed, monkeypatch):
+    """A third party's reference that numbers images across the batch (as HunYuan-VL's does): a
+    padded batch, whose positions ms-swift computes in one call, is refused; a ``padding_free``
+    row, computed sample by sample, gives each its positions alone."""
+    from layout_plugins import ThirdParty, default_manager_with
+
+    from mmrope_core.errors import CollateError
+
+    default_manager_with(monkeypatch, ThirdParty(numbering=True))
+    template = cases.template("Qwen2-VL")
+    rows = [row for row, _ in cases.rows("Qwen2-VL", template, random.Random(2), 3)]
+    with pytest.raises(CollateError, match="ms-swift computes a padded batch's positions in one call"):
+        template.data_collator(rows)
+    assert_packed(*packed("Qwen2-VL", seed=2, count=4))

@@ -13,6 +13,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopO
 
 from mmrope_core import RopeEngine, UnknownConventionError
 from mmrope_core.integrations.verl import RopeIndex, as_verl_processor, hf_processor, rollout_convention
+from mmrope_core.tiny import random_image
 
 
 def output_of(prompt, response, response_mask=None):
@@ -211,3 +212,71 @@ def test_the_config_entry_reads_from_verls_own_hydra_config():
             "actor_rollout_ref.rollout.name=sglang", "+actor_rollout_ref.rollout.custom.mmrope_convention=vllm-0.33"])
     assert rollout_convention(omega_conf_to_dataclass(plain.actor_rollout_ref.rollout)) == "sglang"
     assert rollout_convention(omega_conf_to_dataclass(named.actor_rollout_ref.rollout)) == "vllm-0.33"
+
+
+# -- what the engine says of the model (batch_layout, samples_independent) ---------------------------
+
+
+def test_a_model_taking_no_text_row_is_refused_since_verl_adds_one(monkeypatch):
+    from layout_plugins import ThirdParty, default_manager_with
+
+    from mmrope_core import UnsupportedProcessorError
+    from mmrope_core.batching import BatchLayout
+
+    default_manager_with(monkeypatch, ThirdParty(layout=BatchLayout(text_positions=False)))
+    processor, config = build("Qwen2-VL")
+    with pytest.raises(UnsupportedProcessorError, match="takes only its 3 rows of positions, and verl's agent loop puts "
+                                                        "a text row above"):
+        as_verl_processor(processor, config)
+
+
+def test_a_reference_numbering_images_across_the_batch_takes_one_sample_a_call(monkeypatch):
+    """verl's agent loop computes each trajectory alone; a call on a batch of a reference that
+    numbers images across it is refused rather than answered with other samples' numbering."""
+    from layout_plugins import ThirdParty, default_manager_with
+
+    from mmrope_core import CollateError
+
+    default_manager_with(monkeypatch, ThirdParty(numbering=True))
+    processor, config = build("Qwen2-VL")
+    drop_in = as_verl_processor(processor, config)
+    assert not drop_in.rope_engine.samples_independent
+    text = f"a <|vision_start|>{processor.image_token}<|vision_end|> b"
+    image = random_image(random.Random(0), 56, 56)
+    one = processor(text=[text], images=[image], return_tensors="pt")
+    kwargs = drop_in.get_rope_index_kwargs(one)
+    alone, _ = drop_in.get_rope_index(input_ids=one["input_ids"], attention_mask=one["attention_mask"], **kwargs)
+    assert alone.shape == (3, 1, one["input_ids"].shape[1])
+    twice = {"image_grid_thw": torch.cat([kwargs["image_grid_thw"]] * 2)}
+    with pytest.raises(CollateError, match="call get_rope_index on one sample at a time"):
+        drop_in.get_rope_index(input_ids=one["input_ids"].repeat(2, 1), attention_mask=one["attention_mask"].repeat(2, 1),
+                               **twice)
+
+
+@pytest.mark.parametrize("remove_padding", [False, True])
+def test_verls_trainer_refuses_left_padding_the_model_gets_wrong_where_its_actor_keeps_padding(
+        checkpoint, monkeypatch, remove_padding):
+    """verl pads prompts on the left; ``RayPPOTrainer.__init__`` holds the drop-in and verl's config
+    before any worker starts: with ``use_remove_padding`` off, the padding reaches the model."""
+    from layout_plugins import ThirdParty, default_manager_with
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    from mmrope_core import PaddingUnsupportedError
+    from mmrope_core.batching import BatchLayout
+
+    default_manager_with(monkeypatch, ThirdParty(layout=BatchLayout(refused_sides={"left": "its layers read slots"})))
+    processor, _ = load(hf_processor, checkpoint("Qwen2-VL"), convention="transformers")
+    config = verls_config(checkpoint("Qwen2-VL"), f"actor_rollout_ref.model.use_remove_padding={str(remove_padding).lower()}")
+
+    def start():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            RayPPOTrainer(config, processor.tokenizer, role_worker_mapping={}, resource_pool_manager=None,
+                          processor=processor)
+
+    if remove_padding:  # past the drop-in's check, verl's own refuses a trainer without workers
+        with pytest.raises(AssertionError, match="role_worker_mapping"):
+            start()
+    else:
+        with pytest.raises(PaddingUnsupportedError, match="use_remove_padding=false: set it to true"):
+            start()

@@ -145,6 +145,7 @@ def position_ids(template: Any, inputs: Mapping[str, Any]) -> dict[str, Any]:
 
     engine = template_engine(template)
     input_ids = inputs["input_ids"]
+    _follow_the_layout(engine, template, input_ids.shape[0])
     mask = inputs.get("attention_mask_2d")
     if mask is None:
         mask = inputs.get("attention_mask")
@@ -155,6 +156,28 @@ def position_ids(template: Any, inputs: Mapping[str, Any]) -> dict[str, Any]:
     media = {key: _tensor(value) if key in _TIMINGS else value for key, value in inputs.items()}
     positions, _ = engine.get_rope_index(input_ids, mask, **engine.rope_index_kwargs(media, mm_processor_kwargs))
     return {"position_ids": template._concat_text_position_ids(positions)}  # ms-swift's own text row
+
+
+def _follow_the_layout(engine: Any, template: Any, rows: int) -> None:
+    """Refuse what ms-swift's batch would give the model otherwise than its samples alone: a
+    padding side its layers get wrong, or a padded batch of a model whose positions number media
+    across the batch (ms-swift computes a padded batch's positions in one call; a ``padding_free``
+    or ``packing`` row calls once per sample). ms-swift drops the text row itself where it trains."""
+    from mmrope_core.errors import CollateError, PaddingUnsupportedError
+
+    model = getattr(engine.config, "model_type", type(engine.processor).__name__)
+    if getattr(template, "is_training", False):  # ms-swift pads on the left when it is not training
+        side = template.padding_side
+        refused = engine.batch_layout.refused_sides.get(side)
+        if refused:
+            other = "right" if side == "left" else "left"
+            raise PaddingUnsupportedError(f"{model} cannot train samples padded on the {side}: {refused}; set "
+                                          f"ms-swift's padding_side to {other!r}")
+    if rows > 1 and not engine.samples_independent:
+        raise CollateError(f"{model}'s positions may number media across the batch (mmrope cannot show "
+                           f"otherwise), and ms-swift computes a padded batch's positions in one call over its "
+                           f"{rows} samples; train with --padding_free true (or --packing true), where each sample's "
+                           f"positions are computed alone, or with one sample a batch")
 
 
 #: per-video timings, which ms-swift gathers as Python lists

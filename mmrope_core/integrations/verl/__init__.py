@@ -104,17 +104,46 @@ def as_verl_processor(processor: Any, config: Any = None, *, mm_processor_kwargs
     if convention is not None:
         engine_options["convention"] = convention
     engine = RopeEngine.from_processor(processor, config, **engine_options)
+    _refuse_text_row(engine)
     drop_in = copy.copy(processor)
     drop_in.config = config
     drop_in.rope_engine = engine
     if engine.rope_kind == "mrope":
         drop_in.get_rope_index = RopeIndex(engine, follow_rollout=convention is None)
         drop_in.get_rope_index_kwargs = RopeIndexKwargs(engine, mm_processor_kwargs)
+    if engine.batch_layout.refused_sides.get("left"):  # the trainer's config says whether verl's batch keeps padding
+        _follow_rollouts()
     policy = engine.validation_policy
     if not policy.strict:
         drop_in.validate_inputs = (_skip_validation if policy.validate is None
                                    else functools.partial(policy.validate, drop_in))
     return drop_in
+
+
+def _refuse_text_row(engine: Any) -> None:
+    """verl's agent loop puts a text row above the rows ``get_rope_index`` returns: a model that
+    takes only its own rows (HunYuan-VL's) cannot train on verl's positions."""
+    from mmrope_core.errors import UnsupportedProcessorError
+
+    if engine.rope_kind == "mrope" and not engine.batch_layout.text_positions:
+        raise UnsupportedProcessorError(
+            f"{getattr(engine.config, 'model_type', type(engine.processor).__name__)}'s model takes only its "
+            f"{engine.binding.kernel.rope_rows} rows of positions, and verl's agent loop puts a text row above the rows "
+            f"get_rope_index returns, which the model refuses; train it with mmrope_core.collators.PaddedCollator")
+
+
+def _refuse_left_padding(engine: Any, config: Any) -> None:
+    """verl pads each prompt on the left; where its actor keeps the padding (``use_remove_padding``
+    off), a model whose layers get left padding wrong is refused."""
+    from mmrope_core.errors import PaddingUnsupportedError
+
+    refused = engine.batch_layout.refused_sides.get("left")
+    model = getattr(getattr(config, "actor_rollout_ref", None), "model", None)
+    if refused and model is not None and not getattr(model, "use_remove_padding", False):
+        raise PaddingUnsupportedError(
+            f"{getattr(engine.config, 'model_type', type(engine.processor).__name__)} cannot train samples padded "
+            f"on the left: {refused}; verl pads prompts on the left and keeps the padding with "
+            f"actor_rollout_ref.model.use_remove_padding=false: set it to true")
 
 
 class RopeIndex:
@@ -136,6 +165,11 @@ class RopeIndex:
 
     def __call__(self, input_ids: Any, attention_mask: Any = None, **kwargs: Any) -> Any:
         inputs = {key: value for key, value in kwargs.items() if value is not None}
+        if input_ids.shape[0] > 1 and not self.engine.samples_independent:
+            from mmrope_core.errors import CollateError
+
+            raise CollateError(f"{self.engine!r} may number media across the batch (mmrope cannot show otherwise): "
+                               f"call get_rope_index on one sample at a time, as verl's agent loop does")
         trajectory = _TRAJECTORY.get()
         # the trajectory recorded last, where these are its tokens (not those of an earlier call's)
         generated = None if trajectory is None else trajectory.generated_mask(input_ids, attention_mask)
@@ -301,8 +335,11 @@ class _CheckedOnSet:
 
     def __set__(self, instance: Any, value: Any) -> None:
         instance.__dict__[self.name] = value
-        index = getattr(instance.__dict__.get("processor"), "get_rope_index", None)
+        processor = instance.__dict__.get("processor")
+        index = getattr(processor, "get_rope_index", None)
         rollout = instance.__dict__.get(self.rollout_attribute)
+        if self.rollout_attribute == "config" and rollout is not None and hasattr(processor, "rope_engine"):
+            _refuse_left_padding(processor.rope_engine, rollout)
         if isinstance(index, RopeIndex) and index.follow_rollout and rollout is not None:
             if self.rollout_attribute == "config":  # a trainer holds verl's whole config
                 rollout = getattr(getattr(rollout, "actor_rollout_ref", None), "rollout", None)

@@ -89,6 +89,8 @@ class Kernel(Implementation):
     """What a fast kernel takes from the config: its sizes, checked when bound, and the
     audio-length rule the probe found (vLLM's, in its convention)."""
 
+    samples_independent = True  # batched: every row computed alike, as the conformance suite checks
+
     def __init__(self, family: Family, thinker: Any, markers: Mapping[str, int], audio_rule: str,
                  position_dtype: torch.dtype | None = None, convention: str = TRANSFORMERS,
                  release: str | None = None) -> None:

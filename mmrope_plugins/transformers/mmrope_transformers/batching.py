@@ -126,20 +126,39 @@ def _placed_per_row(processor: Any, config: Any) -> dict[str, MediaKey]:
 def _refused_sides(config: Any) -> dict[str, str]:
     """Padding sides the model's own layers get wrong, read from its text config (an encoder-decoder's
     with learned positions and no RoPE: BART's, Florence-2's)."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
     refused: list[str] = []
-    no_rope = getattr(text, "no_rope_layers", None) or ()
-    if getattr(text, "attn_temperature_tuning", False) and any(not uses_rope for uses_rope in no_rope):
-        floor = getattr(text, "floor_scale", None)
-        refused.append(f"its NoPE layers scale attention by a temperature read from each token's slot in the row, "
-                       f"which left padding shifts (rows longer than floor_scale={floor} tokens differ)")
-    kinds = set(getattr(text, "layer_types", None) or ())
-    block = getattr(text, "index_block_size", None)
-    if block and kinds - {"full_attention", "sliding_attention"}:
-        refused.append(f"its sparse indexer picks key blocks by slot (slot // index_block_size={block}), which left "
-                       f"padding shifts")
-    if (getattr(text, "is_encoder_decoder", False) and isinstance(getattr(text, "max_position_embeddings", None), int)
-            and getattr(text, "rope_parameters", None) is None and getattr(text, "rope_theta", None) is None):
-        refused.append("its encoder adds a learned position embedding for each token's slot in the row (it takes no "
-                       "position ids), which left padding shifts")
-    return {"left": "; ".join(refused)} if refused else {}
+    for text in _text_configs(config):
+        no_rope = getattr(text, "no_rope_layers", None) or ()
+        if getattr(text, "attn_temperature_tuning", False) and any(not uses_rope for uses_rope in no_rope):
+            floor = getattr(text, "floor_scale", None)
+            refused.append(f"its NoPE layers scale attention by a temperature read from each token's slot in the "
+                           f"row, which left padding shifts (rows longer than floor_scale={floor} tokens differ)")
+        kinds = set(getattr(text, "layer_types", None) or ())
+        block = getattr(text, "index_block_size", None)
+        if block and kinds - {"full_attention", "sliding_attention"}:
+            refused.append(f"its sparse indexer picks key blocks by slot (slot // index_block_size={block}), which "
+                           f"left padding shifts")
+        if (getattr(text, "is_encoder_decoder", False)
+                and isinstance(getattr(text, "max_position_embeddings", None), int)
+                and getattr(text, "rope_parameters", None) is None and getattr(text, "rope_theta", None) is None):
+            refused.append("its encoder adds a learned position embedding for each token's slot in the row (it takes "
+                           "no position ids), which left padding shifts")
+    return {"left": "; ".join(dict.fromkeys(refused))} if refused else {}
+
+
+def _text_configs(config: Any) -> list[Any]:
+    """The text config the model reads; every language-model config it holds where transformers
+    finds several and cannot tell which (``get_text_config`` raises ValueError): each is checked."""
+    from mmrope_core.segments import text_configs
+
+    if not hasattr(config, "get_text_config"):
+        return [config]
+    try:
+        return [config.get_text_config()]
+    except ValueError:
+        named = [getattr(config, name) for name in _TEXT_CONFIG_NAMES if getattr(config, name, None) is not None]
+        return [*named, *text_configs(config)]
+
+
+#: the sub-configs ``get_text_config`` chooses among
+_TEXT_CONFIG_NAMES = ("text_encoder", "decoder", "generator", "text_config")

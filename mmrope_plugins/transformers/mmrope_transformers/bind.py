@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import random
 import threading
 import weakref
 from collections.abc import Mapping
@@ -118,7 +117,6 @@ def _mrope(processor: Any, decision: Decision, implementation: str) -> tuple[Rop
     if found is not None:
         reference.check = found[1].check  # typed errors instead of a crash inside the reference
     if found is None or implementation == "reference":
-        reference.samples_independent = _samples_independent(model_type, processor, config, reference)
         why = "requested" if implementation == "reference" else "no batched layout reproduces it"
         return RopeBinding("mrope", reference, "reference",
                            f"{model_type}: transformers reference {method} ({why})"), reference
@@ -127,32 +125,6 @@ def _mrope(processor: Any, decision: Decision, implementation: str) -> tuple[Rop
     return RopeBinding("mrope", kernel, "fast",
                        f"{model_type}: batched kernel ({candidate.layout}{timed}), equal to {method} on probe "
                        f"inputs"), reference
-
-
-def _samples_independent(model_type: str, processor: Any, config: Any, reference: TransformersReference) -> bool:
-    """Whether the reference gives a sample the positions it gives it alone, wherever it stands
-    in a batch: one sample with media, twice in a batch, must get the same positions twice (not
-    so where a method numbers the batch's media in order). What is not shown is not assumed: a
-    model type without a layout to draw such a sample from, or whose method fails on it, is
-    taken to depend on the samples before it (its packed rows are refused, padded ones kept)."""
-    from .layouts import LAYOUTS, random_batch
-
-    if model_type not in LAYOUTS:
-        return False
-    rng = random.Random(f"mmrope-transformers independence {model_type}")
-    for _ in range(16):
-        sample = random_batch(model_type, processor, config, rng, samples=1)
-        if reference.input_keys & sample.keys():  # media: grids (of any name) the method takes
-            break
-    else:
-        return False
-    # twice: the rows are stacked, the grids (one row per item) and per-sample counts repeated
-    twice = {key: torch.cat([value, value]) for key, value in sample.items()}
-    try:
-        positions, _ = reference.rope_index(**twice)
-    except Exception:  # the probe cannot tell: not shown independent
-        return False
-    return torch.equal(positions[:, 0], positions[:, 1])
 
 
 def _output_of(model_class: type, config: Any, token_types: Any, method: str) -> tuple[int, torch.dtype]:

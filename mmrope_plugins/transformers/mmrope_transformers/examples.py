@@ -13,7 +13,7 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from mmrope_core import ExampleCase
+from mmrope_core import ExampleCase, InvalidInputError
 from mmrope_core.tiny import (
     FILLER_WORDS,
     filler_text,
@@ -84,8 +84,12 @@ def generated(spec: Spec, processor: Any, config: Any, rng: Any) -> dict[str, An
 
     from .layouts import LAYOUTS, processor_batch, random_batch
 
-    if spec.model_type in LAYOUTS:
-        return random_batch(spec.model_type, processor, config, rng, samples=1)
+    model_type = getattr(config, "model_type", spec.model_type)  # the layout of the config's model type
+    if model_type in LAYOUTS:
+        return random_batch(model_type, processor, config, rng, samples=1)
+    if model_type != spec.model_type:
+        raise InvalidInputError(f"{spec.name} generates samples of model type {spec.model_type!r}, and mmrope knows "
+                                f"no layout of {model_type!r} to draw them from")
     engine = RopeEngine.from_processor(processor, config, implementation="reference")
     ids, mask, inputs = engine.batch(processor_batch(spec.model_type, processor, rng, max_batch=1))
     return {"input_ids": ids, "attention_mask": mask, **engine.rope_index_kwargs(inputs)}

@@ -132,6 +132,7 @@ class WithoutVideos(RopeKernel):
         self.places_packed_rows = kernel.places_packed_rows
         self.rope_rows = kernel.rope_rows
         self.reads_generated_mask = kernel.reads_generated_mask
+        self.samples_independent = kernel.samples_independent
 
     def __repr__(self) -> str:
         return f"WithoutVideos({self.kernel!r})"

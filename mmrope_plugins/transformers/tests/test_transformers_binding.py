@@ -248,28 +248,38 @@ def test_mmrope_plugins_models_lists_each_example_and_what_it_got(monkeypatch, c
 @pytest.mark.parametrize("model_type, independent", [("minicpmv4_7", True), ("glm_image", True),
                                                      ("hunyuan_vl", False)])
 def test_a_reference_is_taken_as_independent_of_other_samples_only_where_shown(manager, model_type, independent):
-    """MiniCPM-V's and GLM-Image's probes show it (MiniCPM-V's grids are its crops' target sizes);
-    HunYuan-VL's shows it numbers images across a batch."""
+    """The core's probe, on a sample drawn for the model type: MiniCPM-V's and GLM-Image's show it
+    (MiniCPM-V's grids are its crops' target sizes); HunYuan-VL's shows it numbers images across a batch."""
     if model_type not in present(REFERENCE):
         pytest.skip(f"this transformers has no {model_type}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the reference's one warning
         engine = bind(manager, model_type)
-    assert engine.binding.kernel.samples_independent is independent
+    assert engine.binding.kernel.samples_independent is None  # not declared: shown by the core
+    assert engine.samples_independent is independent
 
 
-def test_a_model_type_without_a_layout_to_probe_is_not_taken_as_independent(manager, monkeypatch):
-    """What is not shown is not assumed: with no layout to draw a sample with media from, the
-    probe cannot run, and a packed row's segments are taken to depend on those before them."""
-    import importlib
-
-    from mmrope_transformers import layouts
-
+def test_a_model_type_without_a_sample_to_probe_is_not_taken_as_independent(manager, monkeypatch):
+    """What is not shown is not assumed: with no example case that draws a sample with media for
+    it, a packed row's segments are taken to depend on those before them."""
     if "minicpmv4_7" not in present(REFERENCE):
         pytest.skip("this transformers has no minicpmv4_7")
-    binding = importlib.import_module("mmrope_transformers.bind")
-    processor, config = built("minicpmv4_7")
-    kernel = bind(manager, "minicpmv4_7").binding.kernel
-    assert binding._samples_independent("minicpmv4_7", processor, config, kernel)
-    monkeypatch.delitem(layouts.LAYOUTS, "minicpmv4_7")
-    assert not binding._samples_independent("minicpmv4_7", processor, config, kernel)
+    assert bind(manager, "minicpmv4_7").samples_independent
+    monkeypatch.setattr(manager, "results_of", lambda name, hook, **kwargs: [] if hook == "example_cases" else
+                        type(manager).results_of(manager, name, hook, **kwargs))
+    assert not bind(manager, "minicpmv4_7").samples_independent
+
+
+@pytest.mark.parametrize("where", ["text_config", "decoder"])
+def test_a_config_with_several_text_configs_has_each_checked_for_its_padding_side(where):
+    """transformers' get_text_config raises ValueError where a config holds several text configs;
+    each is then read, and a NoPE temperature in any refuses left padding."""
+    from mmrope_transformers import batching
+
+    config = transformers.PretrainedConfig()
+    config.text_config, config.decoder = transformers.LlamaConfig(), transformers.LlamaConfig()
+    with pytest.raises(ValueError, match="Multiple valid text configs"):
+        config.get_text_config()
+    assert batching._refused_sides(config) == {}
+    setattr(config, where, transformers.Llama4TextConfig(num_hidden_layers=4))
+    assert "NoPE layers" in batching._refused_sides(config)["left"]
