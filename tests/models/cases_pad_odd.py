@@ -1,0 +1,36 @@
+"""More bound model types for the model-level collator tests (see test_padded_batches.py):
+``extra_cases()`` gives each as ``name -> (build() -> (processor, config), calls(processor, rng),
+overrides of the default config)``, built with the real processor classes."""
+
+from __future__ import annotations
+
+import functools
+
+
+def extra_cases():
+    from test_padded_batches import build_setting
+
+    from mmrope_transformers.examples import samples
+    from mmrope_transformers.specs import available
+
+    found = {}
+    for spec, overrides in specs():
+        if available(spec):
+            found[spec.name] = (functools.partial(build_setting, spec, {}), functools.partial(samples, spec), overrides)
+    return found
+
+
+def specs():
+    """Specs of the model types built from a Pillow image processor, and the config values
+    (dotted paths) that their tiny models need beyond the tests' tiny sizes."""
+    from mmrope_transformers.specs import _GLM_IMAGE, GLM_IDS, GLM_TOKENS, Spec
+
+    return (
+        # its config takes as many key-value heads as query heads, NoPE attention layers (no
+        # rotary dimensions) and a top-k that is a multiple of the indexer's pool
+        (Spec("GLM-5-Next (glm5_next)", "glm5_next", "Glm5NextProcessor",
+              ("glm5_next", "Glm5NextImageProcessorPil", {}), GLM_TOKENS, GLM_IDS, _GLM_IMAGE, video_processor=True),
+         (("text_config.num_key_value_heads", 2), ("text_config.qk_rope_head_dim", 0),
+          ("text_config.index_kpool", 4), ("text_config.linear_num_heads", 2), ("text_config.linear_head_dim", 8),
+          ("vision_config.projection_intermediate_size", 64))),
+    )
