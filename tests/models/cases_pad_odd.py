@@ -23,7 +23,7 @@ def extra_cases():
 def specs():
     """Specs of the model types built from a Pillow image processor, and the config values
     (dotted paths) that their tiny models need beyond the tests' tiny sizes."""
-    from mmrope_transformers.specs import _GLM_IMAGE, GLM_IDS, GLM_TOKENS, Spec
+    from mmrope_transformers.specs import _GLM_IMAGE, _LLAVA_IMAGE_PROCESSOR, _PINPOINTS, GLM_IDS, GLM_TOKENS, Spec
 
     return (
         # its config takes as many key-value heads as query heads, NoPE attention layers (no
@@ -33,4 +33,15 @@ def specs():
          (("text_config.num_key_value_heads", 2), ("text_config.qk_rope_head_dim", 0),
           ("text_config.index_kpool", 4), ("text_config.linear_num_heads", 2), ("text_config.linear_head_dim", 8),
           ("vision_config.projection_intermediate_size", 64))),
+        # its default config maps no vision layer to a text layer (deepstack_layer_map), which its
+        # projectors need, and puts its four spatial groups past the tiny text model's layers; the
+        # Q-Former takes a head per 64 vision widths
+        (Spec("Granite-4-Vision (granite4_vision)", "granite4_vision", "Granite4VisionProcessor",
+              ("llava_next", "LlavaNextImageProcessorPil", {**_LLAVA_IMAGE_PROCESSOR, "image_grid_pinpoints": _PINPOINTS}),
+              {"image_token": "<image>"}, {"image_token_index": "<image>"},
+              processor_kwargs={"patch_size": 14, "vision_feature_select_strategy": "default",
+                                "num_additional_image_tokens": 1, "downsample_rate": "1/2"}),
+         (("text_config.num_hidden_layers", 5), ("deepstack_layer_map", [[1, 0]]),
+          ("spatial_target_layers", [1, 2, 3, 4]), ("downsample_rate", "1/2"),
+          ("vision_config.hidden_size", 64))),
     )
