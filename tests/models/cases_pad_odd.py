@@ -1,6 +1,11 @@
 """More bound model types for the model-level collator tests (see test_padded_batches.py):
 ``extra_cases()`` gives each as ``name -> (build() -> (processor, config), calls(processor, rng),
-overrides of the default config)``, built with the real processor classes."""
+overrides of the default config)``, built with the real processor classes.
+
+One stand-in: Mistral-Large-4's ``PixtralProcessor`` needs torchvision, which the tests run
+without; LightOnOCR's processor, as for Mistral3, places Pixtral's tokens by the same rule (rows
+of ``[IMG]`` ending in ``[IMG_BREAK]``, the last ``[IMG_END]``) over the same Pillow image processor.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +23,9 @@ def extra_cases():
         if available(spec):
             found[spec.name] = (functools.partial(build_setting, spec, {}), functools.partial(samples, spec), overrides)
     return found
+
+
+PIXTRAL_TOKENS = {"image_token": "[IMG]", "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]"}
 
 
 def specs():
@@ -44,4 +52,14 @@ def specs():
          (("text_config.num_hidden_layers", 5), ("deepstack_layer_map", [[1, 0]]),
           ("spatial_target_layers", [1, 2, 3, 4]), ("downsample_rate", "1/2"),
           ("vision_config.hidden_size", 64))),
+        # the Mistral3 stand-in's processor (see test_padded_batches.py); an MLA model, as many
+        # key-value heads as query heads. Every sample no longer than index_topk: the indexer keeps
+        # all of a sample's keys, packed or alone (past it, keys it scores alike, a ReLU's zeros,
+        # are told apart by their slot in the row: packed rows of such samples are refused)
+        (Spec("Mistral-Large-4 (mistral_large4)", "mistral_large4", "LightOnOcrProcessor",
+              ("pixtral", "PixtralImageProcessorPil", {"size": {"longest_edge": 56}, "patch_size": 14}),
+              PIXTRAL_TOKENS, {"image_token_index": "[IMG]"},
+              processor_kwargs={"patch_size": 14, "spatial_merge_size": 2}, sizes=(1, 2, 28)),
+         (("vision_config.patch_size", 14), ("spatial_merge_size", 2), ("text_config.num_key_value_heads", 2),
+          ("text_config.index_topk", 16))),
     )

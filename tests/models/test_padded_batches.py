@@ -10,9 +10,10 @@ Besides the example cases, the model types the plugins bind that have none are b
 same way (:func:`extra_cases`), with their real processors: Idefics2, PaliGemma, Qwen2-Audio,
 GLM-ASR, Qwen3-ASR, VipLLaVA, LLaVA-NeXT-Video, LightOnOCR, GOT-OCR2, Qianfan-OCR, Ovis2, Janus,
 DeepSeek-VL, DeepSeek-VL-Hybrid, Granite-Docling, VideoLLaMA3, Aya Vision, MiniCPM-V 4.6,
-HyperCLOVAX-Vision-V2, LFM3-VL and Video-LLaVA; in cases_pad_odd.py: GLM-5-Next, Granite-4-Vision. Two with
-stand-ins, where the real processor needs a package the tests run without: Mistral3 (``PixtralProcessor`` needs torchvision; LightOnOCR's processor
-places Pixtral's tokens by the same rule) and SmolVLM (its processor needs ``num2words``, for
+HyperCLOVAX-Vision-V2, LFM3-VL and Video-LLaVA; in cases_pad_odd.py: GLM-5-Next, Granite-4-Vision.
+Two with stand-ins, where the real processor needs a package the tests run without: Mistral3 and
+Mistral-Large-4 (``PixtralProcessor`` needs torchvision; LightOnOCR's processor places Pixtral's
+tokens by the same rule) and SmolVLM (its processor needs ``num2words``, for
 videos only: the real one is built with a stand-in that no image call reaches). GIT, Llama 4,
 MiniMax-M3-VL and T5Gemma2 have tests of their own below (the last three on text samples: their
 image processors need torchvision). The Omni thinkers (``qwen2_5_omni_thinker``,
@@ -28,8 +29,6 @@ Bound model types of transformers 5.24 without a model-level test here, and why:
   vision-encoder-decoder;
 - audio features computed with torchaudio, which the tests run without: granite_speech,
   granite_speech_plus;
-- built but not yet run through the model: mistral_large4 (the Mistral3 stand-in's
-  batch fails in its model: the tiny config's sizes are not yet fitted);
 - not yet built here: blip, blip-2, chameleon, deepseek_ocr2, diffusion_gemma, dots3_note, emu3,
   evolla, florence2, fun_asr_nano, fuyu, gemma3n, idefics, instructblip, instructblipvideo,
   kyutai_speech_to_text, moss_transcribe_diarize, nemo_speechlm, omniasr, pix2struct,
