@@ -79,6 +79,9 @@ class BatchLayout:
         labels_right: the labels are a sequence of their own (an encoder-decoder's decoder
             targets): padded on the right whatever side the ids are padded on.
         packing: why a packed row cannot hold this model's media (empty when it can).
+        first_position: the 1-D position the model gives a sample's first token, where it is not 0
+            (RoBERTa-style position embeddings count from ``padding_idx + 1``, Kosmos-2's): the
+            collators' positions start there.
     """
 
     media: Mapping[str, MediaKey] = dataclasses.field(default_factory=dict)
@@ -86,6 +89,7 @@ class BatchLayout:
     refused_sides: Mapping[str, str] = dataclasses.field(default_factory=dict)
     labels_right: bool = False
     packing: str = ""
+    first_position: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.media, Mapping) or not all(
@@ -96,6 +100,8 @@ class BatchLayout:
             raise TypeError("BatchLayout.refused_sides must map 'left'/'right' to a reason users can read")
         if not isinstance(self.packing, str):
             raise TypeError("BatchLayout.packing must be a string (empty when packed rows hold the media)")
+        if isinstance(self.first_position, bool) or not isinstance(self.first_position, int) or self.first_position < 0:
+            raise TypeError(f"BatchLayout.first_position must be an int >= 0, got {self.first_position!r}")
         object.__setattr__(self, "media", types.MappingProxyType(dict(self.media)))
         object.__setattr__(self, "refused_sides", types.MappingProxyType(dict(self.refused_sides)))
 

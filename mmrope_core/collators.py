@@ -69,10 +69,7 @@ class PaddedCollator:
             generated_mask=None if generated is None else self._padded(generated, input_ids.shape[1], 0))
         if not getattr(self.engine.binding.kernel, "samples_independent", True):
             self._each_alone(positions, read, generated)
-        if self.engine.rope_kind == "mrope":
-            positions = positions.transpose(0, 1)  # (B, 4, L) -> (4, B, L): the model takes the rows first
-            if not self.engine.batch_layout.text_positions:
-                positions = positions[1:]  # only the rows its rotary embedding reads
+        positions = _as_the_model_takes(self.engine, positions)
         if self.engine.batch_layout.labels_right:  # a sequence of their own (decoder targets): padded on the right
             batch_labels = torch.cat([F.pad(row, (0, input_ids.shape[1] - row.shape[1]), value=IGNORE_INDEX)
                                       for row in labels])
@@ -179,8 +176,7 @@ class PackedCollator:
         positions = self.engine.compute_position_ids(input_ids, None, inputs, self.mm_processor_kwargs,
                                                      cu_seqlens=cu_seqlens,
                                                      generated_mask=None if generated is None else torch.cat(generated, 1))
-        if self.engine.rope_kind == "mrope":
-            positions = positions.transpose(0, 1)  # (1, 4, T) -> (4, 1, T)
+        positions = _as_the_model_takes(self.engine, positions)
         # a cache turns the model's segment detection off: the segments would attend to one another
         batch = {"input_ids": input_ids, "position_ids": positions, "labels": labels, **per_token, **inputs,
                  "use_cache": False}
@@ -227,6 +223,16 @@ def _check_engine(engine: Any) -> None:
     if not isinstance(engine, RopeEngine):
         raise InvalidInputError(f"a collator takes a RopeEngine, got {type(engine).__name__}; build it once with "
                                 f"RopeEngine.from_pretrained(path) or RopeEngine.from_processor(processor, config)")
+
+
+def _as_the_model_takes(engine: RopeEngine, positions: torch.Tensor) -> torch.Tensor:
+    """The engine's positions in the form the model takes: M-RoPE rows first (only those its rotary
+    embedding reads), 1-D positions counted from the model's first position."""
+    layout = engine.batch_layout
+    if engine.rope_kind == "mrope":
+        positions = positions.transpose(0, 1)  # (B, 4, L) -> (4, B, L): the model takes the rows first
+        return positions if layout.text_positions else positions[1:]
+    return positions + layout.first_position if layout.first_position else positions
 
 
 def _model_name(engine: RopeEngine) -> str:
@@ -306,9 +312,14 @@ def _token_row(index: int, key: str, value: Any) -> torch.Tensor | None:
 
 
 def _token_aligned(samples: list[dict[str, Any]]) -> list[str]:
-    """The token-type keys of these samples, each sample's ``(1, L)``; a sample without one (a
-    text-only sample) gets zeros, the type of text."""
+    """The keys of these samples holding one value per token, each sample's ``(1, L)``: token
+    types (a sample without one, text alone, gets zeros, the type of text), and any key that every
+    sample holds shaped like its ids."""
     keys = [key for key in dict.fromkeys(key for sample in samples for key in sample) if key.endswith(_TOKEN_TYPES)]
+    # a key every sample holds shaped like its ids is one value per token too, as engine.batch pads it
+    # (Kosmos-2's image_embeds_position_mask): a packed row joins it along the tokens
+    keys += [key for key in samples[0] if key not in (*keys, "input_ids", "attention_mask", "labels") and all(
+        isinstance(sample.get(key), torch.Tensor) and sample[key].shape == sample["input_ids"].shape for sample in samples)]
     for key in keys:
         for index, sample in enumerate(samples):
             value = sample.get(key)

@@ -225,4 +225,6 @@ def test_a_batch_layout_checks_itself():
         BatchLayout(refused_sides={"left": ""})
     with pytest.raises(TypeError, match="MediaKey"):
         BatchLayout(media={"pixel_values": "last"})
+    with pytest.raises(TypeError, match="first_position"):
+        BatchLayout(first_position=-1)
     assert "pixel_values" in BatchLayout(media={"pixel_values": MediaKey(per_row=True)}).packing_refusal

@@ -62,4 +62,11 @@ def specs():
               processor_kwargs={"patch_size": 14, "spatial_merge_size": 2}, sizes=(1, 2, 28)),
          (("vision_config.patch_size", 14), ("spatial_merge_size", 2), ("text_config.num_key_value_heads", 2),
           ("text_config.index_topk", 16))),
+        # the real Kosmos2Processor (no auto mapping names it; the checkpoints ship it): it writes
+        # each sample's image placeholders itself, latent_query_num of them
+        (Spec("Kosmos-2 (kosmos-2)", "kosmos-2", "Kosmos2Processor",
+              ("clip", "CLIPImageProcessorPil", {"size": {"shortest_edge": 28}, "crop_size": {"height": 28, "width": 28}}),
+              {"bos_token": "<s>", "eos_token": "</s>"}, image_text="", counts=(1, 1),
+              call_kwargs={"num_image_tokens": 4}),
+         (("latent_query_num", 4), ("text_config.layers", 2), ("text_config.ffn_dim", 64))),
     )

@@ -68,13 +68,18 @@ def rows_of(tiny):
     return [with_text(tiny, samples)]
 
 
+#: Model types whose model takes no sample of text alone: GLM-Image (an image generator: its own
+#: positions fail on it), Kosmos-2 (its forward requires pixel_values).
+NO_TEXT_ALONE = {"glm_image", "kosmos-2"}
+
+
 def with_text(tiny, samples):
     rows = [{**sample, "labels": sample["input_ids"].clone()} for sample in samples]
     tokenizer = tiny.processor.tokenizer
     ids = torch.tensor([tokenizer.convert_tokens_to_ids(tokenizer.tokenize("the cat sat on a mat"))])
     text = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
     text.update({key: torch.zeros_like(ids) for key in tiny.samples[0] if key.endswith("token_type_ids")})
-    if tiny.config.model_type != "glm_image":  # an image generator: its own positions fail on text alone
+    if tiny.config.model_type not in NO_TEXT_ALONE:
         rows.append(text)
     return rows
 
@@ -94,13 +99,18 @@ def by_hand(engine, samples):
     computed alone."""
     lengths = [sample["input_ids"].shape[1] for sample in samples]
     bounds = torch.tensor([0, *itertools.accumulate(lengths)])
-    token_aligned = ("input_ids", "labels", *(key for key in samples[0] if key.endswith("token_type_ids")))
+    # token types, and what every sample holds shaped like its ids (Kosmos-2's image_embeds_position_mask)
+    token_aligned = ("input_ids", "labels", *(key for key in samples[0] if key not in ("input_ids", "labels", "attention_mask")
+                                              and all(key in sample and sample[key].shape == sample["input_ids"].shape
+                                                      for sample in samples)))
     batch = {key: torch.cat([sample[key] for sample in samples], dim=1) for key in token_aligned}
     batch["labels"][0, bounds[:-1]] = IGNORE_INDEX
     media = [{key: value for key, value in sample.items() if key not in (*token_aligned, "attention_mask")}
              for sample in samples]
     positions = torch.cat([engine.compute_position_ids(sample["input_ids"], None, own)
                            for sample, own in zip(samples, media)], dim=-1)
+    if engine.rope_kind == "1d":  # counted from the model's first position (Kosmos-2's padding_idx + 1)
+        positions = positions + engine.batch_layout.first_position
     if engine.rope_kind == "mrope":
         positions = positions.transpose(0, 1)
         rows = getattr(engine.binding.kernel, "rope_rows", 3)

@@ -10,7 +10,8 @@ Besides the example cases, the model types the plugins bind that have none are b
 same way (:func:`extra_cases`), with their real processors: Idefics2, PaliGemma, Qwen2-Audio,
 GLM-ASR, Qwen3-ASR, VipLLaVA, LLaVA-NeXT-Video, LightOnOCR, GOT-OCR2, Qianfan-OCR, Ovis2, Janus,
 DeepSeek-VL, DeepSeek-VL-Hybrid, Granite-Docling, VideoLLaMA3, Aya Vision, MiniCPM-V 4.6,
-HyperCLOVAX-Vision-V2, LFM3-VL and Video-LLaVA; in cases_pad_odd.py: GLM-5-Next, Granite-4-Vision.
+HyperCLOVAX-Vision-V2, LFM3-VL and Video-LLaVA; in cases_pad_odd.py: GLM-5-Next, Granite-4-Vision,
+Kosmos-2.
 Two with stand-ins, where the real processor needs a package the tests run without: Mistral3 and
 Mistral-Large-4 (``PixtralProcessor`` needs torchvision; LightOnOCR's processor places Pixtral's
 tokens by the same rule) and SmolVLM (its processor needs ``num2words``, for
@@ -25,7 +26,7 @@ Bound model types of transformers 5.24 without a model-level test here, and why:
   apertus1p5, cohere2_vision, gemma4_unified, inkling2, inkling2_loop, inkling_mm_model, kimi_k25,
   lfm2_vl, minicpm_ocr, molmo2, muse_glimmer, muse_spark, nemotron_h_omni, perception_lm,
   phi4_multimodal, pi0, pp_formulanet, step3p7, unlimited_ocr;
-- no processor in transformers' auto mappings: fast_vlm, kosmos-2, kosmos-2.5, mistral4,
+- no processor in transformers' auto mappings: fast_vlm, kosmos-2.5, mistral4,
   vision-encoder-decoder;
 - audio features computed with torchaudio, which the tests run without: granite_speech,
   granite_speech_plus;
@@ -417,8 +418,9 @@ def samples_of(tiny):
 
 
 #: What processors say when they refuse a text-only sample, alone (PaliGemma's) or beside samples
-#: with images (transformers 5.10's Mllama's): their batches then hold none.
-NO_TEXT_ONLY = ("at least one image per sample", "`images` are expected", "they must match 1:1")
+#: with images (transformers 5.10's Mllama's, Kosmos-2's): their batches then hold none.
+NO_TEXT_ONLY = ("at least one image per sample", "`images` are expected", "they must match 1:1",
+                "`texts` and `images` should be the same")
 #: Model types whose processor takes no sample without its media (GOT-OCR2's writes each prompt
 #: around its image: transformers 5.24 says so, 5.10 fails loading the missing image; Qwen3-ASR's
 #: requires its audio argument).
@@ -459,14 +461,14 @@ def processor_batch(tiny, calls, side):
         padding = {"text_kwargs": padding}
     parameters = inspect.signature(tiny.processor.__call__).parameters
     if not any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters.values()):
-        # a processor taking no padding_side (transformers 5.10's Video-LLaVA): its tokenizer's
-        tokenizer = tiny.processor.tokenizer
-        saved, tokenizer.padding_side = tokenizer.padding_side, side
-        try:
-            return dict(tiny.processor(text=texts, **media, padding=True, return_tensors="pt", **rest))
-        finally:
-            tokenizer.padding_side = saved
-    return dict(tiny.processor(text=texts, **media, **padding, return_tensors="pt", **rest))
+        padding = {"padding": True}  # a processor taking no padding_side (transformers 5.10's Video-LLaVA)
+    # and its tokenizer's side: Kosmos-2's processor pads a batch with images on it, whatever it is told
+    tokenizer = tiny.processor.tokenizer
+    saved, tokenizer.padding_side = tokenizer.padding_side, side
+    try:
+        return dict(tiny.processor(text=texts, **media, **padding, return_tensors="pt", **rest))
+    finally:
+        tokenizer.padding_side = saved
 
 
 #: Processors that hand ``padding`` to their feature extractor too: the batch's clips padded to the

@@ -43,12 +43,21 @@ LAYOUTS: Mapping[str, BatchLayout] = {
     # the processor batches text-to-image or image-to-image samples with one source count, not a mix
     "glm_image": BatchLayout(media={"images_per_sample": MediaKey(uniform=True),
                                     "pixel_values": MediaKey(all_or_none=True)}),
+    # its text model builds its causal mask itself (not transformers' masking utilities, which find
+    # a packed row's segments from the positions)
+    "kosmos-2": BatchLayout(packing="its text model builds a causal mask of its own over the whole row, which lets "
+                                    "each segment attend to the segments before it"),
     # its text model takes exactly its xD-RoPE rows (it raises on the text row transformers 5.x
     # prepends), and without that row it cannot find a packed row's segments
     "hunyuan_vl": BatchLayout(text_positions=False,
                               packing="its text model takes only its xD-RoPE rows of positions, not the text row "
                                       "that tells transformers where a packed row's segments start"),
 }
+
+
+#: Model types whose text model's position embeddings count a sample's positions from
+#: ``padding_idx + 1`` (the text config's ``pad_token_id + 1``), as RoBERTa's do.
+POSITIONS_AFTER_PADDING_IDX = frozenset({"kosmos-2"})
 
 
 def layout_of(processor: Any, config: Any) -> BatchLayout | None:
@@ -59,15 +68,25 @@ def layout_of(processor: Any, config: Any) -> BatchLayout | None:
     media.update(_placed_per_row(processor, config))
     refused = _refused_sides(config)
     labels_right = bool(getattr(config, "is_encoder_decoder", False))
-    if not (stated or media or refused or labels_right):
+    first = _first_position(config) if model_type in POSITIONS_AFTER_PADDING_IDX else 0
+    if not (stated or media or refused or labels_right or first):
         return None
     return BatchLayout(media=media, text_positions=stated.text_positions if stated else True,
-                       refused_sides=refused, labels_right=labels_right, packing=stated.packing if stated else "")
+                       refused_sides=refused, labels_right=labels_right, packing=stated.packing if stated else "",
+                       first_position=first)
+
+
+def _first_position(config: Any) -> int:
+    """``padding_idx + 1``: the text config's ``pad_token_id + 1`` (0 where it has none)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    pad = getattr(text, "pad_token_id", None)
+    return pad + 1 if isinstance(pad, int) and not isinstance(pad, bool) and pad >= 0 else 0
 
 
 def _placed_per_row(processor: Any, config: Any) -> dict[str, MediaKey]:
     """A processor that takes images but writes no placeholder for them feeds a model that places
-    each row's image itself (GIT prepends it): one per batch row, every row."""
+    each row's image itself (GIT prepends it): one per batch row, every row. Not so where the
+    processor outputs keys of its own beside the tokenizer's and image processor's: they place them."""
     from .models import sees_images
 
     image_processor = getattr(processor, "image_processor", None)
@@ -76,6 +95,11 @@ def _placed_per_row(processor: Any, config: Any) -> dict[str, MediaKey]:
     if any(getattr(processor, name, None) is not None for name in ("image_token", "image_token_id")):
         return {}
     keys = getattr(image_processor, "model_input_names", None) or ["pixel_values"]
+    tokenizer = getattr(processor, "tokenizer", None)
+    own = set(getattr(processor, "model_input_names", None) or ()) - set(keys) - set(
+        getattr(tokenizer, "model_input_names", None) or ("input_ids", "attention_mask"))
+    if own:  # outputs of the processor's own that place the images (Kosmos-2's image_embeds_position_mask)
+        return {}
     return {key: MediaKey(per_row=True) for key in keys if key not in ("input_ids", "attention_mask")}
 
 
