@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ._names import checked_keywords
+from .batching import BatchLayout, MediaKey
 from .engine import RopeEngine
 from .errors import CollateError, InvalidInputError, PaddingUnsupportedError, a
 from .media import require_string_keys, require_values
@@ -62,7 +63,8 @@ class PaddedCollator:
         read = _read_samples(samples)
         labels = [sample.pop("labels") for sample in read]
         generated = _generated(read)
-        per_token = {key: [sample.pop(key) for sample in read] for key in _token_aligned(read)}
+        aligned = _token_aligned(read, self.engine.batch_layout)
+        per_token = {key: [sample.pop(key) for sample in read] for key in aligned}
         input_ids, attention_mask, inputs = self.engine.batch(read, padding_side=self.padding_side)
         positions = self.engine.compute_position_ids(
             input_ids, attention_mask, inputs, self.mm_processor_kwargs,
@@ -166,7 +168,7 @@ class PackedCollator:
         self._check_length(lengths)
         self.support.require_lengths(lengths)  # layers that keep segments apart only in short rows or samples
         generated = _generated(read)
-        token_types = _token_aligned(read)
+        token_types = _token_aligned(read, self.engine.batch_layout)
         cu_seqlens = torch.tensor([0, *itertools.accumulate(lengths)])
         input_ids = torch.cat([sample.pop("input_ids") for sample in read], dim=1)
         labels = torch.cat([sample.pop("labels") for sample in read], dim=1)
@@ -233,6 +235,11 @@ def _as_the_model_takes(engine: RopeEngine, positions: torch.Tensor) -> torch.Te
         positions = positions.transpose(0, 1)  # (B, 4, L) -> (4, B, L): the model takes the rows first
         return positions if layout.text_positions else positions[1:]
     return positions + layout.first_position if layout.first_position else positions
+
+
+def _per_token(rule: MediaKey | None) -> bool:
+    """A media key holding one value per token and nothing else, shaped like the ids."""
+    return rule is not None and rule.token_dim == 1 and rule.items_dim is None and rule.join == "rows"
 
 
 def _model_name(engine: RopeEngine) -> str:
@@ -311,15 +318,13 @@ def _token_row(index: int, key: str, value: Any) -> torch.Tensor | None:
     return value
 
 
-def _token_aligned(samples: list[dict[str, Any]]) -> list[str]:
+def _token_aligned(samples: list[dict[str, Any]], layout: BatchLayout) -> list[str]:
     """The keys of these samples holding one value per token, each sample's ``(1, L)``: token
-    types (a sample without one, text alone, gets zeros, the type of text), and any key that every
-    sample holds shaped like its ids."""
-    keys = [key for key in dict.fromkeys(key for sample in samples for key in sample) if key.endswith(_TOKEN_TYPES)]
-    # a key every sample holds shaped like its ids is one value per token too, as engine.batch pads it
-    # (Kosmos-2's image_embeds_position_mask): a packed row joins it along the tokens
-    keys += [key for key in samples[0] if key not in (*keys, "input_ids", "attention_mask", "labels") and all(
-        isinstance(sample.get(key), torch.Tensor) and sample[key].shape == sample["input_ids"].shape for sample in samples)]
+    types, and the keys ``layout`` says are (a sample without one gets zeros: the type of text,
+    no media placed)."""
+    # and the keys the model's layout says hold one value per token (Kosmos-2's image_embeds_position_mask)
+    keys = [key for key in dict.fromkeys(key for sample in samples for key in sample)
+            if key.endswith(_TOKEN_TYPES) or _per_token(layout.media.get(key))]
     for key in keys:
         for index, sample in enumerate(samples):
             value = sample.get(key)

@@ -69,4 +69,12 @@ def specs():
               {"bos_token": "<s>", "eos_token": "</s>"}, image_text="", counts=(1, 1),
               call_kwargs={"num_image_tokens": 4}),
          (("latent_query_num", 4), ("text_config.layers", 2), ("text_config.ffn_dim", 64))),
+        # the real Kosmos2_5Processor (no auto mapping names it): each sample one image, a prompt of
+        # latent_query_num image places the processor writes; flattened 16-pixel patches, at most 16
+        (Spec("Kosmos-2.5 (kosmos-2.5)", "kosmos-2.5", "Kosmos2_5Processor",
+              ("kosmos2_5", "Kosmos2_5ImageProcessorPil", {"max_patches": 16}),
+              {"bos_token": "<s>", "eos_token": "</s>", "boi_token": "<image>", "eoi_token": "</image>",
+               "image_token": "<s>"}, image_text="", counts=(1, 1), processor_kwargs={"num_image_tokens": 4},
+              call_kwargs={"max_patches": 16}),
+         (("latent_query_num", 4), ("text_config.layers", 2), ("text_config.ffn_dim", 64))),
     )

@@ -99,11 +99,13 @@ def by_hand(engine, samples):
     computed alone."""
     lengths = [sample["input_ids"].shape[1] for sample in samples]
     bounds = torch.tensor([0, *itertools.accumulate(lengths)])
-    # token types, and what every sample holds shaped like its ids (Kosmos-2's image_embeds_position_mask)
-    token_aligned = ("input_ids", "labels", *(key for key in samples[0] if key not in ("input_ids", "labels", "attention_mask")
-                                              and all(key in sample and sample[key].shape == sample["input_ids"].shape
-                                                      for sample in samples)))
-    batch = {key: torch.cat([sample[key] for sample in samples], dim=1) for key in token_aligned}
+    # token types, and what the layout says holds a value per token (Kosmos-2's image_embeds_position_mask)
+    rules = engine.batch_layout.media
+    token_aligned = ("input_ids", "labels", *(
+        key for key in dict.fromkeys(key for sample in samples for key in sample) if key.endswith("token_type_ids")
+        or (key in rules and rules[key].token_dim == 1 and rules[key].items_dim is None)))
+    batch = {key: torch.cat([sample.get(key, torch.zeros_like(sample["input_ids"])) for sample in samples], dim=1)
+             for key in token_aligned}
     batch["labels"][0, bounds[:-1]] = IGNORE_INDEX
     media = [{key: value for key, value in sample.items() if key not in (*token_aligned, "attention_mask")}
              for sample in samples]

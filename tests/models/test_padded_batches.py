@@ -11,7 +11,7 @@ same way (:func:`extra_cases`), with their real processors: Idefics2, PaliGemma,
 GLM-ASR, Qwen3-ASR, VipLLaVA, LLaVA-NeXT-Video, LightOnOCR, GOT-OCR2, Qianfan-OCR, Ovis2, Janus,
 DeepSeek-VL, DeepSeek-VL-Hybrid, Granite-Docling, VideoLLaMA3, Aya Vision, MiniCPM-V 4.6,
 HyperCLOVAX-Vision-V2, LFM3-VL and Video-LLaVA; in cases_pad_odd.py: GLM-5-Next, Granite-4-Vision,
-Kosmos-2.
+Kosmos-2, Kosmos-2.5.
 Two with stand-ins, where the real processor needs a package the tests run without: Mistral3 and
 Mistral-Large-4 (``PixtralProcessor`` needs torchvision; LightOnOCR's processor places Pixtral's
 tokens by the same rule) and SmolVLM (its processor needs ``num2words``, for
@@ -26,7 +26,7 @@ Bound model types of transformers 5.24 without a model-level test here, and why:
   apertus1p5, cohere2_vision, gemma4_unified, inkling2, inkling2_loop, inkling_mm_model, kimi_k25,
   lfm2_vl, minicpm_ocr, molmo2, muse_glimmer, muse_spark, nemotron_h_omni, perception_lm,
   phi4_multimodal, pi0, pp_formulanet, step3p7, unlimited_ocr;
-- no processor in transformers' auto mappings: fast_vlm, kosmos-2.5, mistral4,
+- no processor in transformers' auto mappings: fast_vlm, mistral4,
   vision-encoder-decoder;
 - audio features computed with torchaudio, which the tests run without: granite_speech,
   granite_speech_plus;
@@ -68,6 +68,10 @@ PROCESSOR_BATCH_IS_REFERENCE = {
 #: Keys compared at the real tokens only: the processor fills them at padding tokens too (Mllama's
 #: last image attends to the end of the padded row), which no real token reads.
 AT_TOKENS_ONLY = {"cross_attention_mask"}
+#: Keys a processor places from each row's start whatever side it pads (Kosmos-2.5's image places,
+#: which its own left-padded batch puts on the padding): compared at the real tokens with its
+#: right-padded batch's.
+PLACED_FROM_THE_ROW_START = {"kosmos-2.5": {"image_embeds_position_mask"}}
 #: Audio features compared at each clip's frames but its last: the processor's batch computes the
 #: last frame of a shorter clip from a window reaching into its padding, which the clip alone never
 #: has; the model reads only the frames the mask marks, and trains each sample as it comes alone.
@@ -423,8 +427,8 @@ NO_TEXT_ONLY = ("at least one image per sample", "`images` are expected", "they 
                 "`texts` and `images` should be the same")
 #: Model types whose processor takes no sample without its media (GOT-OCR2's writes each prompt
 #: around its image: transformers 5.24 says so, 5.10 fails loading the missing image; Qwen3-ASR's
-#: requires its audio argument).
-MEDIA_EVERY_SAMPLE = {"got_ocr2", "qwen3_asr"}
+#: requires its audio argument, Kosmos-2.5's its images).
+MEDIA_EVERY_SAMPLE = {"got_ocr2", "qwen3_asr", "kosmos-2.5"}
 
 
 @functools.cache
@@ -540,6 +544,10 @@ def equals_the_processors_batch(tiny, batch, calls, side):
         assert key in batch, f"{key}: in the processor's batch, not in the collator's"
         mine = batch[key]
         assert mine.shape == value.shape, f"{key}: {tuple(mine.shape)}, the processor's {tuple(value.shape)}"
+        if side == "left" and key in PLACED_FROM_THE_ROW_START.get(tiny.config.model_type, ()):
+            right = processor_batch(tiny, calls, "right")
+            value = right[key][right["attention_mask"].bool()]
+            mine = mine[mask]
         if key in AT_TOKENS_ONLY:
             mine, value = mine[mask], value[mask]
         if key in FRAMES:

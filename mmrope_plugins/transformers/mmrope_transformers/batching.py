@@ -26,6 +26,7 @@ _MLLAMA = {
     "cross_attention_mask": MediaKey(items_dim=2, token_dim=1),
 }
 
+_PLACES_PER_TOKEN = {"image_embeds_position_mask": MediaKey(token_dim=1)}
 _IMAGE_ROWS = {"pixel_values": MediaKey(items_dim=1), "pixel_attention_mask": MediaKey(items_dim=1)}
 
 #: model_type -> what its processor's batched call does otherwise, and why packed rows cannot hold it.
@@ -43,10 +44,15 @@ LAYOUTS: Mapping[str, BatchLayout] = {
     # the processor batches text-to-image or image-to-image samples with one source count, not a mix
     "glm_image": BatchLayout(media={"images_per_sample": MediaKey(uniform=True),
                                     "pixel_values": MediaKey(all_or_none=True)}),
-    # its text model builds its causal mask itself (not transformers' masking utilities, which find
-    # a packed row's segments from the positions)
-    "kosmos-2": BatchLayout(packing="its text model builds a causal mask of its own over the whole row, which lets "
+    # the images' places marked per token; transformers finds a packed row's segments from the
+    # positions, which neither text model hands its mask
+    "kosmos-2": BatchLayout(media=_PLACES_PER_TOKEN,
+                            packing="its text model builds a causal mask of its own over the whole row, which lets "
                                     "each segment attend to the segments before it"),
+    "kosmos-2.5": BatchLayout(media=_PLACES_PER_TOKEN,
+                              packing="its text model builds its causal mask without the position ids, from which "
+                                      "transformers finds a packed row's segments: each segment attends to the "
+                                      "segments before it"),
     # its text model takes exactly its xD-RoPE rows (it raises on the text row transformers 5.x
     # prepends), and without that row it cannot find a packed row's segments
     "hunyuan_vl": BatchLayout(text_positions=False,
@@ -57,7 +63,7 @@ LAYOUTS: Mapping[str, BatchLayout] = {
 
 #: Model types whose text model's position embeddings count a sample's positions from
 #: ``padding_idx + 1`` (the text config's ``pad_token_id + 1``), as RoBERTa's do.
-POSITIONS_AFTER_PADDING_IDX = frozenset({"kosmos-2"})
+POSITIONS_AFTER_PADDING_IDX = frozenset({"kosmos-2", "kosmos-2.5"})
 
 
 def layout_of(processor: Any, config: Any) -> BatchLayout | None:
@@ -65,7 +71,8 @@ def layout_of(processor: Any, config: Any) -> BatchLayout | None:
     model_type = str(getattr(config, "model_type", ""))
     stated = LAYOUTS.get(model_type)
     media = dict(stated.media) if stated else {}
-    media.update(_placed_per_row(processor, config))
+    if not any(rule.token_dim for rule in media.values()):  # a per-token key places the images (Kosmos-2's)
+        media.update(_placed_per_row(processor, config))
     refused = _refused_sides(config)
     labels_right = bool(getattr(config, "is_encoder_decoder", False))
     first = _first_position(config) if model_type in POSITIONS_AFTER_PADDING_IDX else 0
@@ -85,8 +92,7 @@ def _first_position(config: Any) -> int:
 
 def _placed_per_row(processor: Any, config: Any) -> dict[str, MediaKey]:
     """A processor that takes images but writes no placeholder for them feeds a model that places
-    each row's image itself (GIT prepends it): one per batch row, every row. Not so where the
-    processor outputs keys of its own beside the tokenizer's and image processor's: they place them."""
+    each row's image itself (GIT prepends it): one per batch row, every row."""
     from .models import sees_images
 
     image_processor = getattr(processor, "image_processor", None)
@@ -95,11 +101,6 @@ def _placed_per_row(processor: Any, config: Any) -> dict[str, MediaKey]:
     if any(getattr(processor, name, None) is not None for name in ("image_token", "image_token_id")):
         return {}
     keys = getattr(image_processor, "model_input_names", None) or ["pixel_values"]
-    tokenizer = getattr(processor, "tokenizer", None)
-    own = set(getattr(processor, "model_input_names", None) or ()) - set(keys) - set(
-        getattr(tokenizer, "model_input_names", None) or ("input_ids", "attention_mask"))
-    if own:  # outputs of the processor's own that place the images (Kosmos-2's image_embeds_position_mask)
-        return {}
     return {key: MediaKey(per_row=True) for key in keys if key not in ("input_ids", "attention_mask")}
 
 
