@@ -2,8 +2,8 @@
 ``extra_cases()`` gives each as ``name -> (build() -> (processor, config), calls(processor, rng),
 overrides of the default config)``, built with the real processor classes.
 
-One stand-in: Mistral-Large-4's ``PixtralProcessor`` needs torchvision, which the tests run
-without; LightOnOCR's processor, as for Mistral3, places Pixtral's tokens by the same rule (rows
+One stand-in: ``PixtralProcessor`` (Mistral-Large-4's, and Mistral3's, whose text model the
+Mistral4 case runs) needs torchvision, which the tests run without; LightOnOCR's processor, as for Mistral3, places Pixtral's tokens by the same rule (rows
 of ``[IMG]`` ending in ``[IMG_BREAK]``, the last ``[IMG_END]``) over the same Pillow image processor.
 """
 
@@ -62,6 +62,12 @@ def specs():
               processor_kwargs={"patch_size": 14, "spatial_merge_size": 2}, sizes=(1, 2, 28)),
          (("vision_config.patch_size", 14), ("spatial_merge_size", 2), ("text_config.num_key_value_heads", 2),
           ("text_config.index_topk", 16))),
+        # mistral4 is a text config: its model runs as Mistral3's text model, fed by the same stand-in
+        (Spec("Mistral3 with Mistral4 text (mistral4)", "mistral3", "LightOnOcrProcessor",
+              ("pixtral", "PixtralImageProcessorPil", {"size": {"longest_edge": 56}, "patch_size": 14}),
+              PIXTRAL_TOKENS, {"image_token_index": "[IMG]"}, config_kwargs={"text_config": {"model_type": "mistral4"}},
+              processor_kwargs={"patch_size": 14, "spatial_merge_size": 2}, sizes=(1, 2, 28)),
+         (("vision_config.patch_size", 14), ("spatial_merge_size", 2), ("text_config.num_key_value_heads", 2))),
         # the real Kosmos2Processor (no auto mapping names it; the checkpoints ship it): it writes
         # each sample's image placeholders itself, latent_query_num of them
         (Spec("Kosmos-2 (kosmos-2)", "kosmos-2", "Kosmos2Processor",

@@ -11,10 +11,10 @@ same way (:func:`extra_cases`), with their real processors: Idefics2, PaliGemma,
 GLM-ASR, Qwen3-ASR, VipLLaVA, LLaVA-NeXT-Video, LightOnOCR, GOT-OCR2, Qianfan-OCR, Ovis2, Janus,
 DeepSeek-VL, DeepSeek-VL-Hybrid, Granite-Docling, VideoLLaMA3, Aya Vision, MiniCPM-V 4.6,
 HyperCLOVAX-Vision-V2, LFM3-VL and Video-LLaVA; in cases_pad_odd.py: GLM-5-Next, Granite-4-Vision,
-Kosmos-2, Kosmos-2.5.
-Two with stand-ins, where the real processor needs a package the tests run without: Mistral3 and
-Mistral-Large-4 (``PixtralProcessor`` needs torchvision; LightOnOCR's processor places Pixtral's
-tokens by the same rule) and SmolVLM (its processor needs ``num2words``, for
+Kosmos-2, Kosmos-2.5 and Mistral4 (a text config, run as Mistral3's text model).
+Two with stand-ins, where the real processor needs a package the tests run without: Mistral3, with
+Mistral-Large-4 and Mistral4 (``PixtralProcessor`` needs torchvision; LightOnOCR's processor places
+Pixtral's tokens by the same rule) and SmolVLM (its processor needs ``num2words``, for
 videos only: the real one is built with a stand-in that no image call reaches). GIT, Llama 4,
 MiniMax-M3-VL and T5Gemma2 have tests of their own below (the last three on text samples: their
 image processors need torchvision). The Omni thinkers (``qwen2_5_omni_thinker``,
@@ -26,8 +26,7 @@ Bound model types of transformers 5.24 without a model-level test here, and why:
   apertus1p5, cohere2_vision, gemma4_unified, inkling2, inkling2_loop, inkling_mm_model, kimi_k25,
   lfm2_vl, minicpm_ocr, molmo2, muse_glimmer, muse_spark, nemotron_h_omni, perception_lm,
   phi4_multimodal, pi0, pp_formulanet, step3p7, unlimited_ocr;
-- no processor in transformers' auto mappings: fast_vlm, mistral4,
-  vision-encoder-decoder;
+- no processor in transformers' auto mappings: fast_vlm, vision-encoder-decoder;
 - audio features computed with torchaudio, which the tests run without: granite_speech,
   granite_speech_plus;
 - not yet built here: blip, blip-2, chameleon, deepseek_ocr2, diffusion_gemma, dots3_note, emu3,
