@@ -42,6 +42,9 @@ class MediaKey:
             ``images_per_sample``): samples whose values differ cannot share a batch.
         all_or_none: every sample of a batch holds the key or none does (GLM-Image's source
             images: its processor batches image-to-image or text-to-image samples, not a mix).
+        one_shape: why samples whose tensors of the key differ in shape cannot share a batch
+            (Granite Speech's encoder reads every frame of the batch's longest clip, a shorter
+            clip's padding too); empty where they can.
     """
 
     join: Literal["rows", "last"] = "rows"
@@ -51,6 +54,7 @@ class MediaKey:
     per_row: bool = False
     uniform: bool = False
     all_or_none: bool = False
+    one_shape: str = ""
 
     def __post_init__(self) -> None:
         if self.join not in ("rows", "last"):
@@ -61,6 +65,8 @@ class MediaKey:
                 raise TypeError(f"MediaKey.{name} must be a dim >= 1 (dim 0 is the batch's) or None, got {value!r}")
         if self.empty_item is not None and (self.items_dim is None or not callable(self.empty_item)):
             raise TypeError("MediaKey.empty_item must be callable, and needs items_dim")
+        if not isinstance(self.one_shape, str):
+            raise TypeError("MediaKey.one_shape must be a reason users can read (empty when shapes may differ)")
         if self.join == "last" and (self.items_dim is not None or self.token_dim is not None):
             raise TypeError("MediaKey(join='last') joins one row per sample: it takes no items_dim or token_dim")
 

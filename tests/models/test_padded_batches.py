@@ -11,7 +11,10 @@ same way (:func:`extra_cases`), with their real processors: Idefics2, PaliGemma,
 GLM-ASR, Qwen3-ASR, VipLLaVA, LLaVA-NeXT-Video, LightOnOCR, GOT-OCR2, Qianfan-OCR, Ovis2, Janus,
 DeepSeek-VL, DeepSeek-VL-Hybrid, Granite-Docling, VideoLLaMA3, Aya Vision, MiniCPM-V 4.6,
 HyperCLOVAX-Vision-V2, LFM3-VL and Video-LLaVA; in cases_pad_odd.py: GLM-5-Next, Granite-4-Vision,
-Kosmos-2, Kosmos-2.5 and Mistral4 (a text config, run as Mistral3's text model).
+Kosmos-2, Kosmos-2.5, Mistral4 (a text config, run as Mistral3's text model), and Granite Speech
+and Granite Speech Plus, on clips of one length (see test_one_shape_media.py), with a stand-in for
+torchaudio's mel spectrogram: the real feature extractor computes its features with it, and the
+stand-in computes the same power spectrogram in torch (keys, shapes, tokens per clip the real ones).
 Two with stand-ins, where the real processor needs a package the tests run without: Mistral3, with
 Mistral-Large-4 and Mistral4 (``PixtralProcessor`` needs torchvision; LightOnOCR's processor places
 Pixtral's tokens by the same rule) and SmolVLM (its processor needs ``num2words``, for
@@ -26,9 +29,11 @@ Bound model types of transformers 5.24 without a model-level test here, and why:
   apertus1p5, cohere2_vision, gemma4_unified, inkling2, inkling2_loop, inkling_mm_model, kimi_k25,
   lfm2_vl, minicpm_ocr, molmo2, muse_glimmer, muse_spark, nemotron_h_omni, perception_lm,
   phi4_multimodal, pi0, pp_formulanet, step3p7, unlimited_ocr;
-- no processor in transformers' auto mappings: fast_vlm, vision-encoder-decoder;
-- audio features computed with torchaudio, which the tests run without: granite_speech,
-  granite_speech_plus;
+- fast_vlm: its vision tower is a timm model (``fastvit_mci3``), and timm needs torchvision, which
+  the tests run without;
+- vision-encoder-decoder: its processors (TrOCR's, Donut's...) give ``pixel_values`` and ``labels``,
+  no ``input_ids``; its decoder counts its own positions from the labels it shifts, and the
+  collators, which batch token ids to place their positions, refuse such a sample (no input_ids);
 - not yet built here: blip, blip-2, chameleon, deepseek_ocr2, diffusion_gemma, dots3_note, emu3,
   evolla, florence2, fun_asr_nano, fuyu, gemma3n, idefics, instructblip, instructblipvideo,
   kyutai_speech_to_text, moss_transcribe_diarize, nemo_speechlm, omniasr, pix2struct,
@@ -378,7 +383,7 @@ ONE_D_ROTARY_SECTIONS = {"minicpmv4_6"}
 
 
 def tiny_of_spec(name):
-    from tiny_models import TinyModel, _enliven, _fit_rope_sections, _model_class, _tiny_config
+    from tiny_models import TinyModel, _model_class, _tiny_config
 
     build, calls, overrides = EXTRA[name]
     processor, config = build()
@@ -389,13 +394,26 @@ def tiny_of_spec(name):
     tiny = _tiny_config(config, processor, samples, overrides)
     model_class = _model_class(tiny)
     tiny._attn_implementation = "sdpa" if getattr(model_class, "_supports_sdpa", True) else "eager"
+    try:
+        model = _built(model_class, tiny)
+    except ValueError as refused:  # a sub-model without sdpa (transformers 5.10's Q-Former)
+        if "scaled_dot_product_attention" not in str(refused):
+            raise
+        tiny._attn_implementation = "eager"
+        model = _built(model_class, tiny)
+    return TinyModel(name, processor, tiny, model, samples, (), {}, {})
+
+
+def _built(model_class, tiny):
+    from tiny_models import _enliven, _fit_rope_sections
+
     if tiny.model_type not in ONE_D_ROTARY_SECTIONS:
         _fit_rope_sections(model_class, tiny)
     with torch.random.fork_rng():
         torch.manual_seed(0)
         model = model_class(tiny).eval()
         _enliven(model)
-    return TinyModel(name, processor, tiny, model, samples, (), {}, {})
+    return model
 
 
 def samples_calls(name, processor):

@@ -53,6 +53,11 @@ LAYOUTS: Mapping[str, BatchLayout] = {
                               packing="its text model builds its causal mask without the position ids, from which "
                                       "transformers finds a packed row's segments: each segment attends to the "
                                       "segments before it"),
+    # its conformer encoder attends in blocks over every frame of the batch's longest clip, and its
+    # convolutions run over them: a shorter clip's padding changes its features (no mask reaches it)
+    **dict.fromkeys(("granite_speech", "granite_speech_plus"), BatchLayout(media={"input_features": MediaKey(
+        one_shape="the audio encoder reads every frame of the batch's longest clip, so a shorter clip's padding "
+                  "changes its features (as in the processor's own batch)")})),
     # its text model takes exactly its xD-RoPE rows (it raises on the text row transformers 5.x
     # prepends), and without that row it cannot find a packed row's segments
     "hunyuan_vl": BatchLayout(text_positions=False,
