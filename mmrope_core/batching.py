@@ -52,6 +52,9 @@ class MediaKey:
             this one (Phi-4-multimodal projects audio for vision once the batch holds
             ``image_pixel_values``): a sample holding this key without that one cannot share a
             batch with samples holding it.
+        one_shape: why samples whose tensors of the key differ in shape cannot share a batch
+            (Granite Speech's encoder reads every frame of the batch's longest clip, a shorter
+            clip's padding too); empty where they can.
     """
 
     join: Literal["rows", "last"] = "rows"
@@ -64,6 +67,7 @@ class MediaKey:
     all_or_none: bool = False
     indexes: str | None = None
     switched_by: str | None = None
+    one_shape: str = ""
 
     def __post_init__(self) -> None:
         if self.join not in ("rows", "last"):
@@ -76,6 +80,8 @@ class MediaKey:
             raise TypeError(f"MediaKey.pad_value must be a number, got {self.pad_value!r}")
         if self.empty_item is not None and (self.items_dim is None or not callable(self.empty_item)):
             raise TypeError("MediaKey.empty_item must be callable, and needs items_dim")
+        if not isinstance(self.one_shape, str):
+            raise TypeError("MediaKey.one_shape must be a reason users can read (empty when shapes may differ)")
         if self.join == "last" and (self.items_dim is not None or self.token_dim is not None):
             raise TypeError("MediaKey(join='last') joins one row per sample: it takes no items_dim or token_dim")
         if self.indexes is not None and (not isinstance(self.indexes, str) or self.join != "rows"):
@@ -99,6 +105,9 @@ class BatchLayout:
         labels_right: the labels are a sequence of their own (an encoder-decoder's decoder
             targets): padded on the right whatever side the ids are padded on.
         packing: why a packed row cannot hold this model's media (empty when it can).
+        first_position: the 1-D position the model gives a sample's first token, where it is not 0
+            (RoBERTa-style position embeddings count from ``padding_idx + 1``, Kosmos-2's): the
+            collators' positions start there.
     """
 
     media: Mapping[str, MediaKey] = dataclasses.field(default_factory=dict)
@@ -107,6 +116,7 @@ class BatchLayout:
     refused_sides: Mapping[str, str] = dataclasses.field(default_factory=dict)
     labels_right: bool = False
     packing: str = ""
+    first_position: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.media, Mapping) or not all(
@@ -117,6 +127,8 @@ class BatchLayout:
             raise TypeError("BatchLayout.refused_sides must map 'left'/'right' to a reason users can read")
         if not isinstance(self.packing, str):
             raise TypeError("BatchLayout.packing must be a string (empty when packed rows hold the media)")
+        if isinstance(self.first_position, bool) or not isinstance(self.first_position, int) or self.first_position < 0:
+            raise TypeError(f"BatchLayout.first_position must be an int >= 0, got {self.first_position!r}")
         object.__setattr__(self, "media", types.MappingProxyType(dict(self.media)))
         object.__setattr__(self, "refused_sides", types.MappingProxyType(dict(self.refused_sides)))
 

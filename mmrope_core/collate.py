@@ -173,7 +173,7 @@ def _pad_to(value: torch.Tensor, sizes: list[int], pad_left: bool = False) -> to
 
 def _check_presence(key: str, rule: MediaKey, samples: Sequence[Mapping[str, Any]]) -> None:
     """A key the model places per row must be in every sample; one read for the whole batch must
-    be the same in every sample."""
+    be the same in every sample, one whose padding the model reads of one shape."""
     held = [index for index, sample in enumerate(samples) if sample.get(key) is not None]
     if (rule.per_row or rule.all_or_none) and held and len(held) < len(samples):
         missing = next(index for index in range(len(samples)) if index not in held)
@@ -191,6 +191,12 @@ def _check_presence(key: str, rule: MediaKey, samples: Sequence[Mapping[str, Any
                                    f"{rule.switched_by}, so sample {index} would train otherwise than alone; batch "
                                    f"it apart from samples with {rule.switched_by}")
     values = [sample.get(key) for sample in samples]
+    shapes = [(index, tuple(value.shape)) for index, value in enumerate(values) if isinstance(value, torch.Tensor)]
+    other = next((item for item in shapes if item[1] != shapes[0][1]), None)
+    if rule.one_shape and other is not None:
+        raise CollateError(f"samples {shapes[0][0]} and {other[0]} hold {key!r} of shapes {shapes[0][1]} and {other[1]}, "
+                           f"which one batch cannot hold: {rule.one_shape}; batch samples of one shape together "
+                           f"(bucket them by length)")
     if rule.uniform and all(value is None or isinstance(value, torch.Tensor) for value in values):
         # other values are refused by the rule's batching, which names the tensors it needs
         first = values[0]

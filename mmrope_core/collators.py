@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ._names import checked_keywords
+from .batching import BatchLayout, MediaKey
 from .engine import RopeEngine
 from .errors import CollateError, InvalidInputError, PaddingUnsupportedError, a
 from .media import require_string_keys, require_values
@@ -65,7 +66,8 @@ class PaddedCollator:
         read = _read_samples(samples)
         labels = [sample.pop("labels") for sample in read]
         generated = _generated(read)
-        per_token = {key: [sample.pop(key) for sample in read] for key in _token_aligned(read)}
+        aligned = _token_aligned(read, self.engine.batch_layout)
+        per_token = {key: [sample.pop(key) for sample in read] for key in aligned}
         input_ids, attention_mask, inputs = self.engine.batch(read, padding_side=self.padding_side)
         generated_mask = None if generated is None else self._padded(generated, input_ids.shape[1], 0)
         if self.samples_independent:
@@ -73,10 +75,7 @@ class PaddedCollator:
                                                          generated_mask=generated_mask)
         else:
             positions = self._each_alone(input_ids, attention_mask, read, generated_mask)
-        if self.engine.rope_kind == "mrope":
-            positions = positions.transpose(0, 1)  # (B, 4, L) -> (4, B, L): the model takes the rows first
-            if not self.engine.batch_layout.text_positions:
-                positions = positions[1:]  # only the rows its rotary embedding reads
+        positions = _as_the_model_takes(self.engine, positions)
         if self.engine.batch_layout.labels_right:  # a sequence of their own (decoder targets): padded on the right
             batch_labels = torch.cat([F.pad(row, (0, input_ids.shape[1] - row.shape[1]), value=IGNORE_INDEX)
                                       for row in labels])
@@ -173,7 +172,7 @@ class PackedCollator:
         self._check_length(lengths)
         self.support.require_lengths(lengths)  # layers that keep segments apart only in short rows or samples
         generated = _generated(read)
-        token_types = _token_aligned(read)
+        token_types = _token_aligned(read, self.engine.batch_layout)
         cu_seqlens = torch.tensor([0, *itertools.accumulate(lengths)])
         input_ids = torch.cat([sample.pop("input_ids") for sample in read], dim=1)
         labels = torch.cat([sample.pop("labels") for sample in read], dim=1)
@@ -183,8 +182,7 @@ class PackedCollator:
         positions = self.engine.compute_position_ids(input_ids, None, inputs, self.mm_processor_kwargs,
                                                      cu_seqlens=cu_seqlens,
                                                      generated_mask=None if generated is None else torch.cat(generated, 1))
-        if self.engine.rope_kind == "mrope":
-            positions = positions.transpose(0, 1)  # (1, 4, T) -> (4, 1, T)
+        positions = _as_the_model_takes(self.engine, positions)
         # a cache turns the model's segment detection off: the segments would attend to one another
         batch = {"input_ids": input_ids, "position_ids": positions, "labels": labels, **per_token, **inputs,
                  "use_cache": False}
@@ -231,6 +229,21 @@ def _check_engine(engine: Any) -> None:
     if not isinstance(engine, RopeEngine):
         raise InvalidInputError(f"a collator takes a RopeEngine, got {type(engine).__name__}; build it once with "
                                 f"RopeEngine.from_pretrained(path) or RopeEngine.from_processor(processor, config)")
+
+
+def _as_the_model_takes(engine: RopeEngine, positions: torch.Tensor) -> torch.Tensor:
+    """The engine's positions in the form the model takes: M-RoPE rows first (only those its rotary
+    embedding reads), 1-D positions counted from the model's first position."""
+    layout = engine.batch_layout
+    if engine.rope_kind == "mrope":
+        positions = positions.transpose(0, 1)  # (B, 4, L) -> (4, B, L): the model takes the rows first
+        return positions if layout.text_positions else positions[1:]
+    return positions + layout.first_position if layout.first_position else positions
+
+
+def _per_token(rule: MediaKey | None) -> bool:
+    """A media key holding one value per token and nothing else, shaped like the ids."""
+    return rule is not None and rule.token_dim == 1 and rule.items_dim is None and rule.join == "rows"
 
 
 def _model_name(engine: RopeEngine) -> str:
@@ -309,10 +322,13 @@ def _token_row(index: int, key: str, value: Any) -> torch.Tensor | None:
     return value
 
 
-def _token_aligned(samples: list[dict[str, Any]]) -> list[str]:
-    """The token-type keys of these samples, each sample's ``(1, L)``; a sample without one (a
-    text-only sample) gets zeros, the type of text."""
-    keys = [key for key in dict.fromkeys(key for sample in samples for key in sample) if key.endswith(_TOKEN_TYPES)]
+def _token_aligned(samples: list[dict[str, Any]], layout: BatchLayout) -> list[str]:
+    """The keys of these samples holding one value per token, each sample's ``(1, L)``: token
+    types, and the keys ``layout`` says are (a sample without one gets zeros: the type of text,
+    no media placed)."""
+    # and the keys the model's layout says hold one value per token (Kosmos-2's image_embeds_position_mask)
+    keys = [key for key in dict.fromkeys(key for sample in samples for key in sample)
+            if key.endswith(_TOKEN_TYPES) or _per_token(layout.media.get(key))]
     for key in keys:
         for index, sample in enumerate(samples):
             value = sample.get(key)

@@ -261,4 +261,8 @@ def test_a_batch_layout_checks_itself():
         MediaKey(join="last", indexes="pixel_values")
     with pytest.raises(TypeError, match="MediaKey"):
         BatchLayout(media={"pixel_values": "last"})
+    with pytest.raises(TypeError, match="first_position"):
+        BatchLayout(first_position=-1)
+    with pytest.raises(TypeError, match="one_shape"):
+        MediaKey(one_shape=True)  # type: ignore[arg-type]
     assert "pixel_values" in BatchLayout(media={"pixel_values": MediaKey(per_row=True)}).packing_refusal

@@ -100,10 +100,13 @@ def collated_problem(samples: Sequence[Mapping[str, Any]], batch: Mapping[str, A
 
 
 def _rows(layout: Any, positions: Any) -> Any:
-    """M-RoPE positions without the text row, for a model that reads only its rotary rows."""
-    if positions is None or layout.text_positions or positions.dim() != 3:
+    """Positions as the collators hand them to the model: M-RoPE ones without the text row, for a
+    model that reads only its rotary rows; 1-D ones from the model's first position."""
+    if positions is None:
         return positions
-    return positions[:, 1:]
+    if positions.dim() != 3:
+        return positions + layout.first_position if layout.first_position else positions
+    return positions if layout.text_positions else positions[:, 1:]
 
 
 def _media_problem(samples: Sequence[Mapping[str, Any]], batch: Mapping[str, Any], layout: Any,

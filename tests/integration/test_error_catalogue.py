@@ -189,6 +189,8 @@ TRIGGERS = {
     "collate-one-value": lambda: collate([{"images_per_sample": torch.tensor([2])},
                                           {"images_per_sample": torch.tensor([3])}],
                                          media={"images_per_sample": MediaKey(uniform=True)}),
+    "collate-one-shape": lambda: collate([{"input_features": torch.ones(1, 4, 3)}, {"input_features": torch.ones(1, 6, 3)}],
+                                         media={"input_features": MediaKey(one_shape="the encoder reads the padding")}),
     "padding-side-refused": lambda: PaddedCollator(tiny_engine("Mllama (mllama)", "llama4"), padding_side="left"),
     "packed-media-per-row": lambda: PackedCollator(git_engine()),
     "collate-types": lambda: collate([{"metadata": "x"}, {"metadata": {"fps": 2}}]),

@@ -70,6 +70,7 @@ def rows_of(tiny):
 
 #: Models that run no sample of text alone: model type -> why.
 NO_TEXT_ALONE = {"glm_image": "an image generator: its own positions fail on text alone",
+                 "kosmos-2": "its forward requires pixel_values",
                  **dict.fromkeys(("instructblip", "instructblipvideo"),
                                  "its forward requires pixel_values: the Q-Former reads each row's image")}
 
@@ -108,13 +109,20 @@ def by_hand(engine, samples):
     computed alone."""
     lengths = [sample["input_ids"].shape[1] for sample in samples]
     bounds = torch.tensor([0, *itertools.accumulate(lengths)])
-    token_aligned = ("input_ids", "labels", *(key for key in samples[0] if key.endswith("token_type_ids")))
-    batch = {key: torch.cat([sample[key] for sample in samples], dim=1) for key in token_aligned}
+    # token types, and what the layout says holds a value per token (Kosmos-2's image_embeds_position_mask)
+    rules = engine.batch_layout.media
+    token_aligned = ("input_ids", "labels", *(
+        key for key in dict.fromkeys(key for sample in samples for key in sample) if key.endswith("token_type_ids")
+        or (key in rules and rules[key].token_dim == 1 and rules[key].items_dim is None)))
+    batch = {key: torch.cat([sample.get(key, torch.zeros_like(sample["input_ids"])) for sample in samples], dim=1)
+             for key in token_aligned}
     batch["labels"][0, bounds[:-1]] = IGNORE_INDEX
     media = [{key: value for key, value in sample.items() if key not in (*token_aligned, "attention_mask")}
              for sample in samples]
     positions = torch.cat([engine.compute_position_ids(sample["input_ids"], None, own)
                            for sample, own in zip(samples, media)], dim=-1)
+    if engine.rope_kind == "1d":  # counted from the model's first position (Kosmos-2's padding_idx + 1)
+        positions = positions + engine.batch_layout.first_position
     if engine.rope_kind == "mrope":
         positions = positions.transpose(0, 1)
         rows = getattr(engine.binding.kernel, "rope_rows", 3)

@@ -12,9 +12,13 @@ GLM-ASR, Qwen3-ASR, VipLLaVA, LLaVA-NeXT-Video, LightOnOCR, GOT-OCR2, Qianfan-OC
 DeepSeek-VL, DeepSeek-VL-Hybrid, Granite-Docling, VideoLLaMA3, Aya Vision, MiniCPM-V 4.6,
 HyperCLOVAX-Vision-V2, LFM3-VL and Video-LLaVA; in cases_pad_more_b.py: ShieldGemma 2,
 PP-Chart2Table, InstructBLIP, MOSS-Transcribe-Diarize, OmniASR, VibeVoice-ASR and
-Nemotron-3.5-Transcribe (nemo_speechlm). Three with stand-ins, where the real processor needs a
+Nemotron-3.5-Transcribe (nemo_speechlm); in cases_pad_odd.py: GLM-5-Next, Granite-4-Vision,
+Kosmos-2, Kosmos-2.5, Mistral4 (a text config, run as Mistral3's text model), and Granite Speech
+and Granite Speech Plus, on clips of one length (see test_one_shape_media.py), with a stand-in for
+torchaudio's mel spectrogram that computes the same power spectrogram in torch. Three with stand-ins, where the real processor needs a
 package the tests run without: InstructBLIP-Video (cases_pad_more_b.py: its video processor needs
-torchvision; the stand-in rescales and normalizes the frames as it does), Mistral3 (``PixtralProcessor`` needs torchvision; LightOnOCR's processor
+torchvision; the stand-in rescales and normalizes the frames as it does), Mistral3, with
+Mistral-Large-4 and Mistral4 (``PixtralProcessor`` needs torchvision; LightOnOCR's processor
 places Pixtral's tokens by the same rule) and SmolVLM (its processor needs ``num2words``, for
 videos only: the real one is built with a stand-in that no image call reaches). Muse Glimmer, Muse
 Spark, Nemotron-H Omni, Phi-4-multimodal, Step-3.7 and Unlimited-OCR (cases_pad_stand_b.py) have only
@@ -41,17 +45,14 @@ Bound model types of transformers 5.24 without a model-level test here, and why:
   is a timm model, and timm needs torchvision);
 - no text in the processor: pp_formulanet (an image-to-formula encoder-decoder: its processor
   takes images alone and returns no input_ids);
-- no processor in transformers' auto mappings: fast_vlm, kosmos-2, kosmos-2.5, mistral4,
-  vision-encoder-decoder;
-- audio features computed with torchaudio, which the tests run without: granite_speech,
-  granite_speech_plus;
+- fast_vlm: its vision tower is a timm model (``fastvit_mci3``), and timm needs torchvision, which
+  the tests run without;
+- vision-encoder-decoder: its processors (TrOCR's, Donut's...) give ``pixel_values`` and ``labels``,
+  no ``input_ids``; its decoder counts its own positions from the labels it shifts, and the
+  collators, which batch token ids to place their positions, refuse such a sample (no input_ids);
 - a vision tower from timm, which needs torchvision: gemma3n;
 - no sample to batch: diffusion_gemma (a block-diffusion model: its forward denoises a canvas of
   ``decoder_input_ids`` against an encoded prefix in its cache, which neither collator builds);
-- built but not yet run through the model: glm5_next (the tests' tiny sizes, 2 query heads and 1
-  key-value head, are refused by its config), granite4_vision (its default config has no
-  ``deepstack_layer_map``, which its projector needs), mistral_large4 (the Mistral3 stand-in's
-  batch fails in its model: the tiny config's sizes are not yet fitted);
 - audio placeholders written by ``MistralCommonBackend``, which needs mistral-common, which the
   tests run without (no stand-in built yet): voxtral, voxtral_realtime;
 - no training sample a collator batches: kyutai_speech_to_text (its forward takes the audio as
@@ -103,6 +104,10 @@ AT_TOKENS_ONLY = {"cross_attention_mask", "image_attention_mask"}
 #: gives image_patches_indices, longer than the row and padded on the left whatever side is asked;
 #: its model finds the image tokens by their id.
 NEVER_READ = ("image_patches_indices",)
+#: Keys a processor places from each row's start whatever side it pads (Kosmos-2.5's image places,
+#: which its own left-padded batch puts on the padding): compared at the real tokens with its
+#: right-padded batch's.
+PLACED_FROM_THE_ROW_START = {"kosmos-2.5": {"image_embeds_position_mask"}}
 #: Audio features compared at each clip's frames but its last: the processor's batch computes the
 #: last frame of a shorter clip from a window reaching into its padding, which the clip alone never
 #: has; the model reads only the frames the mask marks, and trains each sample as it comes alone.
@@ -158,6 +163,7 @@ CASE_MODULES: tuple[str, ...] = (
     "cases_pad_stand_b",
     "cases_pad_more_a",
     "cases_pad_more_b",
+    "cases_pad_odd",
 )
 
 
@@ -445,7 +451,8 @@ def attention_of(model_class, config):
         with torch.device("meta"):
             model_class(config)
     except ValueError as refused:
-        if "does not support an attention implementation" not in str(refused):
+        if not any(said in str(refused) for said in ("does not support an attention implementation",
+                                                      "scaled_dot_product_attention")):
             raise
         return "eager"
     return "sdpa"
@@ -477,16 +484,17 @@ def samples_of(tiny):
 #: argument): they train no text-only sample, padded or packed.
 NEEDS_MEDIA = {"blip", "blip-2"}
 #: What processors say when they refuse a text-only sample, alone (PaliGemma's) or beside samples
-#: with images (transformers 5.10's Mllama's): their batches then hold none.
+#: with images (transformers 5.10's Mllama's, Kosmos-2's): their batches then hold none.
 NO_TEXT_ONLY = ("at least one image per sample", "`images` are expected", "they must match 1:1",
-                "needs images to classify", "required positional argument: 'audio'")
+                "needs images to classify", "required positional argument: 'audio'",
+                "`texts` and `images` should be the same")
 #: Model types whose processor takes no sample without its media (GOT-OCR2's writes each prompt
 #: around its image: transformers 5.24 says so, 5.10 fails loading the missing image; Qwen3-ASR's
-#: requires its audio argument, PP-Chart2Table's both; InstructBLIP's gives every row of a batch
-#: with images the image's tokens; Fuyu's pairs texts with images, dropping the texts past them),
-#: and those whose model takes none (:data:`NEEDS_MEDIA`).
-MEDIA_EVERY_SAMPLE = {"got_ocr2", "qwen3_asr", "pp_chart2table", "instructblip", "instructblipvideo", "fuyu",
-                      *NEEDS_MEDIA}
+#: requires its audio argument, PP-Chart2Table's both, Kosmos-2.5's its images; InstructBLIP's
+#: gives every row of a batch with images the image's tokens; Fuyu's pairs texts with images,
+#: dropping the texts past them), and those whose model takes none (:data:`NEEDS_MEDIA`).
+MEDIA_EVERY_SAMPLE = {"got_ocr2", "qwen3_asr", "pp_chart2table", "kosmos-2.5", "instructblip", "instructblipvideo",
+                      "fuyu", *NEEDS_MEDIA}
 
 
 @functools.cache
@@ -539,14 +547,14 @@ def _processor_batch(tiny, calls, side):
         padding = {"text_kwargs": padding}
     parameters = inspect.signature(tiny.processor.__call__).parameters
     if not any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters.values()):
-        # a processor taking no padding_side (transformers 5.10's Video-LLaVA): its tokenizer's
-        tokenizer = tiny.processor.tokenizer
-        saved, tokenizer.padding_side = tokenizer.padding_side, side
-        try:
-            return dict(tiny.processor(text=texts, **media, padding=True, return_tensors="pt", **rest))
-        finally:
-            tokenizer.padding_side = saved
-    return dict(tiny.processor(text=texts, **media, **padding, return_tensors="pt", **rest))
+        padding = {"padding": True}  # a processor taking no padding_side (transformers 5.10's Video-LLaVA)
+    # and its tokenizer's side: Kosmos-2's processor pads a batch with images on it, whatever it is told
+    tokenizer = tiny.processor.tokenizer
+    saved, tokenizer.padding_side = tokenizer.padding_side, side
+    try:
+        return dict(tiny.processor(text=texts, **media, **padding, return_tensors="pt", **rest))
+    finally:
+        tokenizer.padding_side = saved
 
 
 #: Processors that hand ``padding`` to their feature extractor too: the batch's clips padded to the
@@ -632,6 +640,10 @@ def equals_the_processors_batch(tiny, batch, calls, side):
         assert key in batch, f"{key}: in the processor's batch, not in the collator's"
         mine = batch[key]
         assert mine.shape == value.shape, f"{key}: {tuple(mine.shape)}, the processor's {tuple(value.shape)}"
+        if side == "left" and key in PLACED_FROM_THE_ROW_START.get(tiny.config.model_type, ()):
+            right = processor_batch(tiny, calls, "right")
+            value = right[key][right["attention_mask"].bool()]
+            mine = mine[mask]
         if key in AT_TOKENS_ONLY:
             mine, value = mine[mask], value[mask]
         if key in FRAMES:

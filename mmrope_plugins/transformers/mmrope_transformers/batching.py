@@ -31,6 +31,8 @@ _MLLAMA = {
 _IDEFICS = {"pixel_values": MediaKey(items_dim=1), "image_attention_mask": MediaKey(items_dim=2, token_dim=1)}
 
 
+_PLACES_PER_TOKEN = {"image_embeds_position_mask": MediaKey(token_dim=1)}
+
 _IMAGE_ROWS = {"pixel_values": MediaKey(items_dim=1), "pixel_attention_mask": MediaKey(items_dim=1)}
 
 #: Why a model whose forward fills a missing attention mask with ones cannot take a packed row.
@@ -81,6 +83,20 @@ LAYOUTS: Mapping[str, BatchLayout] = {
     # its encoder appends the image patches no text token covers after the whole padded row: T5's
     # relative position bias between a sample's text and those patches grows with the padding
     "udop": BatchLayout(refused_sides=dict.fromkeys(("left", "right"), _PATCHES_AFTER_PADDING)),
+    # the images' places marked per token; transformers finds a packed row's segments from the
+    # positions, which neither text model hands its mask
+    "kosmos-2": BatchLayout(media=_PLACES_PER_TOKEN,
+                            packing="its text model builds a causal mask of its own over the whole row, which lets "
+                                    "each segment attend to the segments before it"),
+    "kosmos-2.5": BatchLayout(media=_PLACES_PER_TOKEN,
+                              packing="its text model builds its causal mask without the position ids, from which "
+                                      "transformers finds a packed row's segments: each segment attends to the "
+                                      "segments before it"),
+    # its conformer encoder attends in blocks over every frame of the batch's longest clip, and its
+    # convolutions run over them: a shorter clip's padding changes its features (no mask reaches it)
+    **dict.fromkeys(("granite_speech", "granite_speech_plus"), BatchLayout(media={"input_features": MediaKey(
+        one_shape="the audio encoder reads every frame of the batch's longest clip, so a shorter clip's padding "
+                  "changes its features (as in the processor's own batch)")})),
     # its text model takes exactly its xD-RoPE rows (it raises on the text row transformers 5.x
     # prepends), and without that row it cannot find a packed row's segments
     "hunyuan_vl": BatchLayout(text_positions=False,
@@ -89,19 +105,33 @@ LAYOUTS: Mapping[str, BatchLayout] = {
 }
 
 
+#: Model types whose text model's position embeddings count a sample's positions from
+#: ``padding_idx + 1`` (the text config's ``pad_token_id + 1``), as RoBERTa's do.
+POSITIONS_AFTER_PADDING_IDX = frozenset({"kosmos-2", "kosmos-2.5"})
+
+
 def layout_of(processor: Any, config: Any) -> BatchLayout | None:
     """The batch layout of ``config``'s model fed by ``processor``, None for the common one."""
     model_type = str(getattr(config, "model_type", ""))
     stated = LAYOUTS.get(model_type)
     media = dict(stated.media) if stated else {}
-    media.update(_placed_per_row(processor, config))
+    if not any(rule.token_dim for rule in media.values()):  # a per-token key places the images (Kosmos-2's)
+        media.update(_placed_per_row(processor, config))
     refused = {**(stated.refused_sides if stated else {}), **_refused_sides(config)}
     labels_right = bool(getattr(config, "is_encoder_decoder", False))
-    if not (stated or media or refused or labels_right):
+    first = _first_position(config) if model_type in POSITIONS_AFTER_PADDING_IDX else 0
+    if not (stated or media or refused or labels_right or first):
         return None
     return BatchLayout(media=media, text_positions=stated.text_positions if stated else True,
                        takes_positions=stated.takes_positions if stated else True,
-                       refused_sides=refused, labels_right=labels_right, packing=stated.packing if stated else "")
+                       refused_sides=refused, labels_right=labels_right, packing=stated.packing if stated else "",
+                       first_position=first)
+
+
+def _first_position(config: Any) -> int:
+    """``padding_idx + 1``: the text config's ``pad_token_id + 1`` (0 where it has none)."""
+    pad = getattr(_text_configs(config)[0], "pad_token_id", None)
+    return pad + 1 if isinstance(pad, int) and not isinstance(pad, bool) and pad >= 0 else 0
 
 
 def _placed_per_row(processor: Any, config: Any) -> dict[str, MediaKey]:
