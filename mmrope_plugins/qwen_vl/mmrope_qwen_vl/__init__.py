@@ -11,7 +11,7 @@ from typing import Any
 
 from mmrope_core import hookimpl
 
-from .families import FAMILIES, family_of
+from .families import FAMILIES, family_of, media_keys
 
 PROCESSOR_CLASSES = tuple(FAMILIES)
 MODEL_TYPES = frozenset(model_type for family in FAMILIES.values() for model_type in family.models)
@@ -33,9 +33,17 @@ def get_rope_index_kwargs(processor: Any, multi_modal_inputs: Any):
     family = family_of(processor)
     if family is None:
         return None
-    keys = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts") if family.timed_video else (
-        "image_grid_thw", "video_grid_thw")
-    return {key: value for key in keys if (value := multi_modal_inputs.get(key)) is not None}
+    return {key: value for key in media_keys(family) if (value := multi_modal_inputs.get(key)) is not None}
+
+
+@hookimpl
+def batch_layout(processor: Any):
+    family = family_of(processor)
+    if family is None:
+        return None
+    from mmrope_core import BatchLayout
+
+    return BatchLayout(media=media_keys(family))
 
 
 @hookimpl
