@@ -146,3 +146,14 @@ def test_the_qwen_vl_plugin_declares_its_families_keys(family, keys):
     engine = RopeEngine.from_processor(*build(family))
     assert {key: rule.role for key, rule in engine.batch_layout.media.items()} == keys
     assert engine.plugin_name == "qwen_vl"
+
+
+def test_the_qwen_vl_plugin_declares_no_keys_for_a_model_type_another_plugin_binds():
+    import types
+
+    import mmrope_qwen_vl
+    from mmrope_qwen_vl.examples import build
+
+    processor, config = build("Qwen3-VL")  # Qwen3VLProcessor feeds Cosmos3-Omni too, bound by the transformers plugin
+    assert mmrope_qwen_vl.batch_layout(processor, types.SimpleNamespace(model_type="cosmos3_omni")) is None
+    assert mmrope_qwen_vl.batch_layout(processor, config).media == {"image_grid_thw": GRID, "video_grid_thw": GRID}
