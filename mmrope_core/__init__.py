@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-# public name -> the module that defines it
+# public name -> the module that defines it: the one list of public names (``__all__`` is its keys)
 _PUBLIC = {
     "RopeEngine": "engine",
     "hookimpl": "hookspecs",
@@ -55,42 +55,7 @@ _PUBLIC = {
     ),
 }
 
-__all__ = [
-    "BatchLayout",
-    "CollateError",
-    "CompiledLoopsWarning",
-    "ExampleCase",
-    "GeneratedMaskWarning",
-    "InvalidInputError",
-    "MediaKey",
-    "MmropeError",
-    "PackingUnsupportedError",
-    "PaddingUnsupportedError",
-    "PlaceholderMismatchError",
-    "PluginConflictError",
-    "PluginContractError",
-    "PluginError",
-    "PluginHookError",
-    "PluginInfo",
-    "PluginLoadError",
-    "PluginLoadWarning",
-    "PluginManager",
-    "PretrainedLoadError",
-    "RopeBinding",
-    "RopeEngine",
-    "RopeIndexUnavailableError",
-    "RopeKernel",
-    "SegmentCutError",
-    "SequenceSplitError",
-    "UnknownConventionError",
-    "UnknownInputKeyError",
-    "UnknownKeywordError",
-    "UnknownOptionError",
-    "UnsupportedProcessorError",
-    "ValidationPolicy",
-    "get_plugin_manager",
-    "hookimpl",
-]
+__all__ = sorted(_PUBLIC)
 
 
 def __getattr__(name: str) -> Any:

@@ -1,9 +1,17 @@
-"""How a model takes a batch, as its plugin declares it: the media keys its processor batches in
-its own way, the padding side the model itself gets wrong, the rows of positions it reads.
+"""How a model takes a batch, as its plugin declares it: what its media keys hold (grids,
+seconds, audio lengths, audio masks), the keys its processor batches in its own way, the padding
+side the model itself gets wrong, the rows of positions it reads.
 
-A plugin returns a :class:`BatchLayout` from the ``batch_layout`` hook; the engine's ``batch``
-and ``collate`` and both collators follow it. A family whose processor concatenates every media
-key on dim 0, padding the varying dimensions with zeros (most of them), declares nothing.
+A plugin returns a :class:`BatchLayout` from the ``batch_layout`` hook. The engine reads and
+checks every key of a declared :attr:`MediaKey.role` before any hook or kernel sees it (see
+:mod:`mmrope_core.media`); its ``batch`` and ``collate`` and both collators follow the batching
+rules. A key declared with a role only is batched the common way: concatenated on dim 0, the
+varying dimensions zero-padded.
+
+Example::
+
+    BatchLayout(media={"image_grid_thw": GRID, "video_grid_thw": GRID,
+                       "second_per_grid_ts": MediaKey(role="seconds", grid="video_grid_thw")})
 """
 
 from __future__ import annotations
@@ -18,14 +26,24 @@ if TYPE_CHECKING:
 
 #: ``empty_item(shape, dtype)``: the value of the item slots a sample does not fill.
 EmptyItem = Callable[[tuple[int, ...], Any], Any]
+#: What a media key holds, as the engine reads it (see :mod:`mmrope_core.media`).
+Role = Literal["grid", "seconds", "audio_lengths", "audio_mask"]
+ROLES: tuple[Role, ...] = ("grid", "seconds", "audio_lengths", "audio_mask")
 
 
 @dataclasses.dataclass(frozen=True)
 class MediaKey:
-    """How one media key's per-sample tensors become the batch's, as the processor's own batched
-    call makes them.
+    """What one media key holds, and how its per-sample tensors become the batch's, as the
+    processor's own batched call makes them.
 
     Attributes:
+        role: what the key holds, read and checked by the engine before any hook or kernel sees
+            it: ``"grid"``, ``(N, 3)`` positive ``(t, h, w)`` patch counts that fit the batch's
+            tokens; ``"seconds"``, seconds per grid, one per row of the key ``grid`` names;
+            ``"audio_lengths"``, feature frames per audio; ``"audio_mask"``, an
+            ``(audios, frames)`` feature mask. None: the engine passes the key on unread.
+        grid: for ``role="seconds"``, the grid key (declared with ``role="grid"``) whose rows
+            the values count: one value per video of ``"video_grid_thw"``.
         join: ``"rows"``: each sample's tensor is one or more rows, concatenated on dim 0;
             ``"last"``: each sample's ``(1, ..., W_i)`` is joined on the last dim into one
             ``(1, ..., sum W_i)`` (MiniCPM-V's image strips).
@@ -68,8 +86,15 @@ class MediaKey:
     indexes: str | None = None
     switched_by: str | None = None
     one_shape: str = ""
+    role: Role | None = None
+    grid: str | None = None
 
     def __post_init__(self) -> None:
+        if self.role is not None and self.role not in ROLES:
+            raise TypeError(f"MediaKey.role must be one of {ROLES} or None, got {self.role!r}")
+        if (self.role == "seconds") != (self.grid is not None) or not isinstance(self.grid, (str, type(None))):
+            raise TypeError("MediaKey(role='seconds') needs grid, the name of the grid key whose rows it counts; "
+                            "other roles take no grid")
         if self.join not in ("rows", "last"):
             raise TypeError(f"MediaKey.join must be 'rows' or 'last', got {self.join!r}")
         for name in ("items_dim", "token_dim"):
@@ -87,13 +112,23 @@ class MediaKey:
         if self.indexes is not None and (not isinstance(self.indexes, str) or self.join != "rows"):
             raise TypeError("MediaKey.indexes must name the key it indexes, and joins rows")
 
+    @property
+    def common_batching(self) -> bool:
+        """Whether the key is batched the common way (concatenated on dim 0): it declares its role only."""
+        return dataclasses.replace(self, role=None, grid=None) == MediaKey()
+
+
+#: A key holding ``(N, 3)`` grids, batched the common way.
+GRID = MediaKey(role="grid")
+
 
 @dataclasses.dataclass(frozen=True)
 class BatchLayout:
     """How a model takes a batch of samples, where it differs from the common case.
 
     Attributes:
-        media: media key -> :class:`MediaKey`; keys not listed are concatenated on dim 0.
+        media: media key -> :class:`MediaKey`: what the key holds, and how it is batched; keys
+            not listed are passed on unread and concatenated on dim 0.
         text_positions: whether the model takes M-RoPE positions with the text positions as their
             first row (transformers' ``(4, B, L)`` for three M-RoPE rows); False: only the rows
             its rotary embedding reads (HunYuan-VL's four xD-RoPE rows).
@@ -122,6 +157,10 @@ class BatchLayout:
         if not isinstance(self.media, Mapping) or not all(
                 isinstance(key, str) and isinstance(rule, MediaKey) for key, rule in self.media.items()):
             raise TypeError("BatchLayout.media must map key names to MediaKey")
+        for key, rule in self.media.items():
+            if rule.grid is not None and getattr(self.media.get(rule.grid), "role", None) != "grid":
+                raise TypeError(f"BatchLayout.media[{key!r}] counts the rows of {rule.grid!r}: declare "
+                                f"{rule.grid!r} too, as MediaKey(role='grid')")
         if not set(self.refused_sides) <= {"left", "right"} or not all(
                 isinstance(why, str) and why for why in self.refused_sides.values()):
             raise TypeError("BatchLayout.refused_sides must map 'left'/'right' to a reason users can read")
@@ -131,6 +170,16 @@ class BatchLayout:
             raise TypeError(f"BatchLayout.first_position must be an int >= 0, got {self.first_position!r}")
         object.__setattr__(self, "media", types.MappingProxyType(dict(self.media)))
         object.__setattr__(self, "refused_sides", types.MappingProxyType(dict(self.refused_sides)))
+
+    def with_media(self, media: Mapping[str, MediaKey]) -> BatchLayout:
+        """This layout with the keys of ``media`` added; a key it holds already keeps its batching
+        rule and takes the role given in ``media`` where it declares none."""
+        merged = dict(self.media)
+        for key, rule in media.items():
+            own = merged.get(key)
+            merged[key] = rule if own is None else own if own.role is not None else dataclasses.replace(
+                own, role=rule.role, grid=rule.grid)
+        return dataclasses.replace(self, media=merged)
 
     @property
     def packing_refusal(self) -> str:

@@ -31,13 +31,14 @@ def collate(samples: Iterable[Mapping[str, Any]], varlen_keys: Iterable[str] = (
 
     ``media`` maps keys the family's processor batches otherwise to their
     :class:`~mmrope_core.batching.MediaKey` (joined on the last dim, a row for every sample, a
-    token dim padded as the ids are); ``lengths``, each sample's token count, sizes the token
-    dims of such keys to the batch's length.
+    token dim padded as the ids are; a key declaring only its role is batched as the others);
+    ``lengths``, each sample's token count, sizes the token dims of such keys to the batch's length.
     """
     samples = _listed(samples, "collate takes an iterable of per-sample dicts")
     if padding_side not in ("left", "right"):
         raise CollateError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
-    varlen, aligned, rules = frozenset(varlen_keys), frozenset(token_aligned), dict(media or {})
+    varlen, aligned = frozenset(varlen_keys), frozenset(token_aligned)
+    rules = {key: rule for key, rule in (media or {}).items() if not rule.common_batching}
     keys: dict[str, None] = {}
     for index, sample in enumerate(samples):
         if not isinstance(sample, Mapping):

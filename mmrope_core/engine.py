@@ -61,7 +61,8 @@ class RopeEngine:
         self.plugin = plugin
         self.validation_policy = policy
         self.varlen_keys = varlen_keys
-        #: how the model takes a batch (media keys batched by the family's own rule, padding sides)
+        #: how the model takes a batch (what its media keys hold, those batched by the family's own rule,
+        #: padding sides)
         self.batch_layout = layout
         self._plugins = plugins or get_plugin_manager()
         self._options = types.MappingProxyType(dict(options or {}))
@@ -256,7 +257,7 @@ class RopeEngine:
         """The keyword arguments the plugins derive from one batch's inputs, merged."""
         require_mappings(multi_modal_inputs, mm_processor_kwargs)
         if multi_modal_inputs is not None:
-            multi_modal_inputs = read_media(multi_modal_inputs)
+            multi_modal_inputs = read_media(multi_modal_inputs, self.batch_layout.media)
         if mm_processor_kwargs is not None:
             require_string_keys("mm_processor_kwargs", mm_processor_kwargs)
         merged: dict[str, Any] = {}
@@ -287,7 +288,7 @@ class RopeEngine:
         """Where the layout is decided: the batch as it is; packed rows joined into one row for a
         kernel that places them, or else unpacked into a batch of segments; then laid back out
         as the caller's batch. ``generated`` reaches only a kernel that reads it, laid out as the ids."""
-        inputs = read_media(inputs, tokens=ids.numel())
+        inputs = read_media(inputs, self.batch_layout.media, tokens=ids.numel())
         kernel = self.binding.kernel
         if generated is not None and not kernel.reads_generated_mask:  # type: ignore[union-attr]
             generated = None

@@ -125,20 +125,23 @@ def varlen_keys(processor: Any) -> Iterable[str] | None:
 
 @hookspec(firstresult=True)
 def batch_layout(processor: Any, config: Any) -> BatchLayout | None:
-    """How the model takes a batch, where its processor batches media otherwise than the common
-    way (every key concatenated on dim 0, varying dims zero-padded), or its layers get a padding
-    side wrong.
+    """How the model takes a batch: what the family's media keys hold (a
+    :class:`~mmrope_core.batching.MediaKey` ``role``: grids, seconds, audio lengths, audio
+    masks), the keys its processor batches otherwise than the common way (every key concatenated
+    on dim 0, varying dims zero-padded), and the padding side its layers get wrong.
 
     Called once when an engine is built. Return a :class:`~mmrope_core.batching.BatchLayout`
-    for processors you bound, None otherwise; the engine's ``batch``/``collate`` and both
-    collators follow it, and the processor's own batched call is what it must reproduce.
+    for processors you bound, None otherwise. The engine reads and checks every key declared
+    with a role, whatever its name, before any hook or kernel sees it (a key no plugin declares
+    is passed on unread); its ``batch``/``collate`` and both collators follow the batching
+    rules, and the processor's own batched call is what they must reproduce.
 
     Example::
 
         @hookimpl
         def batch_layout(processor, config):
             if type(processor).__name__ == "MyStripProcessor":  # one (1, 3, 14, W) strip per sample
-                return BatchLayout(media={"pixel_values": MediaKey(join="last")})
+                return BatchLayout(media={"pixel_values": MediaKey(join="last"), "strip_grid": GRID})
     """
 
 

@@ -1,9 +1,11 @@
 """Reading the caller's media arrays: grids, seconds per grid, audio lengths and audio masks.
 
-The engine reads every input of these names before a plugin's hook or kernel sees it, so a bad
-array gets the same typed error in every family, third-party kernels included. A reading checks
-type, dtype, shape, device and sign, and, given the batch's token count, that the sizes fit the
-batch before anything is sized from them. Plugins may call the readers themselves.
+A plugin declares what each of its family's media keys holds (a :class:`~mmrope_core.MediaKey`
+``role`` in its ``batch_layout``); the engine reads every key so declared before a plugin's hook
+or kernel sees it, so a bad array gets the same typed error in every family, third-party
+plugins included. A reading checks type, dtype, shape, device and sign, and, given the batch's
+token count, that the sizes fit the batch before anything is sized from them. Plugins may call
+the readers themselves.
 
 Example::
 
@@ -13,21 +15,15 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from .errors import InvalidInputError, PlaceholderMismatchError, counted
 
-#: Keys read as ``(N, 3)`` grids: every key ending so (``image_grid_thw``, ``video_grid_thw``).
-GRID_SUFFIX = "_grid_thw"
-#: Keys read as seconds per video grid, one value per video.
-SECONDS_KEYS = ("second_per_grid_ts", "second_per_grids", "video_second_per_grid")
-#: Keys read as audio lengths in feature frames, one value per audio.
-AUDIO_LENGTH_KEYS = ("audio_seqlens",)
-#: Keys read as ``(N, frames)`` audio feature masks.
-AUDIO_MASK_KEYS = ("feature_attention_mask",)
+if TYPE_CHECKING:
+    from .batching import MediaKey
 
 # A placeholder token stands for at most MERGE_BOUND**2 patches (merge sizes are 1 to 4 in
 # practice), and for at most FRAMES_PER_AUDIO_TOKEN feature frames (Qwen-Omni: 4 and ~8).
@@ -41,25 +37,27 @@ _INTEGERS = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.
 _REALS = _INTEGERS | {torch.float64, torch.float32, torch.float16, torch.bfloat16}
 
 
-def read_media(inputs: Mapping[str, Any], *, tokens: int | None = None) -> dict[str, Any]:
-    """``inputs`` with every grid, seconds, audio length and audio mask key read (see the
-    module); other keys as they are. ``tokens``: the batch's token count, which bounds the
-    sizes. Raises :class:`~mmrope_core.InvalidInputError` (or its subclass
-    :class:`~mmrope_core.PlaceholderMismatchError` for sizes the batch cannot hold)."""
+def read_media(inputs: Mapping[str, Any], keys: Mapping[str, MediaKey], *, tokens: int | None = None) -> dict[str, Any]:
+    """``inputs`` with every key that ``keys`` gives a role read as that role says (see the
+    module); other keys as they are. ``keys``: a plugin's declared media keys
+    (:attr:`BatchLayout.media <mmrope_core.BatchLayout.media>`). ``tokens``: the batch's token
+    count, which bounds the sizes. Raises :class:`~mmrope_core.InvalidInputError` (or its
+    subclass :class:`~mmrope_core.PlaceholderMismatchError` for sizes the batch cannot hold)."""
     require_string_keys("the multimodal inputs", inputs)
     read = dict(inputs)
-    for key, value in inputs.items():  # grids first: the seconds are counted against the videos
-        if value is not None and key.endswith(GRID_SUFFIX):
+    for key, rule in keys.items():  # grids first: the seconds are counted against their grid's rows
+        if rule.role == "grid" and (value := read.get(key)) is not None:
             read[key] = read_grid(key, value, tokens=tokens)
-    videos = read.get("video_grid_thw")
-    for key, value in inputs.items():
-        if value is None:
+    for key, rule in keys.items():
+        role = rule.role
+        if role is None or role == "grid" or (value := read.get(key)) is None:
             continue
-        if key in SECONDS_KEYS:
-            read[key] = read_seconds(key, value, videos=None if videos is None else videos.shape[0])
-        elif key in AUDIO_LENGTH_KEYS:
+        if role == "seconds":
+            grids = read.get(rule.grid or "")
+            read[key] = read_seconds(key, value, videos=None if grids is None else grids.shape[0], grid=rule.grid)
+        elif role == "audio_lengths":
             read[key] = read_audio_lengths(key, value, tokens=tokens)
-        elif key in AUDIO_MASK_KEYS:
+        else:
             read[key] = read_audio_mask(key, value)
     return read
 
@@ -121,17 +119,17 @@ def _refuse_sizes_beyond(key: str, host: np.ndarray, tokens: int) -> None:
             f"samples; pass the processor's grids for these samples")
 
 
-def read_seconds(key: str, value: Any, *, videos: int | None = None) -> torch.Tensor | None:
+def read_seconds(key: str, value: Any, *, videos: int | None = None, grid: str | None = None) -> torch.Tensor | None:
     """Seconds per video grid: finite, not negative, at most :data:`MAX_SECONDS_PER_GRID`, one
-    per video where ``videos`` is given. A tensor keeps its dtype (the temporal rule depends on
-    it); a list or number becomes float32, as processors return it."""
+    per video where ``videos`` is given (the rows of the key ``grid``). A tensor keeps its dtype
+    (the temporal rule depends on it); a list or number becomes float32, as processors return it."""
     if value is None:
         return None
     if isinstance(value, torch.Tensor):
         seconds = value
     elif isinstance(value, (list, tuple, int, float, np.ndarray, np.number)) and not isinstance(value, bool):
         given = _numbers(key, value, "iuf", "seconds per video grid")
-        _check_seconds(key, given.astype(np.float64), videos)  # before float32 could round or overflow them
+        _check_seconds(key, given.astype(np.float64), videos, grid)  # before float32 could round or overflow them
         return torch.from_numpy(given.astype(np.float32).reshape(-1))
     else:
         raise InvalidInputError(f"{key} must be a tensor or list of seconds per video grid, got "
@@ -141,14 +139,14 @@ def read_seconds(key: str, value: Any, *, videos: int | None = None) -> torch.Te
         raise InvalidInputError(f"{key} must hold real numbers (seconds per video grid), got {seconds.dtype}")
     if seconds.dim() != 1:
         seconds = seconds.reshape(-1)
-    _check_seconds(key, seconds.detach().cpu().to(torch.float64).numpy(), videos)
+    _check_seconds(key, seconds.detach().cpu().to(torch.float64).numpy(), videos, grid)
     return seconds
 
 
-def _check_seconds(key: str, seconds: np.ndarray, videos: int | None) -> None:
+def _check_seconds(key: str, seconds: np.ndarray, videos: int | None, grid: str | None) -> None:
     if videos is not None and seconds.size != videos:
-        raise InvalidInputError(f"{key} has {counted(seconds.size, 'value')} for {counted(videos, 'video')} in "
-                                f"video_grid_thw; pass one value per video")
+        raise InvalidInputError(f"{key} has {counted(seconds.size, 'value')} for {counted(videos, 'video')}"
+                                f"{f' in {grid}' if grid else ''}; pass one value per video")
     if seconds.size:
         low, high = seconds.min(), seconds.max()
         if not (low >= 0 and high < np.inf):  # NaN fails both

@@ -14,12 +14,35 @@ import torch
 
 from .kernel import RopeKernel
 
-ROPE_METHODS = ("get_vision_position_ids", "get_llm_pos_ids_for_vision", "get_chunked_index", "get_rope_index")
+
+class _ConfigOnlyModel(types.SimpleNamespace):
+    """A model's config and attributes, with the model class's methods bound on first use."""
+
+    def __init__(self, model_class: type, config: Any, **attributes: Any) -> None:
+        super().__init__(config=config, **attributes)
+        self._model_class = model_class
+
+    def __repr__(self) -> str:
+        return f"{self._model_class.__name__} built from its config alone"
+
+    def __getattr__(self, name: str) -> Any:  # called only for names not set: the class's methods
+        found = None if name.startswith("__") else inspect.getattr_static(self._model_class, name, None)
+        if isinstance(found, staticmethod):
+            method = found.__func__
+        elif isinstance(found, classmethod):
+            method = types.MethodType(found.__func__, self._model_class)
+        elif isinstance(found, types.FunctionType):
+            method = types.MethodType(found, self)
+        else:  # weights, buffers and properties of the built model are not there
+            raise AttributeError(f"{self._model_class.__name__} built from its config alone has no {name!r}")
+        setattr(self, name, method)
+        return method
 
 
-def config_only_model(model_cls: type, config: Any, methods: Iterable[str] = ROPE_METHODS, **attributes: Any) -> Any:
-    """A stand-in for ``model_cls`` holding only ``config`` (and ``attributes``), with the named
-    methods the class defines bound to it: enough to run ``get_rope_index`` without weights.
+def config_only_model(model_cls: type, config: Any, **attributes: Any) -> Any:
+    """A stand-in for ``model_cls`` holding only ``config`` (and ``attributes``), whose methods
+    are the class's own, bound to it: enough to run ``get_rope_index`` (and the methods it calls)
+    without weights.
 
     Example::
 
@@ -27,11 +50,7 @@ def config_only_model(model_cls: type, config: Any, methods: Iterable[str] = ROP
         model = config_only_model(Qwen2VLModel, config)
         positions, deltas = model.get_rope_index(input_ids, mm_token_type_ids, image_grid_thw)
     """
-    model = types.SimpleNamespace(config=config, **attributes)
-    for name in methods:
-        if hasattr(model_cls, name):
-            setattr(model, name, types.MethodType(getattr(model_cls, name), model))
-    return model
+    return _ConfigOnlyModel(model_cls, config, **attributes)
 
 
 _probed: dict[Hashable, str | None] = {}

@@ -395,7 +395,7 @@ def test_a_key_that_is_not_a_string_is_refused_naming_it_and_the_sample(toy_mana
     calls = {
         "multi_modal_inputs": lambda: engine.compute_position_ids(ids, None, {key: ids}),
         "mm_processor_kwargs": lambda: engine.rope_index_kwargs({}, {key: True}),
-        "the multimodal inputs": lambda: read_media({key: ids}),
+        "the multimodal inputs": lambda: read_media({key: ids}, {}),
         "sample 1": lambda: collate([{"pixel_values": ids}, {key: ids}]),
     }
     for sample in (lambda: engine.batch([{"input_ids": ids}, {"input_ids": ids, key: ids}]),

@@ -8,10 +8,12 @@ from mmrope_core.media import read_audio_lengths, read_grid, read_media, read_se
 
 
 def test_seconds_are_counted_against_the_read_grid_whatever_the_key_order():
+    from mmrope_qwen_vl.families import TIMED_MEDIA_KEYS as keys  # (Qwen2.5-VL's, as its plugin declares them)
+
     with pytest.raises(InvalidInputError, match=r"video_grid_thw must be a tensor of shape \(N, 3\), got int"):
-        read_media({"second_per_grid_ts": [2.0], "video_grid_thw": 5})
-    with pytest.raises(InvalidInputError, match="second_per_grid_ts has 1 value for 2 videos"):
-        read_media({"second_per_grid_ts": [2.0], "video_grid_thw": torch.tensor([[1, 2, 2], [1, 2, 2]])})
+        read_media({"second_per_grid_ts": [2.0], "video_grid_thw": 5}, keys)
+    with pytest.raises(InvalidInputError, match="second_per_grid_ts has 1 value for 2 videos in video_grid_thw"):
+        read_media({"second_per_grid_ts": [2.0], "video_grid_thw": torch.tensor([[1, 2, 2], [1, 2, 2]])}, keys)
 
 
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.int32, torch.uint64])

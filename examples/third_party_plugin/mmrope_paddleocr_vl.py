@@ -37,6 +37,15 @@ def get_rope_index_kwargs(processor: Any, multi_modal_inputs: Any) -> dict[str, 
 
 
 @hookimpl
+def batch_layout(processor: Any) -> Any:
+    if type(processor).__name__ not in PROCESSOR_CLASSES:
+        return None
+    from mmrope_core.batching import GRID, BatchLayout
+
+    return BatchLayout(media={"image_grid_thw": GRID})  # read and checked by the engine as (N, 3) grids
+
+
+@hookimpl
 def varlen_keys(processor: Any) -> set[str] | None:
     return {"mm_token_type_ids"} if type(processor).__name__ in PROCESSOR_CLASSES else None
 

@@ -169,7 +169,7 @@ class ItemKernel(RopeKernel):
             if grid and value is not None:
                 read_grid(key, value)
                 if seconds_key is not None:
-                    read_seconds(seconds_key, inputs.get(seconds_key), videos=len(value))
+                    read_seconds(seconds_key, inputs.get(seconds_key), videos=len(value), grid=key)
             elif value is not None:
                 read_audio_lengths(key, value)
         host = ids.numpy()

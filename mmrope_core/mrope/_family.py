@@ -128,7 +128,7 @@ def seconds_per_grid(value: Any, videos: int) -> tuple[torch.Tensor, np.ndarray 
     if value is None:
         seconds = torch.ones(videos, dtype=torch.int64)
         return seconds, seconds.numpy()
-    checked = read_seconds("second_per_grid_ts", value, videos=videos)
+    checked = read_seconds("second_per_grid_ts", value, videos=videos, grid="video_grid_thw")
     assert checked is not None  # (value is not None)
     host = checked.detach().cpu()
     return checked, host.numpy() if host.dtype in _NUMPY_DTYPES else host

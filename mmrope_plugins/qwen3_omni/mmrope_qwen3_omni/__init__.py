@@ -34,6 +34,17 @@ def get_rope_index_kwargs(processor: Any, multi_modal_inputs: Any, mm_processor_
 
 
 @hookimpl
+def batch_layout(processor: Any):
+    if family_of(processor) is None:
+        return None
+    from mmrope_core import BatchLayout
+
+    from .inputs import MEDIA_KEYS
+
+    return BatchLayout(media=MEDIA_KEYS)
+
+
+@hookimpl
 def varlen_keys(processor: Any):
     return VARLEN_KEYS if family_of(processor) is not None else None
 

@@ -10,9 +10,15 @@ import numpy as np
 import torch
 
 from mmrope_core import InvalidInputError
+from mmrope_core.batching import GRID, MediaKey
 from mmrope_core.media import read_seconds
 
 INPUT_KEYS = ("image_grid_thw", "video_grid_thw", "audio_seqlens", "second_per_grids", "use_audio_in_video")
+_SECONDS = MediaKey(role="seconds", grid="video_grid_thw")
+#: What the processor's outputs and the thinker's inputs hold, as the engine reads them.
+MEDIA_KEYS = {"image_grid_thw": GRID, "video_grid_thw": GRID, "second_per_grids": _SECONDS,
+              "video_second_per_grid": _SECONDS, "audio_seqlens": MediaKey(role="audio_lengths"),
+              "feature_attention_mask": MediaKey(role="audio_mask")}
 
 
 def rope_index_kwargs(multi_modal_inputs: Mapping[str, Any], mm_processor_kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -61,7 +67,7 @@ def check_seconds(second_per_grids: torch.Tensor | None, video_grid_thw: torch.T
     if second_per_grids is None:
         # as the batched kernel says it (mmrope_core.items)
         raise InvalidInputError("videos need second_per_grids (seconds per grid), one per video in video_grid_thw")
-    read_seconds("second_per_grids", second_per_grids, videos=video_grid_thw.shape[0])
+    read_seconds("second_per_grids", second_per_grids, videos=video_grid_thw.shape[0], grid="video_grid_thw")
 
 
 def valid_tokens(mask_row: torch.Tensor) -> slice | torch.Tensor:

@@ -11,17 +11,24 @@ from typing import Any
 
 from mmrope_core import hookimpl
 
-from .families import FAMILIES, family_of
+from .families import FAMILIES, Family, family_of, media_keys
 
 PROCESSOR_CLASSES = tuple(FAMILIES)
 MODEL_TYPES = frozenset(model_type for family in FAMILIES.values() for model_type in family.models)
 
 
-@hookimpl
-def bind_rope_index(processor: Any, config: Any, options: Any):
+def _bound_family(processor: Any, config: Any) -> Family | None:
     family = family_of(processor)
     if family is None or getattr(config, "model_type", None) not in (None, *MODEL_TYPES):
         # a model type of no family here (Qwen4-exp and Cosmos3-Omni share Qwen3VLProcessor): another plugin's
+        return None
+    return family
+
+
+@hookimpl
+def bind_rope_index(processor: Any, config: Any, options: Any):
+    family = _bound_family(processor, config)
+    if family is None:
         return None
     from .rope import bind
 
@@ -33,9 +40,17 @@ def get_rope_index_kwargs(processor: Any, multi_modal_inputs: Any):
     family = family_of(processor)
     if family is None:
         return None
-    keys = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts") if family.timed_video else (
-        "image_grid_thw", "video_grid_thw")
-    return {key: value for key in keys if (value := multi_modal_inputs.get(key)) is not None}
+    return {key: value for key in media_keys(family) if (value := multi_modal_inputs.get(key)) is not None}
+
+
+@hookimpl
+def batch_layout(processor: Any, config: Any):
+    family = _bound_family(processor, config)
+    if family is None:
+        return None
+    from mmrope_core import BatchLayout
+
+    return BatchLayout(media=media_keys(family))
 
 
 @hookimpl

@@ -5,7 +5,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from mmrope_core.batching import GRID, MediaKey
 from mmrope_core.recognition import class_name_in
+
+#: What the family's media keys hold, as the engine reads them: its grids, and a timed family's seconds.
+MEDIA_KEYS = {"image_grid_thw": GRID, "video_grid_thw": GRID}
+TIMED_MEDIA_KEYS = {**MEDIA_KEYS, "second_per_grid_ts": MediaKey(role="seconds", grid="video_grid_thw")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,3 +65,8 @@ def family_of(processor: Any) -> Family | None:
     """The family of ``processor`` by its class or the first base class this plugin knows."""
     name = class_name_in(processor, FAMILIES)
     return None if name is None else FAMILIES[name]
+
+
+def media_keys(family: Family) -> dict[str, MediaKey]:
+    """The media keys ``family``'s kernel reads, by what they hold."""
+    return TIMED_MEDIA_KEYS if family.timed_video else MEDIA_KEYS

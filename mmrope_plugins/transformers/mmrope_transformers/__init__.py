@@ -50,10 +50,13 @@ def varlen_keys(processor: Any):
 
 @hookimpl
 def batch_layout(processor: Any, config: Any):
+    from mmrope_core.batching import COMMON
+
     from .batching import layout_of
     from .bind import bound
 
-    return None if bound(processor) is None else layout_of(processor, config)
+    what = bound(processor)
+    return None if what is None else (layout_of(processor, config) or COMMON).with_media(what.media_keys)
 
 
 @hookimpl

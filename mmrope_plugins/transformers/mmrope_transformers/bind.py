@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from mmrope_core import InvalidInputError, RopeBinding
+from mmrope_core import InvalidInputError, MediaKey, RopeBinding
+from mmrope_core.batching import GRID
 from mmrope_core.reference import ReferenceKernel
 
 from .fast import Candidate, candidates, probed_kernel
@@ -27,6 +28,12 @@ IMPLEMENTATIONS = ("fast", "reference")
 _NOT_MULTIMODAL = frozenset({"input_ids", "attention_mask", "labels"})
 #: Outputs that hold one value per token, which some processors return without declaring them.
 _TOKEN_ALIGNED = frozenset({"mm_token_type_ids", "token_type_ids"})
+_SECONDS = MediaKey(role="seconds", grid="video_grid_thw")
+#: What transformers' media inputs of positions hold, by their names in its processors and
+#: ``get_rope_index`` methods (and every name ending in ``_grid_thw``: a grid), as the engine reads them.
+MEDIA_KEYS = {"image_grid_thw": GRID, "video_grid_thw": GRID, "second_per_grid_ts": _SECONDS,
+              "second_per_grids": _SECONDS, "video_second_per_grid": _SECONDS,
+              "audio_seqlens": MediaKey(role="audio_lengths"), "feature_attention_mask": MediaKey(role="audio_mask")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +51,12 @@ class Bound:
 
     def __or__(self, other: Bound) -> Bound:
         return Bound(self.rope_arguments | other.rope_arguments, self.varlen_keys | other.varlen_keys)
+
+    @property
+    def media_keys(self) -> dict[str, MediaKey]:
+        """What the processor's outputs and the reference's arguments hold, as the engine reads them."""
+        grids = sorted(key for key in self.rope_arguments | self.varlen_keys if key.endswith("_grid_thw"))
+        return {**MEDIA_KEYS, **dict.fromkeys(grids, GRID)}
 
 
 _bound: weakref.WeakKeyDictionary[Any, Bound] = weakref.WeakKeyDictionary()

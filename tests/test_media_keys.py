@@ -1,0 +1,159 @@
+"""The media keys the engine reads are the ones a plugin declares (``batch_layout``), whatever
+their names: a third-party family's grids and seconds get the checks the shipped families' get,
+and a key no plugin declares is passed on unread."""
+
+import pytest
+import torch
+
+from mmrope_core import (
+    BatchLayout,
+    InvalidInputError,
+    MediaKey,
+    PlaceholderMismatchError,
+    RopeBinding,
+    RopeEngine,
+    hookimpl,
+)
+from mmrope_core.batching import GRID
+from mmrope_core.kernel import RopeKernel
+
+#: A clip family's keys, named as no shipped family names them.
+CLIP_KEYS = {"clip_patches": GRID, "clip_timing": MediaKey(role="seconds", grid="clip_patches"),
+             "clip_sound": MediaKey(role="audio_lengths"), "clip_sound_mask": MediaKey(role="audio_mask")}
+
+
+class ClipProcessor:
+    pass
+
+
+class RecordingKernel(RopeKernel):
+    """Sequential positions in three rows; keeps the keyword inputs of each call as given to it."""
+
+    def __init__(self):
+        self.inputs = []
+
+    def rope_index(self, input_ids, attention_mask=None, *, cu_seqlens=None, **inputs):
+        self.inputs.append(inputs)
+        positions = torch.arange(input_ids.shape[1]).expand(3, *input_ids.shape).clone()
+        return positions, torch.zeros(input_ids.shape[0], 1, dtype=torch.long)
+
+
+class ClipPlugin:
+    """A third-party plugin: the family's keys, declared through ``batch_layout``."""
+
+    def __init__(self):
+        self.kernel = RecordingKernel()
+
+    @hookimpl
+    def bind_rope_index(self, processor):
+        return RopeBinding("mrope", self.kernel, "fast") if isinstance(processor, ClipProcessor) else None
+
+    @hookimpl
+    def get_rope_index_kwargs(self, processor, multi_modal_inputs):
+        if not isinstance(processor, ClipProcessor):
+            return None
+        return {key: value for key, value in multi_modal_inputs.items() if key in (*CLIP_KEYS, "image_grid_thw")}
+
+    @hookimpl
+    def batch_layout(self, processor):
+        return BatchLayout(media=CLIP_KEYS) if isinstance(processor, ClipProcessor) else None
+
+
+@pytest.fixture
+def clip(toy_manager):
+    plugin = ClipPlugin()
+    with toy_manager.registered(plugin, "clip"):
+        yield RopeEngine.from_processor(ClipProcessor(), plugin_manager=toy_manager), plugin.kernel
+
+
+IDS = torch.ones(1, 16, dtype=torch.long)
+GOOD = {"clip_patches": torch.tensor([[2, 2, 2], [1, 2, 2]], dtype=torch.uint8), "clip_timing": [0.5, 2.0],
+        "clip_sound": [40], "clip_sound_mask": torch.ones(1, 40, dtype=torch.int32)}
+
+
+def test_declared_keys_reach_the_kernel_read(clip):
+    engine, kernel = clip
+    engine.compute_position_ids(IDS, None, GOOD)
+    engine.get_rope_index(IDS, **GOOD)
+    for given in kernel.inputs:
+        assert given["clip_patches"].dtype == torch.int64 and given["clip_patches"].tolist() == [[2, 2, 2], [1, 2, 2]]
+        assert given["clip_timing"].dtype == torch.float32 and given["clip_timing"].tolist() == [0.5, 2.0]
+        assert given["clip_sound"].dtype == torch.int64 and given["clip_sound"].tolist() == [40]
+        assert torch.equal(given["clip_sound_mask"], GOOD["clip_sound_mask"])
+
+
+@pytest.mark.parametrize(("key", "value", "error", "message"), [
+    ("clip_patches", [[1, 2, 2]], InvalidInputError, r"clip_patches must be a tensor of shape \(N, 3\), got list"),
+    ("clip_patches", torch.tensor([[1, 0, 2]]), InvalidInputError, r"clip_patches row 0 is \(1, 0, 2\): every size"),
+    ("clip_patches", torch.tensor([[64, 2, 2], [1, 2, 2]]), PlaceholderMismatchError, r"clip_patches row 0 is \(64, 2, 2\): the "
+                                                                            r"grids up to it need more placeholder"),
+    ("clip_timing", [1.0], InvalidInputError, "clip_timing has 1 value for 2 videos in clip_patches; pass one value"),
+    ("clip_timing", [1.0, float("nan")], InvalidInputError, "clip_timing holds a non-finite value"),
+    ("clip_sound", [-1], InvalidInputError, "clip_sound .* holds a negative or impossible length"),
+    ("clip_sound_mask", torch.ones(40), InvalidInputError, r"clip_sound_mask must be an integer or bool tensor of "
+                                                           r"shape \(audios, frames\)"),
+])
+def test_declared_keys_get_the_checks_of_their_role(clip, key, value, error, message):
+    engine, kernel = clip
+    bad = {**GOOD, key: value}
+    calls = [lambda: engine.compute_position_ids(IDS, None, bad), lambda: engine.get_rope_index(IDS, **bad)]
+    if error is not PlaceholderMismatchError:  # (sizes are measured against a batch's tokens)
+        calls.append(lambda: engine.rope_index_kwargs(bad))
+    for call in calls:
+        with pytest.raises(error, match=message):
+            call()
+    assert not kernel.inputs
+
+
+def test_a_key_the_plugin_does_not_declare_is_passed_on_unread(clip):
+    engine, kernel = clip
+    not_a_grid = torch.tensor([1.5])  # what a grid of that name would be refused for
+    engine.compute_position_ids(IDS, None, {"image_grid_thw": not_a_grid})
+    engine.get_rope_index(IDS, image_grid_thw=not_a_grid)
+    assert [list(given) for given in kernel.inputs] == [["image_grid_thw"]] * 2
+    assert all(torch.equal(given["image_grid_thw"], not_a_grid) for given in kernel.inputs)
+
+
+def test_keys_declaring_only_their_role_are_batched_the_common_way(clip):
+    engine, _ = clip
+    batch = engine.collate([{"clip_timing": [0.5], "clip_patches": torch.tensor([[1, 2, 2]])},
+                            {"clip_timing": [2.0], "clip_patches": torch.tensor([[2, 2, 2]])}])
+    assert batch["clip_timing"] == [0.5, 2.0] and batch["clip_patches"].tolist() == [[1, 2, 2], [2, 2, 2]]
+
+
+def test_a_layout_checks_its_roles():
+    with pytest.raises(TypeError, match="role must be one of"):
+        MediaKey(role="length")
+    with pytest.raises(TypeError, match="needs grid"):
+        MediaKey(role="seconds")
+    with pytest.raises(TypeError, match="other roles take no grid"):
+        MediaKey(role="grid", grid="video_grid_thw")
+    with pytest.raises(TypeError, match="declare 'clip_patches' too"):
+        BatchLayout(media={"clip_timing": MediaKey(role="seconds", grid="clip_patches")})
+    strips = BatchLayout(media={"pixel_values": MediaKey(join="last")})
+    both = strips.with_media({"pixel_values": MediaKey(role="audio_mask"), "clip_patches": GRID})
+    assert both.media["pixel_values"] == MediaKey(join="last", role="audio_mask")
+    assert both.media["clip_patches"] == GRID and not both.media["pixel_values"].common_batching
+
+
+@pytest.mark.parametrize(("family", "keys"), [
+    ("Qwen2.5-VL", {"image_grid_thw": "grid", "video_grid_thw": "grid", "second_per_grid_ts": "seconds"}),
+    ("Qwen2-VL", {"image_grid_thw": "grid", "video_grid_thw": "grid"}),
+])
+def test_the_qwen_vl_plugin_declares_its_families_keys(family, keys):
+    from mmrope_qwen_vl.examples import build
+
+    engine = RopeEngine.from_processor(*build(family))
+    assert {key: rule.role for key, rule in engine.batch_layout.media.items()} == keys
+    assert engine.plugin_name == "qwen_vl"
+
+
+def test_the_qwen_vl_plugin_declares_no_keys_for_a_model_type_another_plugin_binds():
+    import types
+
+    import mmrope_qwen_vl
+    from mmrope_qwen_vl.examples import build
+
+    processor, config = build("Qwen3-VL")  # Qwen3VLProcessor feeds Cosmos3-Omni too, bound by the transformers plugin
+    assert mmrope_qwen_vl.batch_layout(processor, types.SimpleNamespace(model_type="cosmos3_omni")) is None
+    assert mmrope_qwen_vl.batch_layout(processor, config).media == {"image_grid_thw": GRID, "video_grid_thw": GRID}
