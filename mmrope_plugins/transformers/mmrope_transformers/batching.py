@@ -97,6 +97,13 @@ LAYOUTS: Mapping[str, BatchLayout] = {
     **dict.fromkeys(("granite_speech", "granite_speech_plus"), BatchLayout(media={"input_features": MediaKey(
         one_shape="the audio encoder reads every frame of the batch's longest clip, so a shorter clip's padding "
                   "changes its features (as in the processor's own batch)")})),
+    # its text decoder cross-attends each batch row's tokens to that row's protein (no placeholder
+    # tokens); the processor pads protein ids with the ESM tokenizer's pad id, 1
+    "evolla": BatchLayout(media={"protein_input_ids": MediaKey(per_row=True, pad_value=1),
+                                 "protein_attention_mask": MediaKey(per_row=True)},
+                          packing="its text decoder cross-attends every token of a batch row to that row's one "
+                                  "protein (the text holds no placeholder for it), so a packed row's segments would "
+                                  "all read one sample's protein"),
     # its text model takes exactly its xD-RoPE rows (it raises on the text row transformers 5.x
     # prepends), and without that row it cannot find a packed row's segments
     "hunyuan_vl": BatchLayout(text_positions=False,
