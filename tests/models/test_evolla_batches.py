@@ -12,6 +12,7 @@ the model is a tiny random ``EvollaForProteinText2Text``.
 from __future__ import annotations
 
 import functools
+import itertools
 import random
 import tempfile
 from pathlib import Path
@@ -153,26 +154,31 @@ def packed_by_hand(engine, samples, proteins):
     return {"input_ids": ids, "position_ids": positions, **media, "use_cache": False}
 
 
-def test_a_packed_evolla_row_is_refused_as_its_segments_would_read_one_protein():
+def test_a_packed_evolla_row_is_refused_as_its_segments_would_see_each_other_and_one_protein():
     processor, _, model, engine = evolla()
     samples = samples_of(processor)
-    with pytest.raises(PackingUnsupportedError, match=r"evolla.*cross-attends every token of a batch row to that "
-                                                      r"row's one protein"):
+    with pytest.raises(PackingUnsupportedError, match=r"evolla.*causal mask without the position ids.*one protein"):
         PackedCollator(engine)
+    bounds = [0, *itertools.accumulate(sample["input_ids"].shape[1] for sample in samples)]
+
+    def differences(row):
+        return [float((row[bounds[index]:bounds[index + 1]] - theirs).abs().max()) for index, theirs in enumerate(own)]
+
     with torch.no_grad():
         own = [alone(model, sample)[0] for sample in samples]
         # the row holding the first sample's protein, as the model takes one a row
-        logits = model(**packed_by_hand(engine, samples, [0])).logits
-        assert logits.shape[0] == 1
-        differences, start = [], 0
-        for sample, theirs in zip(samples, own):
-            length = sample["input_ids"].shape[1]
-            differences.append(float((logits[0, start:start + length] - theirs).abs().max()))
-            start += length
-        print(f"evolla: a packed row with the first protein differs from the samples alone by {differences}")
-        assert differences[0] < 5e-5 < 1e-2 < min(differences[1:]), differences
-        # every sample's protein beside the one row: the model broadcasts the row over the proteins,
-        # each copy of the row reading one sample's protein in all its segments
+        first = model(**packed_by_hand(engine, samples, [0])).logits
+        # every sample's protein: the model broadcasts the one row over them, copy i reading protein i
         every = model(**packed_by_hand(engine, samples, range(len(samples)))).logits
-    assert every.shape[0] == len(samples)
-    print(f"evolla: with every protein, the model returns {every.shape[0]} rows for one packed row")
+    assert first.shape[0] == 1 and every.shape[0] == len(samples)
+    found = differences(first[0])
+    print(f"evolla: a packed row with the first protein differs from the samples alone by {found}")
+    assert found[0] < 5e-5 and min(found[1:]) > 1e-2, found
+    # the mask: a later segment reading its own protein still differs (it attends to the segments before it)
+    own_protein = [differences(every[index])[index] for index in range(1, len(samples))]
+    print(f"evolla: later segments reading their own protein differ by {own_protein}")
+    assert min(own_protein) > 1e-2, own_protein
+    # the protein: the first segment (no segment before it) reading another sample's protein differs
+    other_protein = [differences(every[index])[0] for index in range(1, len(samples))]
+    print(f"evolla: the first segment reading another sample's protein differs by {other_protein}")
+    assert min(other_protein) > 1e-3, other_protein

@@ -37,7 +37,9 @@ both sides: its own padded batch changes a sample). The Omni thinkers (``qwen2_5
 Emu3, BLIP, BLIP-2, IDEFICS, DeepSeek-OCR-2, dots3.note (images) and, with stand-ins, Fuyu (its
 Pillow image processor patchifies arrays, where transformers 5.24's processor hands it tensors) and
 Fun-ASR-Nano (its filterbank is computed with torchaudio). Florence-2, an encoder-decoder, has a
-test of its own (test_encoder_decoder_batches.py).
+test of its own (test_encoder_decoder_batches.py), and so has Evolla (test_evolla_batches.py: its
+processor takes proteins, tokenized by an ESM tokenizer, and chat messages, no text, and its text
+decoder cross-attends each row to its protein, with no placeholder tokens).
 
 Bound model types of transformers 5.24 without a model-level test here, and why:
 
@@ -59,10 +61,7 @@ Bound model types of transformers 5.24 without a model-level test here, and why:
   codec codes stacked with the text on a last axis of ``input_ids``, ``(B, T, 1 + codebooks)``,
   which its codec computes inside ``generate``; the processor returns raw ``input_values``),
   pix2struct (its processor returns no ``input_ids``: the image's patches, with their own mask,
-  are the encoder's whole input, the text its ``decoder_input_ids``);
-- not yet built here: evolla (its processor takes proteins, tokenized by an ESM tokenizer, and chat
-  messages, no text; its text decoder attends to each row's protein with no placeholder tokens: it
-  needs calls and a reference batch of its own).
+  are the encoder's whole input, the text its ``decoder_input_ids``).
 """
 
 from __future__ import annotations

@@ -101,9 +101,11 @@ LAYOUTS: Mapping[str, BatchLayout] = {
     # tokens); the processor pads protein ids with the ESM tokenizer's pad id, 1
     "evolla": BatchLayout(media={"protein_input_ids": MediaKey(per_row=True, pad_value=1),
                                  "protein_attention_mask": MediaKey(per_row=True)},
-                          packing="its text decoder cross-attends every token of a batch row to that row's one "
-                                  "protein (the text holds no placeholder for it), so a packed row's segments would "
-                                  "all read one sample's protein"),
+                          packing="its text decoder builds its causal mask without the position ids, from which "
+                                  "transformers finds a packed row's segments, so each segment attends to the "
+                                  "segments before it; and it cross-attends every token of a batch row to that row's "
+                                  "one protein (the text holds no placeholder for it), so all segments would read one "
+                                  "sample's protein"),
     # its text model takes exactly its xD-RoPE rows (it raises on the text row transformers 5.x
     # prepends), and without that row it cannot find a packed row's segments
     "hunyuan_vl": BatchLayout(text_positions=False,
