@@ -2,7 +2,8 @@
 messages, and its text decoder cross-attends each batch row's tokens to that row's protein, with
 no placeholder token in the text. A ``PaddedCollator`` batch, padded on either side, equals the
 processor's own batched call and trains each sample as alone; a packed row is refused, and the
-same row built by hand shows why: a segment reads another sample's protein.
+same row built by hand shows why, each cause apart: its decoder's causal mask, built without the
+position ids, lets a segment attend to the ones before it, and a row holds one protein.
 
 The processor is the real ``EvollaProcessor``, built from a tiny ESM vocabulary (the real one's
 special tokens at its ids, ``<pad>`` at 1) and a word-level text tokenizer with a chat template;
