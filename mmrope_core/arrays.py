@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ._compiled import native
+from .compiled import native
 
 
 def numpy(tensor: torch.Tensor) -> np.ndarray:

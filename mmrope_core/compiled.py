@@ -1,21 +1,47 @@
-"""The compiled CPU loops a plugin may count on, and whether they are loaded.
+"""The compiled CPU loops (``mmrope_core._native``), and whether they are loaded.
 
 The loops are missing where mmrope-core was installed without a C compiler (or the Python
 headers), and switched off by ``MMROPE_DISABLE_COMPILED=1``: :func:`available` is then False.
-Plugins reach them through family-neutral calls that take numpy paths of their own without them,
-with the same results: :mod:`mmrope_core.items` (media items between markers, placed by a layout
-given as data) and :mod:`mmrope_core.mrope` (runs of placeholders). Those calls read ``native``
-(the loops, or None) when called, so replacing it switches the loops for their callers.
+Every caller has a numpy/torch path taken without them, with the same results. Plugins reach
+them through family-neutral calls: :mod:`mmrope_core.items` (media items between markers, placed
+by a layout given as data) and :mod:`mmrope_core.mrope` (runs of placeholders). ``native`` holds
+the loops, or None; :mod:`mmrope_core.items` reads it when called, so replacing it (as
+:func:`switched_off` does) switches the loops for its callers.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import warnings
 from collections.abc import Iterator
+from types import ModuleType
 
-from ._compiled import DISABLE_VARIABLE, native
+from .errors import CompiledLoopsWarning
 
 __all__ = ["DISABLE_VARIABLE", "available", "switched_off"]
+
+DISABLE_VARIABLE = "MMROPE_DISABLE_COMPILED"
+
+
+def _load() -> ModuleType | None:
+    if os.environ.get(DISABLE_VARIABLE, "").strip().lower() in ("1", "true", "yes", "on"):
+        return None
+    try:
+        from . import _native
+    except ImportError as exc:
+        warnings.warn(
+            f"mmrope's compiled CPU loops (mmrope_core._native) are not installed ({exc}): positions are the "
+            f"same, only slower. Reinstall mmrope-core where a C compiler and the Python headers are available "
+            f"to build them, or set {DISABLE_VARIABLE}=1 to silence this.",
+            CompiledLoopsWarning,
+            stacklevel=2,
+        )
+        return None
+    return _native
+
+
+native: ModuleType | None = _load()
 
 
 def available() -> bool:

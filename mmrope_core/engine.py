@@ -12,12 +12,10 @@ from typing import Any
 
 import torch
 
-from . import _guard
+from . import _guard, processor_outputs
 from ._binding import bind, expect, read_mask_options
 from ._names import checked_keywords, refuse_misspelt_keywords
 from .batching import COMMON, BatchLayout
-from .collate import batch_processor_outputs
-from .collate import collate as _collate
 from .conventions import ALIASES, asked
 from .errors import (
     InvalidInputError,
@@ -32,7 +30,7 @@ from .inputs import MODEL_INPUTS, ReadOnlyInputs, read_batch, read_generated_mas
 from .manager import PluginInfo, PluginManager, get_plugin_manager
 from .media import read_media, require_string_keys
 from .options import EngineOptions
-from .packing import PackedLayout
+from .packed_layout import PackedLayout
 from .positions import one_d_positions
 from .types import STRICT, RopeBinding, ValidationPolicy
 
@@ -368,7 +366,7 @@ class RopeEngine:
     def collate(self, samples: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         """Batch per-sample multimodal inputs; :attr:`varlen_keys` are zero-padded to the largest sample,
         the keys of :attr:`batch_layout` batched as the family's processor batches them."""
-        return _collate(samples, self.varlen_keys, media=self.batch_layout.media)
+        return processor_outputs.collate(samples, self.varlen_keys, media=self.batch_layout.media)
 
     @checked_keywords
     def batch(self, outputs: Iterable[Mapping[str, Any]], padding_side: str = "right") -> tuple[Any, Any, dict[str, Any]]:
@@ -376,8 +374,8 @@ class RopeEngine:
         ``(input_ids, attention_mask, multi_modal_inputs)``."""
         tokenizer = getattr(self.processor, "tokenizer", None)
         pad = getattr(tokenizer, "pad_token_id", None)
-        return batch_processor_outputs(outputs, self.varlen_keys, pad_token_id=pad or 0, padding_side=padding_side,
-                                       media=self.batch_layout.media)
+        return processor_outputs.batch_processor_outputs(outputs, self.varlen_keys, pad_token_id=pad or 0,
+                                                         padding_side=padding_side, media=self.batch_layout.media)
 
     def process(self, **processor_kwargs: Any) -> Any:
         """Call the processor under the plugins' validation policy.

@@ -8,11 +8,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._compiled import native
 from ._names import misspelt
+from .compiled import native
 from .errors import InvalidInputError, UnknownInputKeyError
 from .media import require_string_keys, require_values
-from .packing import PackedLayout
+from .packed_layout import PackedLayout
 
 
 def as_batch(

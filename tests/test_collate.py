@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from mmrope_core import CollateError
-from mmrope_core.collate import collate
+from mmrope_core.processor_outputs import collate
 
 
 def test_varlen_keys_are_zero_padded_on_the_last_dim_then_concatenated():
@@ -74,7 +74,7 @@ def test_varlen_tensors_are_padded_in_every_dimension_but_the_batch_one():
 
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_token_types_are_padded_on_the_side_of_the_tokens(side):
-    from mmrope_core.collate import batch_processor_outputs
+    from mmrope_core.processor_outputs import batch_processor_outputs
 
     outputs = [{"input_ids": torch.tensor([[7, 8, 9]]), "mm_token_type_ids": torch.tensor([[0, 1, 0]]),
                 "input_features_mask": torch.ones(1, 5, dtype=torch.bool)},
@@ -97,7 +97,7 @@ def _outputs(*masks):
 
 
 def test_batch_takes_any_iterable_of_outputs():
-    from mmrope_core.collate import batch_processor_outputs
+    from mmrope_core.processor_outputs import batch_processor_outputs
 
     outputs = _outputs(torch.tensor([[1, 1, 1]]), torch.tensor([[1, 1]]))
     from_list = batch_processor_outputs(outputs)
@@ -109,7 +109,7 @@ def test_batch_takes_any_iterable_of_outputs():
 
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_batch_keeps_each_sample_s_mask_whether_l_or_1_l(side):
-    from mmrope_core.collate import batch_processor_outputs
+    from mmrope_core.processor_outputs import batch_processor_outputs
 
     masks = (torch.tensor([1, 1, 0]), torch.tensor([[0, 1, 1, 1]]), torch.tensor([1, 1]))
     ids, mask, _ = batch_processor_outputs(_outputs(*masks), padding_side=side)
@@ -127,7 +127,7 @@ def test_batch_keeps_each_sample_s_mask_whether_l_or_1_l(side):
     (torch.ones(1, 1, 3, dtype=torch.long), r"got \(1, 1, 3\)"),
 ])
 def test_batch_refuses_masks_that_are_not_one_row_of_its_ids(mask, message):
-    from mmrope_core.collate import batch_processor_outputs
+    from mmrope_core.processor_outputs import batch_processor_outputs
 
     outputs = [{"input_ids": torch.tensor([[5, 6, 7]]), "attention_mask": mask}]
     with pytest.raises(CollateError, match=message):
@@ -136,7 +136,7 @@ def test_batch_refuses_masks_that_are_not_one_row_of_its_ids(mask, message):
 
 
 def test_batch_refuses_tensors_without_values():
-    from mmrope_core.collate import batch_processor_outputs
+    from mmrope_core.processor_outputs import batch_processor_outputs
     from mmrope_core.errors import InvalidInputError
 
     with pytest.raises(InvalidInputError, match="sample 1: input_ids is on the meta device"):
@@ -144,7 +144,7 @@ def test_batch_refuses_tensors_without_values():
 
 
 def test_batch_ids_take_a_dtype_that_holds_every_sample():
-    from mmrope_core.collate import batch_processor_outputs
+    from mmrope_core.processor_outputs import batch_processor_outputs
 
     outputs = [{"input_ids": torch.tensor([1, 2, 3], dtype=torch.uint8)}, {"input_ids": torch.tensor([[1, 2, 151655]])}]
     ids, _, _ = batch_processor_outputs(outputs)
@@ -155,7 +155,7 @@ def test_batch_ids_take_a_dtype_that_holds_every_sample():
 
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_token_types_given_as_l_rows_are_padded_with_their_tokens(side):
-    from mmrope_core.collate import batch_processor_outputs
+    from mmrope_core.processor_outputs import batch_processor_outputs
 
     outputs = [{"input_ids": torch.tensor([5, 6, 7]), "mm_token_type_ids": torch.tensor([0, 1, 0])},
                {"input_ids": torch.tensor([[5, 6]]), "mm_token_type_ids": torch.tensor([[1, 1]])}]

@@ -3,15 +3,21 @@ switching them off for the calls that have numpy paths of their own."""
 
 import numpy as np
 
-from mmrope_core import _compiled, compiled
+from mmrope_core import compiled
 from mmrope_core.items import GridMedia, ItemKind, ItemLayout
 
 
 def test_available_says_whether_the_loops_are_loaded(monkeypatch):
+    loaded = compiled.native
     monkeypatch.setattr(compiled, "native", None)
     assert not compiled.available()
-    monkeypatch.setattr(compiled, "native", _compiled.native)
-    assert compiled.available() is (_compiled.native is not None)
+    monkeypatch.setattr(compiled, "native", loaded)
+    assert compiled.available() is (loaded is not None)
+
+
+def test_the_variable_switches_the_loops_off(monkeypatch):
+    monkeypatch.setenv(compiled.DISABLE_VARIABLE, "1")
+    assert compiled._load() is None
 
 
 def test_switched_off_runs_the_calls_inside_on_their_numpy_paths(monkeypatch):

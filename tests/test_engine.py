@@ -382,7 +382,7 @@ def test_bad_inputs_raise_typed_errors(toy_manager, toy, input_ids, attention_ma
 
 @pytest.mark.parametrize("key", [0, 1.5, ("image_grid_thw",), b"image_grid_thw"])
 def test_a_key_that_is_not_a_string_is_refused_naming_it_and_the_sample(toy_manager, toy, key):
-    from mmrope_core.collate import collate
+    from mmrope_core.processor_outputs import collate
     from mmrope_core.collators import PackedCollator, PaddedCollator
     from mmrope_core.media import read_media
 

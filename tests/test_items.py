@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from mmrope_core import InvalidInputError, PlaceholderMismatchError, SegmentCutError, _compiled, compiled
+from mmrope_core import InvalidInputError, PlaceholderMismatchError, SegmentCutError, compiled
 from mmrope_core.items import (
     BAD_MEDIA,
     EMPTY_SAMPLE,
@@ -25,7 +25,7 @@ from mmrope_core.items import (
     TemporalRule,
 )
 
-compiled_only = pytest.mark.mmrope_applies(_compiled.native is not None, "the compiled loops")
+compiled_only = pytest.mark.mmrope_applies(compiled.native is not None, "the compiled loops")
 
 # markers, placeholders and text: ids the generated layouts use
 OPEN_A, OPEN_B, OPEN_C, CLOSE_A, CLOSE_B, CLOSE_C = 901, 902, 903, 904, 905, 906
@@ -224,7 +224,7 @@ def small_layout(**changes):
 
 @pytest.mark.parametrize("loops", [True, False])
 def test_each_status_says_what_keeps_a_batch_from_being_placed(loops):
-    if loops and _compiled.native is None:
+    if loops and compiled.native is None:
         pytest.skip("the compiled loops are not loaded")
     layout = small_layout()
     image = np.array([[5, OPEN_A, IMAGE, CLOSE_A, 6]], dtype=np.int64)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from mmrope_core import InvalidInputError, _compiled, _native
+from mmrope_core import InvalidInputError, _native, compiled
 from mmrope_core.inputs import _read_cpu_mask, _read_device_mask, as_batch
 from mmrope_core.arrays import change_points
 from mmrope_core.mrope import MropeFamily, MropeKernel, TokenTypeMap
@@ -424,7 +424,7 @@ def assert_both_paths_agree(family, ids, mask, inputs, where, *, fused_expected=
         assert (written is not None) == fused_expected, f"{where}, {method}: the compiled call took it or not"
 
 
-compiled_only = pytest.mark.mmrope_applies(_compiled.native is not None, "the compiled loops")
+compiled_only = pytest.mark.mmrope_applies(compiled.native is not None, "the compiled loops")
 
 
 @compiled_only
@@ -610,14 +610,14 @@ def placed(layout, ids, mask=None, grid=None, out=None):
     batch, length = ids.shape
     out = np.empty((3, batch, length), np.int64) if out is None else out
     deltas = np.empty((batch, 1), np.int64)
-    status = _compiled.native.place_items(layout, out, False, batch, length, ids, mask, None, None, (grid,), (None,),
-                                          deltas, 1, 1)
+    status = compiled.native.place_items(layout, out, False, batch, length, ids, mask, None, None, (grid,), (None,),
+                                         deltas, 1, 1)
     return status, out, deltas
 
 
 @compiled_only
 def test_place_items_writes_or_says_why_not():
-    layout = _compiled.native.compile_layout(ITEM_MEDIA, (ITEM_KIND,), ITEM_TEMPORAL, ITEM_VALUES)
+    layout = compiled.native.compile_layout(ITEM_MEDIA, (ITEM_KIND,), ITEM_TEMPORAL, ITEM_VALUES)
     status, out, deltas = placed(layout, np.ones((2, 4), np.int64), np.ones((2, 4), bool))
     assert status == 0 and (out == np.arange(4)).all() and (deltas == 0).all()
     holes = np.array([[1, 0, 1, 1], [1, 1, 1, 1]], bool)
@@ -628,8 +628,8 @@ def test_place_items_writes_or_says_why_not():
     assert placed(layout, image, grid=np.array([[1, 4, 4]], np.int64))[0] == 1
     assert placed(layout, image, grid=np.array([[1, 2, 3]], np.int64))[0] == 3
     assert placed(layout, np.ones((2, 4), np.int64), np.array([[1, 1, 1, 1], [0, 0, 0, 0]], bool))[0] == 4
-    status, sample, token, items = _compiled.native.find_items(layout, 1, 4, image, None, None, None,
-                                                               (np.array([[1, 2, 2]], np.int64),), (None,), 1)
+    status, sample, token, items = compiled.native.find_items(layout, 1, 4, image, None, None, None,
+                                                              (np.array([[1, 2, 2]], np.int64),), (None,), 1)
     assert (status, sample, token) == (0, -1, 0)
     assert np.frombuffer(items, np.int64).tolist() == [0, 1, 3, 0, 0, -1]
 
@@ -647,12 +647,12 @@ def test_place_items_writes_or_says_why_not():
 ])
 def test_compile_layout_refuses_a_layout_out_of_range(media, kinds, temporal, values, message):
     with pytest.raises(ValueError, match=message):
-        _compiled.native.compile_layout(media, kinds, temporal, values)
+        compiled.native.compile_layout(media, kinds, temporal, values)
 
 
 @compiled_only
 def test_place_items_refuses_arrays_that_do_not_fit_or_cannot_be_written():
-    layout = _compiled.native.compile_layout(ITEM_MEDIA, (ITEM_KIND,), ITEM_TEMPORAL, ITEM_VALUES)
+    layout = compiled.native.compile_layout(ITEM_MEDIA, (ITEM_KIND,), ITEM_TEMPORAL, ITEM_VALUES)
     with pytest.raises(ValueError, match="sizes do not fit"):
         placed(layout, np.ones((2, 4), np.int64), np.ones((2, 3), bool))
     with pytest.raises(ValueError, match="do not fit"):
@@ -666,13 +666,13 @@ def test_place_items_refuses_arrays_that_do_not_fit_or_cannot_be_written():
 
 
 def placing_in_a_child(_):
-    layout = _compiled.native.compile_layout(ITEM_MEDIA, (ITEM_KIND,), ITEM_TEMPORAL, ITEM_VALUES)
+    layout = compiled.native.compile_layout(ITEM_MEDIA, (ITEM_KIND,), ITEM_TEMPORAL, ITEM_VALUES)
     ids = np.tile(np.array([1, ITEM_OPEN, ITEM_IMAGE, ITEM_CLOSE], np.int64), (64, 2048))
     grid = np.tile(np.array([[1, 2, 2]], np.int64), (64 * 2048, 1))
     batch, length = ids.shape
     out, deltas = np.empty((3, batch, length), np.int64), np.empty(batch, np.int64)
-    status = _compiled.native.place_items(layout, out, False, batch, length, ids, None, None, None, (grid,), (None,),
-                                          deltas, 1, 8)
+    status = compiled.native.place_items(layout, out, False, batch, length, ids, None, None, None, (grid,), (None,),
+                                         deltas, 1, 8)
     return status, int(out[:, -1, -1].sum())
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._compiled import native
+from ..compiled import native
 from ._family import MropeFamily
 from ._media import MarkedVideoTypes, MediaKind, TokenTypeMap
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from .._compiled import native
+from ..compiled import native
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from .._compiled import native
+from ..compiled import native
 from ..errors import InvalidInputError, SegmentCutError
 from ._media import MediaGrids, MediaKind
 from ._mismatch import explain, match

@@ -13,7 +13,7 @@ import dataclasses
 import numpy as np
 import torch
 
-from .._compiled import native
+from ..compiled import native
 from ._runs import Runs, Spans
 
 

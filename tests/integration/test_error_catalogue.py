@@ -10,7 +10,7 @@ import transformers
 
 import mmrope_core.errors as errors
 from mmrope_core import MediaKey, PluginManager, RopeEngine
-from mmrope_core.collate import collate
+from mmrope_core.processor_outputs import collate
 from mmrope_core.collators import PackedCollator, PaddedCollator
 from mmrope_core.parallel import split_batch, split_index
 

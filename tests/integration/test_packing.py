@@ -442,7 +442,7 @@ def test_layouts_read_from_segment_ids_agree_token_by_token(layout, tail):
     them back, offsets, validity, unpacking and packing equal a token-by-token reading."""
     from hypothesis import assume
 
-    from mmrope_core.packing import PackedLayout
+    from mmrope_core.packed_layout import PackedLayout
 
     rows = [sum(([0] * gap + [k] * count for k, (gap, count) in enumerate(row, start=1)), []) for row in layout]
     length = max(len(row) for row in rows) + tail

@@ -1,4 +1,4 @@
-"""Batching per-sample multimodal inputs."""
+"""Per-sample processor outputs merged into one batch (``engine.batch``, ``engine.collate``)."""
 
 from __future__ import annotations
 
