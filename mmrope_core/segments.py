@@ -146,6 +146,11 @@ def _layers_support(model: str, config: Any, pad: str) -> PackedRowSupport:
     cause = _structural_cause(layers)
     if cause:
         return PackedRowSupport(model, cause, advice)
+    if not layers.attention and not keeps_segments_apart(seen.difference):
+        return PackedRowSupport(
+            model, f"the layers of {layers.model_class} hold no attention: layers that are not attention, such as "
+                   f"recurrent ones, carry state along the row from one segment into the next "
+                   f"({_measured(seen.difference) if not seen.failure else seen.failure})", advice)
     if seen.failure:
         carrying = (f"; its {layers.state[0]} layers carry state along the row from one segment into the next"
                     if layers.state else "")
@@ -191,7 +196,7 @@ def _measured(difference: float | None) -> str:
 
 def _structural_cause(layers: Layers) -> str:
     """Why the layers mix a packed row's segments in ways a packed row of text does not show: media
-    handed to the batch's rows, an encoder, cross-attention to media, or no attention at all."""
+    handed to the batch's rows, an encoder, cross-attention to media."""
     if layers.media_by_rows:
         return (f"{layers.model_class}.forward takes counts of media per sample ({', '.join(layers.media_by_rows)}) "
                 f"and hands the media to the batch's rows one by one, so in a packed row (one row of several "
@@ -204,9 +209,6 @@ def _structural_cause(layers: Layers) -> str:
                 "mask, and a token masked out of every image (text before a sample's first image, a sample without "
                 "images) attends evenly to all of them (as Mllama's do): in a packed row, to other samples' images, "
                 "even with the mask joined block by block")
-    if not layers.attention:
-        return (f"the layers of {layers.model_class} hold no attention: layers that are not attention, such as "
-                f"recurrent ones, carry state along the row from one segment into the next")
     return ""
 
 

@@ -296,6 +296,9 @@ def test_minimax_m3_sparse_layers_are_refused_for_their_indexer():
     found = support(config)
     assert "indexer pools the keys into blocks by their slot in the row" in found.mixes
     assert "position ids, which restart in each segment" in found.mixes
+    assert "measured on a tiny random model of its config, a packed segment differs" in found.mixes
+    config.text_config.layer_types = ["full_attention", "full_attention"]
+    assert support(config).exact  # the same model without the sparse layers: measured apart
 
 
 def test_llama4_packs_rows_shorter_than_its_limit():
@@ -364,3 +367,21 @@ def test_positions_not_shown_to_be_a_samples_own_are_refused():
     assert "mmrope cannot show that its get_rope_index gives a sample the positions it gives it alone" in found.mixes
     kernel.samples_independent = True
     assert packed_row_support(engine).exact
+
+
+@pytest.mark.parametrize("model_type", ["mistral_large4", "hy_v4_vl", "dots3_note", "glm5_next"])
+def test_latent_and_indexed_attention_models_are_measured(model_type):
+    """Latent attention (MLA) and indexers (DSA) shrink to a tiny model that runs: the answer is
+    measured, never read off the config alone; samples are limited to the indexer's index_topk."""
+    if model_type not in CONFIG_MAPPING:
+        pytest.skip(f"this transformers has no {model_type}")
+    from mmrope_core.measured import behaviour
+
+    config = transformers.AutoConfig.for_model(model_type)
+    seen = behaviour(config)
+    assert not seen.failure and seen.difference is not None, seen.failure
+    assert seen.layers.indexed, seen.layers
+    found = support(config)
+    assert found.exact == keeps_segments_apart(seen.difference), found.mixes
+    if found.exact:
+        assert found.max_sample_tokens == config.text_config.index_topk
