@@ -132,7 +132,13 @@ def _behaviour(config: Any, settings: dict[str, int]) -> Behaviour:
     device = "cuda" if layers.state and torch.cuda.is_available() else "cpu"
     try:
         measure = _Measure(model.to(device), device)
-        difference = measure(typed=True)
+        try:
+            difference = measure(typed=True)
+        except KeyError as missing:  # sections the config leaves out and the model reads (5.10's Qwen2.5-VL)
+            if missing.args[:1] != ("mrope_section",):
+                raise
+            measure = _Measure(_tiny_model(built, config, settings, "mrope_section").to(device), device)
+            difference = measure(typed=True)
     except Exception as exc:  # a forward this does not fit: its language model's, else refused
         failure = f"a tiny model of its config fails on a packed row of text ({type(exc).__name__}: {_short(exc)})"
         language = _language_model(model)
@@ -172,10 +178,10 @@ def _short(exc: Exception) -> str:
     return (text[0][:200] if text else "no message")
 
 
-def _tiny_model(built: type, config: Any, settings: dict[str, int]) -> Any:
+def _tiny_model(built: type, config: Any, settings: dict[str, int], sections: str = "") -> Any:
     import torch
 
-    tiny = tiny_config(config, settings)
+    tiny = tiny_config(config, settings, sections)
     tiny._attn_implementation = "sdpa" if getattr(built, "_supports_sdpa", True) else "eager"
     fit_rope_sections(built, tiny)
     with torch.random.fork_rng():
@@ -312,7 +318,7 @@ def _read_layer(layer: Any, found: dict[str, Any]) -> tuple[bool, bool]:
     conv = recurrent = False
     for module in layer.modules():
         try:
-            takes = inspect.signature(module.forward).parameters
+            takes: Any = inspect.signature(module.forward).parameters
         except (TypeError, ValueError):
             takes = {}
         if "encoder_hidden_states" in takes:
@@ -333,7 +339,7 @@ def media_by_rows(model_type: type) -> tuple[str, ...]:
     that it splits the media by, then indexes with a loop over the batch's rows (a packed row, one
     row of several samples, would get the first sample's media only). A ``forward`` taking such
     counts whose code cannot be read is taken to do so."""
-    forward = getattr(model_type, "forward", None)
+    forward: Any = getattr(model_type, "forward", None)
     try:
         counts = [name for name in inspect.signature(forward).parameters if name.endswith("_per_sample")]
     except (TypeError, ValueError):

@@ -69,10 +69,12 @@ def model_class(config: Any) -> type | None:
     return None
 
 
-def tiny_config(config: Any, settings: Mapping[str, int]) -> Any:
-    """A tiny copy of ``config`` (see the module docstring), ``settings`` set where held."""
+def tiny_config(config: Any, settings: Mapping[str, int], sections: str = "") -> Any:
+    """A tiny copy of ``config`` (see the module docstring), ``settings`` set where held; with
+    ``sections`` (``"mrope_section"``), RoPE sections stated where the config leaves them out and
+    its model reads them (rows of text: equal position rows, so any split gives the same)."""
     values = config.to_dict()
-    _shrink(values, settings)
+    _shrink(values, settings, sections)
     return type(config).from_dict(values)
 
 
@@ -105,7 +107,7 @@ def _sub_dicts(values: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
             yield value
 
 
-def _shrink(values: dict[str, Any], settings: Mapping[str, int]) -> None:
+def _shrink(values: dict[str, Any], settings: Mapping[str, int], sections: str = "") -> None:
     default = dict(values)
     for key, size in SIZES.items():
         value = values.get(key)
@@ -123,6 +125,9 @@ def _shrink(values: dict[str, Any], settings: Mapping[str, int]) -> None:
             values[key] = value
     _shrink_layers(values, default)
     for parameters in _rope_parameter_sets(values):
+        if sections and sections not in parameters and _rotary_half(values, parameters):
+            half = _rotary_half(values, parameters)
+            parameters[sections] = [half - 2 * (half // 3), half // 3, half // 3]
         for name in SECTIONS:
             if isinstance(parameters.get(name), list) and _rotary_half(values, parameters):
                 parameters[name] = _rescaled(parameters[name], _rotary_half(values, parameters))
@@ -132,7 +137,7 @@ def _shrink(values: dict[str, Any], settings: Mapping[str, int]) -> None:
         if key.startswith("vocab_size") and isinstance(value, int) and not isinstance(value, bool):
             values[key] = max([min(value, 1024), *(token + 1 for token in ids)])
     for sub in _sub_dicts(values):
-        _shrink(sub, settings)
+        _shrink(sub, settings, sections)
     layers = values.get("per_layer_config")
     if isinstance(layers, dict) and not all(str(index).isdigit() for index in layers):
         for overrides in layers.values():  # per layer kind: sized like the config
