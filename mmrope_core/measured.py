@@ -118,7 +118,10 @@ def _behaviour(config: Any, settings: dict[str, int]) -> Behaviour:
         return Behaviour(None, f"transformers' auto mappings give its config class {type(config).__name__} no model "
                                f"class (register one with transformers.AutoModel.register)")
     try:
-        model = _tiny_model(built, config, settings)
+        try:
+            model = _tiny_model(built, config, settings)
+        except Exception:  # RoPE sections the model code defaults to, sized for the full head: stated
+            model = _tiny_model(built, config, settings, "mrope_section")
     except Exception as exc:  # a config this does not shrink: its layers read off the full model on meta
         failure = f"a tiny model of its config could not be built ({type(exc).__name__}: {_short(exc)})"
         try:

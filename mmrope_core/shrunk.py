@@ -127,7 +127,8 @@ def _shrink(values: dict[str, Any], settings: Mapping[str, int], sections: str =
     for parameters in _rope_parameter_sets(values):
         if sections and sections not in parameters and _rotary_half(values, parameters):
             half = _rotary_half(values, parameters)
-            parameters[sections] = [half - 2 * (half // 3), half // 3, half // 3]
+            pair = max(1, half * 3 // 8)  # two equal sections and the rest (ERNIE pairs h with w)
+            parameters[sections] = [pair, pair, half - 2 * pair]
         for name in SECTIONS:
             if isinstance(parameters.get(name), list) and _rotary_half(values, parameters):
                 parameters[name] = _rescaled(parameters[name], _rotary_half(values, parameters))
