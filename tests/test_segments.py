@@ -385,3 +385,27 @@ def test_latent_and_indexed_attention_models_are_measured(model_type):
     assert found.exact == keeps_segments_apart(seen.difference), found.mixes
     if found.exact:
         assert found.max_sample_tokens == config.text_config.index_topk
+
+
+class ByRows:
+    def forward(self, input_ids, pixel_values=None, grids=None, images_per_sample=None):
+        split = grids.split(images_per_sample.tolist())
+        for row in range(input_ids.shape[0]):
+            pixel_values = self.encode(pixel_values, split[row])
+        return pixel_values
+
+
+class BySamples:
+    def forward(self, input_ids, pixel_values=None, grids=None, images_per_sample=None):
+        split = grids.split(images_per_sample.tolist())
+        return self.encode(pixel_values, [grid[:-1] for grid in split])
+
+
+def test_media_handed_to_rows_by_per_sample_counts_are_found_in_the_forward():
+    """A forward taking counts of media per sample that indexes what it splits by them with a loop
+    over the batch's rows (GLM-Image on transformers 5.10) hands a packed row the first sample's
+    media; one that splits them per sample (5.24) does not."""
+    from mmrope_core.measured import media_by_rows
+
+    assert media_by_rows(ByRows) == ("images_per_sample",)
+    assert media_by_rows(BySamples) == ()
