@@ -302,7 +302,7 @@ def read_layers(model: Any, built: type) -> Layers:
                 continue
             for index, layer in enumerate(stack):
                 kind = kinds[index] if isinstance(kinds, (list, tuple)) and index < len(kinds) else None
-                conv, recurrent = _read_layer(layer, found)
+                conv, recurrent = _read_layer(layer, found, texts)
                 if conv or recurrent:
                     state[str(kind or type(layer).__name__)] = None
                     kernels.update(("causal-conv1d",) * conv + ("flash-linear-attention",) * recurrent)
@@ -313,13 +313,13 @@ def read_layers(model: Any, built: type) -> Layers:
                   media_by_rows(built))
 
 
-def _read_layer(layer: Any, found: dict[str, Any]) -> tuple[bool, bool]:
+def _read_layer(layer: Any, found: dict[str, Any], texts: tuple[type, ...]) -> tuple[bool, bool]:
     """Note in ``found`` what attention ``layer`` holds; whether it holds a causal convolution
     (a depthwise ``Conv1d``) and a recurrent mixer (a decay parameter ``A_log``)."""
     import torch
 
     conv = recurrent = False
-    for module in layer.modules():
+    for module in _own_modules(layer, texts):
         try:
             takes: Any = inspect.signature(module.forward).parameters
         except (TypeError, ValueError):
@@ -335,6 +335,20 @@ def _read_layer(layer: Any, found: dict[str, Any]) -> tuple[bool, bool]:
             conv = True
         recurrent |= "A_log" in dict(module.named_parameters(recurse=False))
     return conv, recurrent
+
+
+def _own_modules(layer: Any, texts: tuple[type, ...]) -> list[Any]:
+    """The modules of ``layer`` but those of a sub-model built from a config of its own other than
+    a language model's (a projector's Q-Former, a vision tower): their attention is not the row's."""
+    own, pending = [], [layer]
+    while pending:
+        module = pending.pop()
+        config = getattr(module, "config", None)
+        if module is not layer and hasattr(config, "to_dict") and not isinstance(config, texts):
+            continue
+        own.append(module)
+        pending += list(module.children())
+    return own
 
 
 def media_by_rows(model_type: type) -> tuple[str, ...]:
