@@ -19,7 +19,7 @@ import inspect
 import textwrap
 from typing import Any
 
-from .shrunk import fit_rope_sections, model_class, tiny_config
+from .shrunk import WIDTH, fit_rope_sections, model_class, tiny_config
 
 #: The segments measured: (prefix, suffix) tokens of each, each at most ``index_topk`` (8) tokens.
 _SEGMENTS = ((3, 4), (5, 2), (2, 6))
@@ -118,10 +118,7 @@ def _behaviour(config: Any, settings: dict[str, int]) -> Behaviour:
         return Behaviour(None, f"transformers' auto mappings give its config class {type(config).__name__} no model "
                                f"class (register one with transformers.AutoModel.register)")
     try:
-        try:
-            model = _tiny_model(built, config, settings)
-        except Exception:  # RoPE sections the model code defaults to, sized for the full head: stated
-            model = _tiny_model(built, config, settings, "mrope_section")
+        model = _first_tiny_model(built, config, settings)
     except Exception as exc:  # a config this does not shrink: its layers read off the full model on meta
         failure = f"a tiny model of its config could not be built ({type(exc).__name__}: {_short(exc)})"
         try:
@@ -181,12 +178,36 @@ def _short(exc: Exception) -> str:
     return (text[0][:200] if text else "no message")
 
 
-def _tiny_model(built: type, config: Any, settings: dict[str, int], sections: str = "") -> Any:
+#: The ways a config is shrunk, in order, until a model of it builds (see :func:`tiny_config`):
+#: RoPE sections the model code defaults to, sized for the full head, stated; sizes the config's
+#: checks tie to each other keeping its ratios; head counts derived from widths needing wider ones.
+_SHRINKS: tuple[dict[str, Any], ...] = ({}, {"sections": "mrope_section"}, {"ratios": True}, {"width": 2 * WIDTH})
+
+
+def _first_tiny_model(built: type, config: Any, settings: dict[str, int]) -> Any:
+    """The tiny model of the first shrink that builds; the first failure where none does."""
+    first: Exception | None = None
+    for shrink in _SHRINKS:
+        try:
+            return _tiny_model(built, config, settings, **shrink)
+        except Exception as exc:  # the next shrink may build; the first failure tells the most
+            first = first or exc
+    assert first is not None
+    raise first
+
+
+def _tiny_model(built: type, config: Any, settings: dict[str, int], sections: str = "", **shrink: Any) -> Any:
     import torch
 
-    tiny = tiny_config(config, settings, sections)
+    tiny = tiny_config(config, settings, sections, **shrink)
     tiny._attn_implementation = "sdpa" if getattr(built, "_supports_sdpa", True) else "eager"
-    fit_rope_sections(built, tiny)
+    try:
+        fit_rope_sections(built, tiny)  # builds it on the meta device
+    except ValueError as refused:  # a part of it (a media tokenizer, a vision tower) without sdpa
+        if tiny._attn_implementation != "sdpa" or "does not support an attention implementation" not in str(refused):
+            raise
+        tiny._attn_implementation = "eager"
+        fit_rope_sections(built, tiny)
     with torch.random.fork_rng():
         torch.manual_seed(0)
         model = built(tiny)

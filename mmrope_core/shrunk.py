@@ -11,19 +11,22 @@ too (read off the model built on the meta device). Settings passed in are set wh
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 WIDTH = 32
 HEAD = 16
 #: The tiny value of each size key, wherever a config or sub-config holds it (a positive int).
+_WIDTH_KEYS = ("hidden_size", "embed_dim", "d_model", "out_hidden_size", "output_dim", "projection_dim",
+               "projector_hidden_size", "text_hidden_size", "thinker_hidden_size", "downsample_hidden_size",
+               "latent_channels", "q_lora_rank", "adapter_in_dim", "adapter_out_dim",
+               "adapter_input_size", "adapter_output_size")
+_FEED_FORWARD = ("intermediate_size", "encoder_ffn_dim", "decoder_ffn_dim", "moe_intermediate_size",
+                 "shared_expert_intermediate_size", "shared_experts_intermediate_size",
+                 "shared_intermediate_size", "dense_intermediate_size", "intermediate_size_mlp")
+_WIDTHS = frozenset(_WIDTH_KEYS + _FEED_FORWARD + ("vision_output_dim",))
 SIZES: dict[str, int] = {
-    **dict.fromkeys(("hidden_size", "embed_dim", "d_model", "out_hidden_size", "output_dim", "projection_dim",
-                     "projector_hidden_size", "text_hidden_size", "thinker_hidden_size", "downsample_hidden_size",
-                     "latent_channels", "q_lora_rank", "adapter_in_dim", "adapter_out_dim",
-                     "adapter_input_size", "adapter_output_size"), WIDTH),
-    **dict.fromkeys(("intermediate_size", "encoder_ffn_dim", "decoder_ffn_dim", "moe_intermediate_size",
-                     "shared_expert_intermediate_size", "shared_experts_intermediate_size",
-                     "shared_intermediate_size", "dense_intermediate_size", "intermediate_size_mlp"), 2 * WIDTH),
+    **dict.fromkeys(_WIDTH_KEYS, WIDTH),
+    **dict.fromkeys(_FEED_FORWARD, 2 * WIDTH),
     **dict.fromkeys(("num_attention_heads", "num_heads", "encoder_attention_heads", "decoder_attention_heads",
                      "attention_heads", "index_n_heads"), 2),
     "num_key_value_heads": 2,  # as many as query heads: latent attention (MLA) asks for it
@@ -69,13 +72,31 @@ def model_class(config: Any) -> type | None:
     return None
 
 
-def tiny_config(config: Any, settings: Mapping[str, int], sections: str = "") -> Any:
+def tiny_config(config: Any, settings: Mapping[str, int], sections: str = "", *, ratios: bool = False,
+                width: int = WIDTH) -> Any:
     """A tiny copy of ``config`` (see the module docstring), ``settings`` set where held; with
     ``sections`` (``"mrope_section"``), RoPE sections stated where the config leaves them out and
-    its model reads them (rows of text: equal position rows, so any split gives the same)."""
+    its model reads them (rows of text: equal position rows, so any split gives the same). With
+    ``ratios``, a feed-forward size the config makes narrower than its width keeps its ratio to it
+    (for configs whose checks tie the two); ``width`` scales every width (head counts some models
+    derive from a width, as one head per 64, need more than :data:`WIDTH`)."""
     values = config.to_dict()
-    _shrink(values, settings, sections)
+    _shrink(values, settings, sections, _Sizing(ratios, width / WIDTH))
     return type(config).from_dict(values)
+
+
+class _Sizing(NamedTuple):
+    ratios: bool = False
+    scale: float = 1.0
+
+    def size(self, key: str, value: int, hidden: Any) -> int:
+        """The tiny value of size ``key`` (``value`` in the config, whose width is ``hidden``)."""
+        if key in _FEED_FORWARD and self.ratios and isinstance(hidden, int) and 0 < value < hidden:
+            return max(1, value * int(WIDTH * self.scale) // hidden)
+        return int(SIZES[key] * self.scale) if key in _WIDTHS else SIZES[key]
+
+
+_PLAIN_SIZING = _Sizing()
 
 
 def fit_rope_sections(model_type: type, config: Any) -> None:
@@ -107,14 +128,15 @@ def _sub_dicts(values: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
             yield value
 
 
-def _shrink(values: dict[str, Any], settings: Mapping[str, int], sections: str = "") -> None:
+def _shrink(values: dict[str, Any], settings: Mapping[str, int], sections: str = "",
+            sizing: _Sizing = _PLAIN_SIZING) -> None:
     default = dict(values)
-    for key, size in SIZES.items():
+    for key in SIZES:
         value = values.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            values[key] = size
+            values[key] = sizing.size(key, value, default.get("hidden_size"))
         elif isinstance(value, list) and value and all(isinstance(item, int) and item > 0 for item in value):
-            values[key] = [size] * len(value)
+            values[key] = [sizing.size(key, item, default.get("hidden_size")) for item in value]
     if isinstance(values.get("head_dim"), int) and values["head_dim"] > 0:
         latent = [default.get(key) for key in ("qk_nope_head_dim", "qk_rope_head_dim")]
         # a latent attention's head: its RoPE part, or the sum of its no-RoPE and RoPE parts
@@ -138,12 +160,12 @@ def _shrink(values: dict[str, Any], settings: Mapping[str, int], sections: str =
         if key.startswith("vocab_size") and isinstance(value, int) and not isinstance(value, bool):
             values[key] = max([min(value, 1024), *(token + 1 for token in ids)])
     for sub in _sub_dicts(values):
-        _shrink(sub, settings, sections)
+        _shrink(sub, settings, sections, sizing)
     layers = values.get("per_layer_config")
     if isinstance(layers, dict) and not all(str(index).isdigit() for index in layers):
         for overrides in layers.values():  # per layer kind: sized like the config
             if isinstance(overrides, dict):
-                _shrink(overrides, settings)
+                _shrink(overrides, settings, sizing=sizing)
 
 
 def _shrink_layers(values: dict[str, Any], default: Mapping[str, Any]) -> None:
