@@ -28,8 +28,8 @@ class RopeBinding:
             packing collators tell users when they refuse it (e.g. "image tokens attend to one
             another through a mask overlay that transformers reads by position"); empty when
             nothing the plugin knows does. The core decides the rest for every binding alike, from
-            the config, the model class's code and, where those cannot tell (mask overlays,
-            bidirectional attention), a tiny random model of the config: see :mod:`mmrope_core.segments`.
+            what a tiny random model of the config does with a packed row and the layers it
+            builds: see :mod:`mmrope_core.segments`.
     """
 
     kind: RopeKind

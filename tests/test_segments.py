@@ -1,7 +1,7 @@
-"""What mmrope reads off a config, a model's code and the installed kernels to decide whether a
-packed row trains as its samples alone. ``tests/models`` checks the answers at the model for every
-example case; these check each rule on real configs, including model types whose processors do
-not build offline."""
+"""What mmrope sees a model do with a packed row, on a tiny random model built from its config, to
+decide whether a packed row trains as its samples alone. ``tests/models`` checks the answers at
+the model for every example case; these check each cause on real configs, including model types
+whose processors do not build offline, and on model code written to mix segments."""
 
 from __future__ import annotations
 
@@ -27,33 +27,38 @@ def support(config, mixes_segments=""):
 
 
 def qwen2_vl(**text):
-    return transformers.Qwen2VLConfig(text_config={"num_hidden_layers": 2, **text})
+    # the released checkpoints' sections, which transformers 5.10's attention reads from the config
+    rope = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]}
+    return transformers.Qwen2VLConfig(text_config={"num_hidden_layers": 2, "rope_parameters": rope, **text})
 
 
 def test_full_and_sliding_window_attention_keep_segments_apart():
-    assert support(qwen2_vl(layer_types=["full_attention", "sliding_attention"])).exact
+    assert support(qwen2_vl(layer_types=["full_attention", "sliding_attention"], sliding_window=4,
+                            use_sliding_window=True)).exact
     assert support(qwen2_vl()).exact
 
 
-@pytest.mark.parametrize("kind, says", [
-    ("conv", "its conv layers carry state along the row"),
-    ("linear_attention", "its linear_attention layers carry state along the row"),  # Qwen2-VL's code runs none
-    ("mystery_attention", "its mystery_attention layers are neither full nor sliding-window attention"),
-    ("indexed_attention", "its indexed_attention layers pick each query's keys with an indexer"),
-])
-def test_other_layer_kinds_are_refused_by_name(kind, says):
-    config = qwen2_vl()
-    config.text_config.layer_types = ["full_attention", kind]  # set after the checks of the kinds it knows
+def test_layer_kinds_are_decided_by_what_the_layers_do_not_by_their_names():
+    """A kind of layer is not refused for its name: Qwen2-VL's code builds sliding-window layers
+    from ``sliding_attention`` entries, which keep segments apart (measured); an entry its code
+    does not know makes the model fail, which refuses it with the model's own error."""
+    config = qwen2_vl(layer_types=["sliding_attention", "sliding_attention"], sliding_window=4,
+                      use_sliding_window=True)
+    assert support(config).exact
+    config.text_config.layer_types = ["full_attention", "mystery_attention"]
     found = support(config)
-    assert not found.exact and says in found.mixes
-    with pytest.raises(PackingUnsupportedError, match=f"qwen2_vl .*cannot train a packed row as its samples alone: {says}"):
-        found.require()
+    assert not found.exact and "mmrope cannot see what its model does with a packed row" in found.mixes
 
 
 def test_linear_attention_needs_the_kernels_that_read_the_boundaries(monkeypatch):
+    """Qwen3.5's linear-attention layers carry state along the row (read off the built modules: a
+    causal convolution and a recurrent mixer); without the kernels that take the boundaries they
+    are refused, and with kernels said to be there but PyTorch's fallbacks running, the row given
+    its boundaries is measured to still differ (tests/models runs stand-ins of the real kernels)."""
     config = transformers.Qwen3_5Config(text_config={"layer_types": ["full_attention", "linear_attention"],
                                                      "num_hidden_layers": 2})
     found = support(config)
+    assert "its linear_attention layers carry state along the row" in found.mixes
     assert "only the kernels of causal-conv1d and flash-linear-attention take the segments' boundaries" in found.mixes
     assert "Install causal-conv1d and flash-linear-attention on a GPU machine" in found.advice
     import transformers.utils.import_utils as import_utils
@@ -62,10 +67,20 @@ def test_linear_attention_needs_the_kernels_that_read_the_boundaries(monkeypatch
     assert "flash-linear-attention is not available" in support(config).mixes
     monkeypatch.setattr(import_utils, "is_flash_linear_attention_available", lambda: True)
     found = support(config)
-    assert found.exact and found.boundaries == "linear_attention"
+    assert "even given the segments' boundaries" in found.mixes and not found.exact
+
+
+def test_boundaries_asked_by_a_model_are_required_of_the_rows():
+    found = packed_row_support_of(boundaries="linear_attention")
     found.require()  # the packing collator gives the boundaries
     with pytest.raises(PackingUnsupportedError, match="keep the segments apart only when given their boundaries"):
         found.require("LLaMA-Factory's neat_packing rows", gives_boundaries=False)
+
+
+def packed_row_support_of(**fields):
+    from mmrope_core.segments import PackedRowSupport
+
+    return PackedRowSupport("qwen3_5 (a text-only model)", **fields)
 
 
 @pytest.mark.parametrize("model_type, setting", [("gemma3", {"use_bidirectional_attention": True}),
@@ -83,7 +98,7 @@ def test_bidirectional_text_attention_is_measured(model_type, setting):
     found = support(config)  # Gemma3's image overlay is measured first, and refuses it on its own
     assert found.exact == keeps_segments_apart(packed_segments_differ(config))
     if NEWEST:
-        assert "its text attention is bidirectional" in found.mixes or "with an overlay" in found.mixes
+        assert "its text attention is bidirectional" in found.mixes or "a mask overlay" in found.mixes, found.mixes
     if not found.exact:
         assert "measured on a tiny random model of its config, a packed segment differs" in found.mixes
 
@@ -94,15 +109,11 @@ def test_what_the_binding_says_comes_first():
 
 
 def test_a_mask_overlay_is_measured_on_a_tiny_model_of_the_config():
-    """A modeling module that builds its masks with an overlay gets its config measured: Gemma3's
-    overlay (image tokens attending to one another) mixes a packed row's segments; Gemma4's,
-    built only for ``use_bidirectional_attention="vision"``, does not by default. Qwen2-VL's
-    module builds none: nothing is measured. (tests/models measures the answers with images.)"""
-    from transformers import Qwen2VLModel
-
-    from mmrope_core.segments import mask_overlay_mixes_segments
-
-    assert mask_overlay_mixes_segments(Qwen2VLModel, None) == ""
+    """Every config is measured: Gemma3's overlay (image tokens attending to one another) mixes a
+    packed row's segments on 5.24, and the row with every token of one type does not, which names
+    the cause; Gemma4's, built only for ``use_bidirectional_attention="vision"``, does not by
+    default. (tests/models measures the answers with images.)"""
+    assert support(qwen2_vl()).exact
     configs = [transformers.AutoConfig.for_model("gemma3")]
     if "gemma4" in CONFIG_MAPPING:
         configs += [transformers.AutoConfig.for_model("gemma4"), transformers.AutoConfig.for_model("gemma4")]
@@ -111,20 +122,113 @@ def test_a_mask_overlay_is_measured_on_a_tiny_model_of_the_config():
     for config, answer in zip(configs, found):
         assert answer.exact == keeps_segments_apart(packed_segments_differ(config))
     if NEWEST:  # transformers 5.10 cuts Gemma3's and Gemma4's image blocks at the boundaries
-        assert found[0].mixes.startswith("Gemma3Model builds its attention masks with an overlay")
+        assert found[0].mixes.startswith("Gemma3Model lets tokens of some types attend to one another (a mask overlay")
         assert "measured on a tiny random model of its config, a packed segment differs" in found[0].mixes
-        assert found[1].exact and "Gemma4Model builds its attention masks with an overlay" in found[2].mixes
+        assert found[1].exact and "Gemma4Model lets tokens of some types attend to one another" in found[2].mixes
+
+
+class PeekingConfig(transformers.LlamaConfig):
+    model_type = "mmrope_test_peeking"
+
+
+class PeekingModel(transformers.LlamaModel):
+    """A model whose code lets tokens of type 1 attend to one another both ways through a mask
+    overlay (as Gemma3 lets image tokens), set the way model code may set it: by a key of a dict
+    of mask arguments, never as a literal keyword."""
+
+    config_class = PeekingConfig
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, token_type_ids=None, **kwargs):
+        import inspect
+
+        import torch
+        from transformers.masking_utils import create_causal_mask
+
+        embeds = self.embed_tokens(input_ids)
+        length = embeds.shape[1]
+        position_ids = torch.arange(length)[None] if position_ids is None else position_ids
+        takes = inspect.signature(create_causal_mask).parameters
+        mask_kwargs = {"config": self.config, "attention_mask": attention_mask, "position_ids": position_ids,
+                       "inputs_embeds" if "inputs_embeds" in takes else "input_embeds": embeds}
+        mask_kwargs.update({key: value for key, value in (("cache_position", torch.arange(length)),
+                                                          ("past_key_values", None), ("cache", None)) if key in takes})
+        types = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
+        mask_kwargs["or_mask_function"] = lambda batch, head, query, key: (types[batch, query] == 1) & (
+            types[batch, key] == 1)
+        mask = create_causal_mask(**mask_kwargs)
+        return super().forward(inputs_embeds=embeds, attention_mask=mask, position_ids=position_ids, use_cache=False)
+
+
+def peeking_config():
+    transformers.AutoConfig.register(PeekingConfig.model_type, PeekingConfig, exist_ok=True)
+    transformers.AutoModel.register(PeekingConfig, PeekingModel, exist_ok=True)
+    return PeekingConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=1, vocab_size=64, pad_token_id=None, bos_token_id=None, eos_token_id=None)
+
+
+def test_a_mask_overlay_set_through_a_dict_is_caught_by_the_measurement():
+    """Whatever the code's spelling, the packed row is measured: the answer is what the model does
+    with a packed row built by hand (on transformers 5.24, which reads the overlay at each token's
+    position within its segment, a later segment's tokens read the first one's types: refused)."""
+    import torch
+
+    config = peeking_config()
+    found = support(config)
+    torch.manual_seed(0)
+    model = PeekingModel(config).eval()
+    rows = [torch.randint(1, 64, (1, length)) for length in (6, 5)]
+    types = [torch.tensor([[0, 0, 1, 1, 1, 1]]), torch.tensor([[0, 0, 0, 0, 1]])]
+    with torch.no_grad():
+        alone = [model(input_ids=row, token_type_ids=kinds).last_hidden_state[0] for row, kinds in zip(rows, types)]
+        positions = torch.cat([torch.arange(6), torch.arange(5)])[None]
+        packed = model(input_ids=torch.cat(rows, 1), token_type_ids=torch.cat(types, 1),
+                       position_ids=positions).last_hidden_state[0]
+    difference = max(float((mine - own).abs().max()) for mine, own in zip(packed.split([6, 5]), alone))
+    assert found.exact == (difference < 1e-4), (found.mixes, difference)
+    if NEWEST:
+        assert difference > 1e-3 and "PeekingModel lets tokens of some types attend to one another" in found.mixes
+        assert "measured on a tiny random model of its config, a packed segment differs" in found.mixes
+
+
+def test_a_config_without_a_model_class_is_refused_with_the_reason():
+    """A config class transformers maps to no model class cannot be built to see what it does: it is
+    refused, saying so, never taken to keep segments apart."""
+
+    class UnmappedConfig(transformers.LlamaConfig):
+        model_type = "mmrope_test_unmapped"
+
+    found = support(UnmappedConfig(num_hidden_layers=2))
+    assert not found.exact
+    assert "transformers' auto mappings give its config class UnmappedConfig no model class" in found.mixes
+    with pytest.raises(PackingUnsupportedError, match="mmrope cannot see what its model does with a packed row"):
+        found.require()
+
+
+def test_a_model_whose_forward_fails_is_refused_with_the_reason():
+    class FailingConfig(PeekingConfig):
+        model_type = "mmrope_test_failing"
+
+    class FailingModel(PeekingModel):
+        config_class = FailingConfig
+
+        def forward(self, *args, **kwargs):
+            raise RuntimeError("no packed rows here")
+
+    transformers.AutoModel.register(FailingConfig, FailingModel, exist_ok=True)
+    found = support(FailingConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                  num_key_value_heads=1, vocab_size=64))
+    assert "fails on a packed row of text (RuntimeError: no packed rows here)" in found.mixes
 
 
 def test_a_model_whose_layers_mmrope_cannot_see_is_refused():
-    """Without a config nothing says what the layers are; a config without attention heads
-    describes recurrent or state-space layers (RWKV, Mamba, xLSTM), which carry state along the row."""
+    """Without a config nothing says what the layers are; layers built without attention modules
+    are recurrent or state-space layers (RWKV, Mamba, xLSTM), which carry state along the row."""
     assert "the engine has no model config" in support(None).mixes
     assert "RopeEngine.from_pretrained(path)" in support(None).advice
     for model_type in ("rwkv", "mamba", "mamba2", "xlstm", "falcon_mamba"):
         if model_type in CONFIG_MAPPING:
             found = support(transformers.AutoConfig.for_model(model_type))
-            assert "its config describes no attention layers" in found.mixes, model_type
+            assert "hold no attention" in found.mixes and "carry state along the row" in found.mixes, model_type
 
 
 #: Model types whose processors do not build offline, and what their default configs say.
@@ -192,6 +296,9 @@ def test_minimax_m3_sparse_layers_are_refused_for_their_indexer():
     found = support(config)
     assert "indexer pools the keys into blocks by their slot in the row" in found.mixes
     assert "position ids, which restart in each segment" in found.mixes
+    assert "measured on a tiny random model of its config, a packed segment differs" in found.mixes
+    config.text_config.layer_types = ["full_attention", "full_attention"]
+    assert support(config).exact  # the same model without the sparse layers: measured apart
 
 
 def test_llama4_packs_rows_shorter_than_its_limit():
@@ -246,7 +353,7 @@ def test_a_prefix_lm_mask_cut_at_the_boundaries_is_measured_exact():
         assert packed_segments_differ(config) < 1e-4 and support(config).exact
     unknown = types.SimpleNamespace(num_attention_heads=2, use_bidirectional_attention=True)  # no model to build
     assert packed_segments_differ(unknown) is None
-    assert "mmrope could not build a tiny model of its config" in support(unknown).mixes
+    assert "mmrope cannot see what its model does with a packed row" in support(unknown).mixes
 
 
 def test_positions_not_shown_to_be_a_samples_own_are_refused():
@@ -260,3 +367,45 @@ def test_positions_not_shown_to_be_a_samples_own_are_refused():
     assert "mmrope cannot show that its get_rope_index gives a sample the positions it gives it alone" in found.mixes
     kernel.samples_independent = True
     assert packed_row_support(engine).exact
+
+
+@pytest.mark.parametrize("model_type", ["mistral_large4", "hy_v4_vl", "dots3_note", "glm5_next"])
+def test_latent_and_indexed_attention_models_are_measured(model_type):
+    """Latent attention (MLA) and indexers (DSA) shrink to a tiny model that runs: the answer is
+    measured, never read off the config alone; samples are limited to the indexer's index_topk."""
+    if model_type not in CONFIG_MAPPING:
+        pytest.skip(f"this transformers has no {model_type}")
+    from mmrope_core.measured import behaviour
+
+    config = transformers.AutoConfig.for_model(model_type)
+    seen = behaviour(config)
+    assert not seen.failure and seen.difference is not None, seen.failure
+    assert seen.layers.indexed, seen.layers
+    found = support(config)
+    assert found.exact == keeps_segments_apart(seen.difference), found.mixes
+    if found.exact:
+        assert found.max_sample_tokens == config.text_config.index_topk
+
+
+class ByRows:
+    def forward(self, input_ids, pixel_values=None, grids=None, images_per_sample=None):
+        split = grids.split(images_per_sample.tolist())
+        for row in range(input_ids.shape[0]):
+            pixel_values = self.encode(pixel_values, split[row])
+        return pixel_values
+
+
+class BySamples:
+    def forward(self, input_ids, pixel_values=None, grids=None, images_per_sample=None):
+        split = grids.split(images_per_sample.tolist())
+        return self.encode(pixel_values, [grid[:-1] for grid in split])
+
+
+def test_media_handed_to_rows_by_per_sample_counts_are_found_in_the_forward():
+    """A forward taking counts of media per sample that indexes what it splits by them with a loop
+    over the batch's rows (GLM-Image on transformers 5.10) hands a packed row the first sample's
+    media; one that splits them per sample (5.24) does not."""
+    from mmrope_core.measured import media_by_rows
+
+    assert media_by_rows(ByRows) == ("images_per_sample",)
+    assert media_by_rows(BySamples) == ()
