@@ -106,7 +106,7 @@ _SEEN: dict[tuple[Any, ...], Behaviour] = {}
 def _behaviour(config: Any, settings: dict[str, int]) -> Behaviour:
     import torch
 
-    from .segments import nested_language_models
+    from .language_models import nested_language_models
 
     built = model_class(config)
     nested = nested_language_models(config)
@@ -306,7 +306,7 @@ def read_layers(model: Any, built: type) -> Layers:
     layer stacks of the modules that hold a language-model config."""
     import torch
 
-    from .segments import text_configs
+    from .language_models import text_configs
 
     texts = tuple({type(text) for text in text_configs(model.config)})
     found: dict[str, Any] = {"attention": False, "bidirectional": False, "encoder": False, "cross_attention": False}

@@ -27,11 +27,12 @@ past a model's length limits when it comes.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from .errors import PackingUnsupportedError
 from .independence import samples_independent
+from .language_models import text_configs
 from .measured import Layers, behaviour, keeps_segments_apart, packed_segments_differ
 
 #: Why a layer kind that picks each query's keys with an indexer mixes a packed row's segments.
@@ -259,28 +260,6 @@ def _row_limit(texts: list[Any]) -> tuple[int | None, str]:
             limits.append((floor - 1, f"its NoPE layers scale attention by a temperature taken from each token's "
                                       f"index in the row, which leaves a token alone only below floor_scale={floor}"))
     return min(limits) if limits else (None, "")
-
-
-def text_configs(config: Any) -> Iterator[Any]:
-    """The configs of ``config`` that describe language-model layers: itself, its sub-models that
-    hold a language model of their own (:func:`nested_language_models`) and their ``text_config``."""
-    seen: list[Any] = []
-    pending = [config]
-    while pending:
-        current = pending.pop(0)
-        if current is None or any(current is known for known in seen):
-            continue
-        seen.append(current)
-        yield current
-        pending += [*nested_language_models(current), getattr(current, "text_config", None)]
-
-
-def nested_language_models(config: Any) -> list[Any]:
-    """The sub-configs of ``config`` that hold a language model of their own (a ``text_config``),
-    in the config's order: an Omni model's thinker (and Qwen3-Omni's talker, whose layers are
-    checked too: refusing where it would mix segments is the safe answer)."""
-    return [value for value in getattr(config, "__dict__", {}).values()
-            if value is not config and hasattr(value, "to_dict") and hasattr(value, "text_config")]
 
 
 def _read(config: Any, name: str) -> Any:

@@ -92,17 +92,17 @@ def test_check_says_what_it_checked_and_quiet_gives_the_verdict_alone():
     assert lines[0].startswith("Checking plugin toy (mmrope-test-plugins 1.0): the conformance rules")
     assert "  - packed rows (cu_seqlens, segment_ids): each segment = its sample alone" in lines
     toy = next(line for line in lines if line.strip().startswith("Toy ") and "ToyProcessor" in line)
-    assert toy.split()[1:5] == ["ToyProcessor", "mrope", "2", "6"]  # processor, kind, samples, checks
+    assert toy.split()[1:5] == ["ToyProcessor", "mrope", "2", "7"]  # processor, kind, samples, checks
     fuzzed = next(line for line in lines if line.startswith("Fuzz cases ("))
     count = int(fuzzed.removeprefix("Fuzz cases (").split(";")[0])
     assert count >= 300  # the random examples, and the corrupt rows swept beside them
     table = lines[lines.index(fuzzed) + 2:]
     table = table[: table.index("")]
     assert all(line.split()[0] == "Toy" for line in table) and sum(int(line.split()[-1]) for line in table) == count
-    assert lines[-1].startswith(f"toy: conforms (1 example processor, 7 conformance checks, {count} fuzz cases, ")
+    assert lines[-1].startswith(f"toy: conforms (1 example processor, 8 conformance checks, {count} fuzz cases, ")
     quiet = mmrope("check", "toy", "--quiet", MMROPE_DISABLE_PLUGINS="broken_import,blocked,unknown_hook")
     assert quiet.returncode == 0 and len(quiet.stdout.splitlines()) == 1
-    assert quiet.stdout.startswith(f"toy: conforms (1 example processor, 7 conformance checks, {count} fuzz cases, ")
+    assert quiet.stdout.startswith(f"toy: conforms (1 example processor, 8 conformance checks, {count} fuzz cases, ")
 
 
 def test_check_of_a_nonconforming_plugin_lists_each_violation_then_the_verdict():

@@ -98,7 +98,7 @@ def _model_class(config: Any) -> tuple[type, Any] | None:
 
     from transformers.models.auto import modeling_auto
 
-    from ..segments import nested_language_models
+    from ..language_models import nested_language_models
 
     for candidate in (*nested_language_models(config), config):  # (an Omni model's thinker computes its positions)
         for name in _MAPPINGS:

@@ -188,7 +188,7 @@ def _refused_sides(config: Any) -> dict[str, str]:
 def _text_configs(config: Any) -> list[Any]:
     """The text config the model reads; every language-model config it holds where transformers
     finds several and cannot tell which (``get_text_config`` raises ValueError): each is checked."""
-    from mmrope_core.segments import text_configs
+    from mmrope_core.language_models import text_configs
 
     if not hasattr(config, "get_text_config"):
         return [config]
