@@ -55,8 +55,15 @@ Bound model types of transformers 5.24 without a model-level test here, and why:
 - a vision tower from timm, which needs torchvision: gemma3n;
 - no sample to batch: diffusion_gemma (a block-diffusion model: its forward denoises a canvas of
   ``decoder_input_ids`` against an encoded prefix in its cache, which neither collator builds);
-- audio placeholders written by ``MistralCommonBackend``, which needs mistral-common, which the
-  tests run without (no stand-in built yet): voxtral, voxtral_realtime;
+- the tokenizer backend ``MistralCommonBackend`` needs mistral-common, which the tests run
+  without, and no stand-in keeps its contract: voxtral (its processor's ``__call__`` takes text
+  alone and refuses the audio token; a clip's placeholders, ``[BEGIN_AUDIO]`` then one ``[AUDIO]``
+  per 8 mel frames of the clip padded to 30 s chunks, are written only by the backend's
+  ``apply_chat_template``, which encodes a mistral-common chat request in mistral-common's own
+  instruct format), voxtral_realtime (transformers gives a placeholder class for its processor
+  without mistral-common, whose ``__init__`` refuses any tokenizer but a ``MistralCommonBackend``
+  and reads its window, hop and delay tokens from mistral-common's audio config; its model has no
+  placeholders: it adds the audio's embeddings to every token's, one audio step per token);
 - no training sample a collator batches: kyutai_speech_to_text (its forward takes the audio as
   codec codes stacked with the text on a last axis of ``input_ids``, ``(B, T, 1 + codebooks)``,
   which its codec computes inside ``generate``; the processor returns raw ``input_values``),
