@@ -4,16 +4,16 @@ gives it as ``name -> (build() -> (processor, config), calls(processor, rng), ov
 The real ``VoxtralProcessor`` and its real feature extractor (Whisper's, 128 mel bins), with a
 stand-in for one part: its tokenizer backend, ``MistralCommonBackend``, needs mistral-common,
 which the tests run without. :class:`MistralCommonStandIn` keeps the contract the processor reads
-from it: ``apply_chat_template`` encodes a user turn as mistral-common's instruct tokenizer (V7,
-Voxtral's) does, ``<s> [INST]``, each clip's chunk, the text, ``[/INST]``; a clip's chunk is
-``[BEGIN_AUDIO]`` then one ``[AUDIO]`` per ``audio_length_per_tok`` mel frames (8: 16 kHz, 12.5
-tokens a second, hop 160) of the clip padded with silence to a multiple of 30 s, so 375 a 30 s
-chunk, and the padded clip is handed back as ``audio``; the rows are padded as the backend pads
-them (its own ``__call__``, on the tokenizer's side). The token ids are Voxtral's (``[AUDIO]`` 24,
-which the processor hard-codes, ``[BEGIN_AUDIO]`` 25). The processor takes audio only through
-``apply_chat_template`` (its ``__call__`` takes text alone): :class:`VoxtralChatProcessor` turns
-the tests' call (texts and clips) into that conversation: each ``<clip>`` of a text, the next
-clip, a chunk of its own between the text's.
+from it: ``apply_chat_template`` encodes a user turn as mistral-common's instruct tokenizers V7
+(the first with audio) to V13 do: ``<s> [INST]``, its chunks in order, ``[/INST]``. A clip's
+chunk is ``[BEGIN_AUDIO]`` then one ``[AUDIO]`` per ``audio_length_per_tok`` mel frames (8: 16
+kHz, 12.5 tokens a second, hop 160) of the clip padded with silence to a multiple of 30 s, so 375
+a 30 s chunk, and the padded clip is handed back as ``audio``; the rows are padded as the backend
+pads them (its own ``__call__``, on the tokenizer's side). The token ids are Voxtral's
+(``[AUDIO]`` 24, which the processor hard-codes, ``[BEGIN_AUDIO]`` 25, ``<pad>`` 11). The
+processor takes audio only through ``apply_chat_template`` (its ``__call__`` takes text alone):
+:class:`VoxtralChatProcessor` turns the tests' call (texts and clips) into that conversation,
+each ``<clip>`` of a text the next clip, a chunk of its own between the text's.
 """
 
 from __future__ import annotations
