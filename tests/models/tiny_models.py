@@ -78,6 +78,9 @@ from typing import Any
 
 import torch
 
+from mmrope_core.shrunk import SECTIONS
+from mmrope_core.shrunk import fit_rope_sections as _fit_rope_sections
+
 #: Every width of every stack (text, vision, audio, projectors): equal widths leave no mismatch.
 WIDTH = 32
 #: Attention head size; with a partial rotary factor, this many rotary dimensions.
@@ -111,7 +114,6 @@ INDEX_LISTS = ("fullatt_block_indexes", "deepstack_visual_indexes", "cross_atten
 #: Layer indices that split a stack in two (MiniCPM-V's merger after vision layer 6): after the
 #: first layer, so that layers stay on both sides.
 SPLIT_INDEXES = ("insert_layer_id",)
-SECTIONS = ("mrope_section", "xdrope_section")
 #: Tables indexed by token id: they end at the tiny vocabulary.
 VOCABULARIES = ("vocab_size", "vocab_size_per_layer_input", "vision_vocab_size")
 #: Config key -> where the processor states it, ``(component, attribute)`` in order.
@@ -450,28 +452,6 @@ def _rotary_half(values: Mapping[str, Any], parameters: Mapping[str, Any]) -> in
             or values["hidden_size"] // values["num_attention_heads"])
     factor = parameters.get("partial_rotary_factor") or values.get("partial_rotary_factor") or 1.0
     return int(head * factor) // 2
-
-
-def _fit_rope_sections(model_class: Any, config: Any) -> None:
-    """Sections the model code defaults to, rescaled like those the config states: the model built
-    on the meta device shows each rotary module's sections and frequencies."""
-    with torch.device("meta"):
-        model = model_class(config)
-    for module in model.modules():
-        module_config = getattr(module, "config", None)
-        for name in SECTIONS:
-            sections = getattr(module, name, None)
-            if module_config is None or not sections:
-                continue
-            # one list, or one per layer kind (with frequencies and parameters per kind too)
-            per_kind = sections if isinstance(sections, dict) else {None: sections}
-            for kind, value in per_kind.items():
-                frequencies = getattr(module, "inv_freq" if kind is None else f"{kind}_inv_freq", None)
-                if frequencies is None or not isinstance(value, list) or sum(value) == frequencies.shape[-1]:
-                    continue
-                parameters = module_config.rope_parameters
-                parameters = parameters if kind is None else parameters[kind]
-                parameters[name] = _rescaled(value, frequencies.shape[-1])
 
 
 def _rescaled(sections: list[int], total: int) -> list[int]:
