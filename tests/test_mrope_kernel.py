@@ -221,3 +221,19 @@ def test_a_packed_row_equals_its_segments_alone():
             assert torch.equal(positions[:, 0, span], alone[:, 0]) and torch.equal(deltas[k], alone_delta[0]), (
                 f"row {checked}, segment {k}")
         checked += 1
+
+
+def test_a_rollout_convention_is_the_variant_its_plugin_gives():
+    """bind_mrope holds no engine's rules: each convention beyond transformers' binds the family
+    the plugin built for it, and one offered without a variant is refused."""
+    import dataclasses
+
+    from mmrope_core.mrope import MropeFamily, bind_mrope
+
+    family = MropeFamily("My-VL", spatial_merge_size=2, image_token_id=5, video_token_id=6, tokens_per_second=2)
+    with pytest.raises(TypeError, match=r"conventions \['vllm-0.33'\] of My-VL need their family in variants="):
+        bind_mrope(family, None, {}, conventions=("transformers", "vllm-0.33"))
+    variant = dataclasses.replace(family, resume_past_frames=True, temporal_rule="float64")
+    binding = bind_mrope(family, None, {"convention": "vllm"}, conventions=("transformers", "vllm-0.33"),
+                         variants={"vllm-0.33": variant})
+    assert binding.kernel.family is variant

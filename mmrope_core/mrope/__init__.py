@@ -18,7 +18,7 @@ sample even those cost more than the passes over its tokens, so on the CPU the c
 positions; whatever it does not take goes the step-by-step way.
 """
 
-from ._family import TEMPORAL_RULES, MropeFamily, TemporalRule
+from ._family import TEMPORAL_RULES, MropeFamily, TemporalRuleName
 from ._kernel import MropeKernel
 from ._media import MarkedVideoTypes, MediaGrids, MediaKind, TokenTypeMap
 from ._positions import check_placeholders, mrope_position_ids, mrope_positions
@@ -31,7 +31,7 @@ __all__ = [
     "MediaKind",
     "MropeFamily",
     "MropeKernel",
-    "TemporalRule",
+    "TemporalRuleName",
     "TokenTypeMap",
     "bind_mrope",
     "check_placeholders",

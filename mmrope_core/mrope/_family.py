@@ -12,13 +12,13 @@ import torch
 from ..media import read_seconds
 from ._media import MarkedVideoTypes, MediaKind, TokenTypeMap
 
-#: How ``tokens_per_second * second_per_grid_ts`` becomes a video's temporal scale:
-#: ``scaled`` multiplies as given (transformers >= 5.11), ``whole_seconds`` truncates the seconds
-#: first (transformers 5.10), ``float64`` multiplies in float64 whatever the seconds' dtype (vLLM),
-#: ``seconds_first`` multiplies each frame number by the seconds, then by ``tokens_per_second``
-#: (SGLang; a ``(videos, 2)`` scale of both factors, see :func:`seconds_first`).
+#: How ``tokens_per_second * seconds`` becomes a video's temporal scale, a primitive a plugin picks
+#: by name: ``scaled`` multiplies as given, ``whole_seconds`` truncates the seconds first,
+#: ``float64`` multiplies in float64 whatever the seconds' dtype, ``seconds_first`` multiplies each
+#: frame number by the seconds, then by ``tokens_per_second`` (a ``(videos, 2)`` scale of both
+#: factors, see :func:`seconds_first`).
 #: ``seconds`` is a tensor, or a numpy array of the tensor's dtype.
-TemporalRule = Literal["scaled", "whole_seconds", "float64", "seconds_first"]
+TemporalRuleName = Literal["scaled", "whole_seconds", "float64", "seconds_first"]
 
 
 def seconds_first(tps: Any, seconds: Any) -> Any:
@@ -41,8 +41,6 @@ TEMPORAL_RULES: dict[str, Callable[[Any, Any], Any]] = {
                                                   else seconds.double()),
     "seconds_first": seconds_first,
 }
-#: The rules a transformers release may follow (the probe tries these).
-TRANSFORMERS_RULES: tuple[TemporalRule, ...] = ("scaled", "whole_seconds")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,8 +64,8 @@ class MropeFamily:
         video_markers: ``(begin, end)`` token ids for families whose video frames reuse the
             image token between begin- and end-of-video markers (GLM-4V).
         resume_past_frames: the text after a run resumes past its last frame's temporal id too,
-            where that is further than ``max(h, w)`` (vLLM's rule; transformers resumes at
-            ``max(h, w)`` past the run's start).
+            where that is further than ``max(h, w)`` (some rollout engines' rule; transformers
+            resumes at ``max(h, w)`` past the run's start).
     """
 
     name: str
@@ -77,7 +75,7 @@ class MropeFamily:
     image_token: str = "image placeholder"
     video_token: str = "video placeholder"
     tokens_per_second: float | None = None
-    temporal_rule: TemporalRule = "scaled"
+    temporal_rule: TemporalRuleName = "scaled"
     per_frame_video: bool = False
     video_markers: tuple[int, int] | None = None
     resume_past_frames: bool = False

@@ -4,43 +4,47 @@ small batches covering text, images, videos with fractional seconds and both pad
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 
-from ..conventions import SGLANG_0_5_23, TRANSFORMERS, VLLM_0_33, asked, convention, described
+from ..conventions import TRANSFORMERS, asked, convention, described
 from ..errors import InvalidInputError, UnknownConventionError
 from ..kernel import RopeKernel
 from ..reference import kernels_agree, probe_once
 from ..tiny import padded_batch
 from ..types import RopeBinding
-from ._family import TRANSFORMERS_RULES, MropeFamily, TemporalRule
+from ._family import TEMPORAL_RULES, MropeFamily, TemporalRuleName
 from ._kernel import MropeKernel
 
 
-def fast_kernel(family: MropeFamily, reference: RopeKernel) -> MropeKernel | None:
+def fast_kernel(family: MropeFamily, reference: RopeKernel,
+                rules: Sequence[TemporalRuleName] | None = None) -> MropeKernel | None:
     """The batched kernel of ``family`` if it equals ``reference`` on :func:`probe_batches`, under
-    the family's temporal rule or, for families that time their videos, another one (the rule
-    changed between transformers releases). None, with one warning per process, when no rule
-    does: the caller then binds ``reference``.
+    the family's temporal rule or, for families that time their videos, one of ``rules`` (the
+    rules the family's releases have followed, named by its plugin; None: every rule of
+    :data:`TEMPORAL_RULES`). None, with one warning per process, when no rule does: the caller
+    then binds ``reference``.
 
     Example::
 
         reference = ReferenceKernel(Qwen2VLModel, config, token_types=family.token_types())
         kernel = fast_kernel(family, reference) or reference
     """
-    rules: list[TemporalRule] = (list(dict.fromkeys((family.temporal_rule, *TRANSFORMERS_RULES)))
-                                 if family.tokens_per_second else ["scaled"])
+    others = tuple(TEMPORAL_RULES if rules is None else rules)
+    tried: list[TemporalRuleName] = (list(dict.fromkeys((family.temporal_rule, *others)))  # type: ignore[arg-type]
+                                     if family.tokens_per_second else ["scaled"])
 
-    def probe() -> TemporalRule | None:
+    def probe() -> TemporalRuleName | None:
         batches = list(probe_batches(family))
-        for rule in rules:
+        for rule in tried:
             if kernels_agree(MropeKernel(dataclasses.replace(family, temporal_rule=rule)), reference, batches):
                 return rule
         return None
 
-    key = ("mrope", dataclasses.replace(family, temporal_rule="scaled"), getattr(reference, "probe_key", type(reference)))
+    key = ("mrope", dataclasses.replace(family, temporal_rule="scaled"), tuple(tried),
+           getattr(reference, "probe_key", type(reference)))
     rule = probe_once(key, probe, fast=f"the batched {family.name} kernel")
     return None if rule is None else MropeKernel(dataclasses.replace(family, temporal_rule=rule))  # type: ignore[arg-type]
 
@@ -75,22 +79,22 @@ def probe_batches(family: MropeFamily) -> Iterator[dict[str, Any]]:
 
 
 IMPLEMENTATIONS = ("fast", "reference")
-#: How a timed video's temporal ids are formed in each rollout engine's convention (in both, the
-#: text after a run resumes one past its largest position on any axis).
-ROLLOUT_TEMPORAL_RULES: dict[str, TemporalRule] = {VLLM_0_33: "float64", SGLANG_0_5_23: "seconds_first"}
 
 
 def bind_mrope(family: MropeFamily, reference: RopeKernel, options: Mapping[str, Any],
-               conventions: Collection[str] = (TRANSFORMERS,)) -> RopeBinding:
+               conventions: Collection[str] = (TRANSFORMERS,), *,
+               variants: Mapping[str, MropeFamily] | None = None,
+               rules: Sequence[TemporalRuleName] | None = None) -> RopeBinding:
     """The binding of a Qwen-style family, for ``bind_rope_index``: the batched kernel, or the
     ``reference`` kernel where ``options`` ask for ``implementation="reference"`` or where the
-    batched kernel does not reproduce the installed transformers (see :func:`fast_kernel`).
+    batched kernel does not reproduce the installed transformers (see :func:`fast_kernel`, which
+    tries ``rules``).
 
     ``conventions`` are the position conventions the family offers (``options["convention"]``
-    chooses; see :mod:`mmrope_core.conventions`). Under ``vllm-0.33`` and ``sglang-0.5.23`` the
-    batched kernel follows those rollout engines' rules for the Qwen-VL families (text resumes one
-    past a run's largest position; temporal ids as :data:`ROLLOUT_TEMPORAL_RULES` forms them); no
-    reference computes them, so ``implementation`` must be ``"fast"``.
+    chooses; see :mod:`mmrope_core.conventions`). Each one other than ``transformers`` names in
+    ``variants`` the family as that convention computes it (e.g. ``resume_past_frames`` and a
+    ``temporal_rule`` of its own), built by the plugin; the batched kernel computes it, and no
+    reference does, so ``implementation`` must be ``"fast"``.
 
     Example::
 
@@ -99,6 +103,10 @@ def bind_mrope(family: MropeFamily, reference: RopeKernel, options: Mapping[str,
                                     check=MropeKernel(family).check)
         return bind_mrope(family, reference, options)
     """
+    variants = variants or {}
+    missing = [name for name in conventions if name != TRANSFORMERS and name not in variants]
+    if missing:
+        raise TypeError(f"bind_mrope: conventions {missing} of {family.name} need their family in variants=")
     chosen = convention(options, family.name, conventions)
     implementation = options.get("implementation", "fast")
     if implementation not in IMPLEMENTATIONS:
@@ -110,13 +118,11 @@ def bind_mrope(family: MropeFamily, reference: RopeKernel, options: Mapping[str,
                 f"implementation='reference' is transformers' own get_rope_index: it has no {chosen} convention; "
                 f"drop implementation= (the batched kernel follows {chosen}) or the convention"
             )
-        timed = {"temporal_rule": ROLLOUT_TEMPORAL_RULES[chosen]} if family.tokens_per_second is not None else {}
-        rollout = dataclasses.replace(family, resume_past_frames=True, **timed)  # type: ignore[arg-type]
-        return RopeBinding("mrope", MropeKernel(rollout), "fast",
+        return RopeBinding("mrope", MropeKernel(variants[chosen]), "fast",
                            f"{family.name}, batched kernel{described(asked(options))}")
     if implementation == "reference":
         return RopeBinding("mrope", reference, "reference", f"{family.name}, transformers reference")
-    kernel = fast_kernel(family, reference)
+    kernel = fast_kernel(family, reference, rules)
     if kernel is None:
         return RopeBinding("mrope", reference, "reference",
                            f"{family.name}, transformers reference (the batched kernel disagrees with this transformers)")

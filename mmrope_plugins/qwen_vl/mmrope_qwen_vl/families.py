@@ -3,14 +3,43 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mmrope_core.batching import GRID, MediaKey
+from mmrope_core.conventions import SGLANG_0_5_23, VLLM_0_33
 from mmrope_core.recognition import class_name_in
+
+if TYPE_CHECKING:  # the kernel (torch) is imported only when binding, so discovery stays cheap
+    from mmrope_core.mrope import TemporalRuleName
 
 #: What the family's media keys hold, as the engine reads them: its grids, and a timed family's seconds.
 MEDIA_KEYS = {"image_grid_thw": GRID, "video_grid_thw": GRID}
 TIMED_MEDIA_KEYS = {**MEDIA_KEYS, "second_per_grid_ts": MediaKey(role="seconds", grid="video_grid_thw")}
+
+#: The temporal rules transformers releases follow for timed videos: ``scaled`` (>= 5.11) and
+#: ``whole_seconds`` (5.10 truncates the seconds first); the probe tries them in this order.
+TRANSFORMERS_RULES: tuple[TemporalRuleName, ...] = ("scaled", "whole_seconds")
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutRule:
+    """How a rollout engine computes these families' positions where transformers differs.
+
+    Attributes:
+        resume_past_frames: the text after a run resumes one past its largest position on any axis.
+        temporal_rule: how a timed video's temporal ids are formed.
+    """
+
+    resume_past_frames: bool
+    temporal_rule: TemporalRuleName
+
+
+#: The rollout engines' rules for every family here (Qwen3-VL's and GLM's equal transformers' but
+#: for resuming; SGLang runs Qwen3.5 by Qwen3-VL's rules, GLM-4.6V by GLM-4V's).
+ROLLOUT_RULES: dict[str, RolloutRule] = {
+    VLLM_0_33: RolloutRule(resume_past_frames=True, temporal_rule="float64"),
+    SGLANG_0_5_23: RolloutRule(resume_past_frames=True, temporal_rule="seconds_first"),
+}
 
 
 @dataclasses.dataclass(frozen=True)

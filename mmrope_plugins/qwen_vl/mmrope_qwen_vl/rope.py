@@ -3,16 +3,17 @@ reference where the installed release computes positions another way."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Mapping
 from typing import Any
 
 from mmrope_core import InvalidInputError, RopeBinding
-from mmrope_core.conventions import SGLANG_0_5_23, TRANSFORMERS, VLLM_0_33
+from mmrope_core.conventions import TRANSFORMERS
 from mmrope_core.mrope import MropeFamily, MropeKernel, bind_mrope
 from mmrope_core.reference import ReferenceKernel
 
-from .families import Family
+from .families import ROLLOUT_RULES, TRANSFORMERS_RULES, Family
 
 
 def bind(family: Family, processor: Any, config: Any, options: Mapping[str, Any]) -> RopeBinding:
@@ -22,9 +23,20 @@ def bind(family: Family, processor: Any, config: Any, options: Mapping[str, Any]
     model_class = getattr(importlib.import_module(f"transformers.models.{module}"), name)
     reference = ReferenceKernel(model_class, config, token_types=described.token_types(),
                                 check=MropeKernel(described).check)
-    # vLLM 0.33's and SGLang 0.5.23's rules for these families are known (Qwen3-VL's and GLM's equal
-    # transformers'; SGLang runs Qwen3.5 by Qwen3-VL's rules, GLM-4.6V by GLM-4V's)
-    return bind_mrope(described, reference, options, conventions=(TRANSFORMERS, VLLM_0_33, SGLANG_0_5_23))
+    return bind_mrope(described, reference, options, conventions=(TRANSFORMERS, *ROLLOUT_RULES),
+                      variants=rollout_variants(described), rules=TRANSFORMERS_RULES)
+
+
+def rollout_variants(described: MropeFamily) -> dict[str, MropeFamily]:
+    """The family as each rollout engine computes it (see :data:`.families.ROLLOUT_RULES`); the
+    temporal rule matters only where videos are timed."""
+    return {
+        name: dataclasses.replace(
+            described, resume_past_frames=rule.resume_past_frames,
+            temporal_rule=rule.temporal_rule if described.tokens_per_second is not None else described.temporal_rule,
+        )
+        for name, rule in ROLLOUT_RULES.items()
+    }
 
 
 def describe(family: Family, processor: Any, config: Any) -> MropeFamily:

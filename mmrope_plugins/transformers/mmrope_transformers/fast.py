@@ -22,7 +22,7 @@ from mmrope_core.mrope import (
     MediaKind,
     MropeFamily,
     MropeKernel,
-    TemporalRule,
+    TemporalRuleName,
     check_placeholders,
     mrope_position_ids,
     mrope_positions,
@@ -154,7 +154,7 @@ class Candidate:
     temporal_merge_size: int = 1
     newline_column: bool = False
 
-    def kernel(self, temporal_rule: TemporalRule | None = None) -> MropeKernel:
+    def kernel(self, temporal_rule: TemporalRuleName | None = None) -> MropeKernel:
         family = self.family if temporal_rule is None else dataclasses.replace(self.family, temporal_rule=temporal_rule)
         if self.newline_column:
             return NewlineColumnKernel(family)
@@ -162,9 +162,9 @@ class Candidate:
             return TemporalMergeKernel(family, self.temporal_merge_size)
         return MropeKernel(family)
 
-    def rules(self) -> list[TemporalRule]:
+    def rules(self) -> list[TemporalRuleName]:
         """The temporal rules to try: for timed videos every rule (they changed between releases)."""
-        return list(get_args(TemporalRule)) if self.family.tokens_per_second is not None else ["scaled"]
+        return list(get_args(TemporalRuleName)) if self.family.tokens_per_second is not None else ["scaled"]
 
     def batches(self) -> Iterator[dict[str, Any]]:
         """Probe batches laid out for this candidate; merged videos get ``t * merge`` frames (and
