@@ -42,7 +42,9 @@ class StoryboardConfig(Qwen2VLTextConfig):
 
 
 class StoryboardModel(Qwen2VLTextModel):
-    """The decoder; without ``position_ids`` it computes them with :meth:`get_rope_index`."""
+    """The family's decoder; without ``position_ids`` it computes them with :meth:`get_rope_index`.
+    Panels and narration are read as their placeholder tokens (no encoders): what the positions
+    and packed rows do to the states is all it shows."""
 
     config_class = StoryboardConfig
 
