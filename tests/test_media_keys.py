@@ -157,3 +157,42 @@ def test_the_qwen_vl_plugin_declares_no_keys_for_a_model_type_another_plugin_bin
     processor, config = build("Qwen3-VL")  # Qwen3VLProcessor feeds Cosmos3-Omni too, bound by the transformers plugin
     assert mmrope_qwen_vl.batch_layout(processor, types.SimpleNamespace(model_type="cosmos3_omni")) is None
     assert mmrope_qwen_vl.batch_layout(processor, config).media == {"image_grid_thw": GRID, "video_grid_thw": GRID}
+
+
+class FlawedKernel(RecordingKernel):
+    """A planted flaw: an untyped error on any grid or seconds but the example's own."""
+
+    def rope_index(self, input_ids, attention_mask=None, *, cu_seqlens=None, **inputs):
+        patches, timing = inputs.get("clip_patches"), inputs.get("clip_timing")
+        if (patches is not None and patches.tolist() != GOOD["clip_patches"].tolist()) or (
+                timing is not None and timing.tolist() != GOOD["clip_timing"]):
+            raise IndexError("index 7 is out of bounds")
+        return super().rope_index(input_ids, attention_mask, cu_seqlens=cu_seqlens, **inputs)
+
+
+def test_the_fuzzer_mutates_the_keys_a_plugin_declares_and_finds_a_flaw_there(toy_manager, tmp_path):
+    import random
+
+    from mmrope_core.testing._fuzzer import _Fuzzer, _RandomChoices, _Subjects
+    from mmrope_core.testing._mutations import Case
+
+    plugin = ClipPlugin()
+    plugin.kernel = FlawedKernel()
+    with toy_manager.registered(plugin, "clip"):
+        engine = RopeEngine.from_processor(ClipProcessor(), plugin_manager=toy_manager)
+        fuzzer = _Fuzzer("clip", str(tmp_path / "trace"))
+        fuzzer.subjects["Clip"] = _Subjects(engine, None, None)
+        base = Case("Clip", "position_ids", IDS, None, dict(GOOD), {}, media=engine.batch_layout.media)
+        fuzzer.check(base, ())
+        assert fuzzer.findings == []  # the example itself is flawless
+        choices = _RandomChoices(random.Random(7))
+        for _ in range(300):
+            fuzzer.one([[base]], choices)
+    flawed = [finding for finding in fuzzer.findings if finding.rule == "bad input raises a typed input error"]
+    assert flawed, fuzzer.findings
+    assert all("IndexError" in finding.detail for finding in flawed)
+    mutated = {name.split("[")[0].split(" ")[0] for finding in flawed for name in finding.mutations[1:]}
+    assert {"clip_patches", "clip_timing"} <= mutated, mutated
+    trace = (tmp_path / "trace").read_text()
+    for kind in ("clip_sound ", "clip_sound_mask "):  # the audio mutations reach the keys of their roles too
+        assert kind in trace

@@ -1,7 +1,8 @@
 """What the fuzzer holds engines to: the positions the model computes itself. That is the
 ``get_rope_index`` of the model class transformers maps the config to (for an Omni model, its
 thinker's), bound to the config alone and fed as the model's forward feeds it; or, for a model
-without one, the valid tokens counted. None of mmrope's input reading runs here."""
+without one, the valid tokens counted. None of mmrope's input reading runs here: the engine's
+declared layout only names which keys the forward renames."""
 
 from __future__ import annotations
 
@@ -12,8 +13,6 @@ from typing import Any
 
 import torch
 
-#: processor outputs that a model's forward hands its ``get_rope_index`` under another name
-_RENAMED = {"second_per_grids": "video_second_per_grid"}
 _SUPPLIED = frozenset({"self", "input_ids", "attention_mask", "mm_token_type_ids"})
 
 
@@ -21,23 +20,32 @@ class ModelPositions:
     """The model's own positions for one processor and config, in the engine's layouts.
 
     ``method`` is the model's ``get_rope_index`` bound to a config-only model, or None for
-    1-D RoPE (``clip(cumsum(mask) - 1, 0)``, as trainers count them)."""
+    1-D RoPE (``clip(cumsum(mask) - 1, 0)``, as trainers count them). ``media`` is the engine's
+    declared media keys (``engine.batch_layout.media``): by their roles the forward's renames are
+    found, whatever the family names its keys."""
 
-    def __init__(self, processor: Any, method: Any) -> None:
+    def __init__(self, processor: Any, method: Any, media: Mapping[str, Any] | None = None) -> None:
         self.processor = processor
         self.method = method
         self.takes = frozenset(inspect.signature(method).parameters) if method is not None else frozenset()
+        self.media = dict(media or {})
 
     @classmethod
-    def of(cls, processor: Any, config: Any, rope_kind: str) -> ModelPositions | None:
-        """None where transformers maps the config to no model class with ``get_rope_index``."""
+    def of(cls, processor: Any, config: Any, rope_kind: str,
+           media: Mapping[str, Any] | None = None) -> ModelPositions | None:
+        """None where transformers maps the config to no model class with ``get_rope_index``.
+        Without ``media``, the layout an engine of the installed plugins declares for the processor."""
         if rope_kind == "1d":
-            return cls(processor, None)
+            return cls(processor, None, media)
         found = _model_class(config)
         if found is None:
             return None
+        if media is None:
+            from ..engine import RopeEngine
+
+            media = RopeEngine.from_processor(processor, config).batch_layout.media
         model_class, model_config = found
-        return cls(processor, _config_only(model_class, model_config).get_rope_index)
+        return cls(processor, _config_only(model_class, model_config).get_rope_index, media)
 
     def rope_index(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                    inputs: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,14 +75,24 @@ class ModelPositions:
 
     def forward_arguments(self, multi_modal_inputs: Mapping[str, Any],
                           mm_processor_kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
-        """What the model's forward passes its ``get_rope_index`` from the processor's outputs."""
+        """What the model's forward passes its ``get_rope_index`` from the processor's outputs: a
+        seconds argument it takes under another name than the processor's (as Qwen-Omni's
+        ``video_second_per_grid`` for ``second_per_grids``), and audio lengths counted from the
+        audio mask, each matched by its declared role."""
         arguments = dict(mm_processor_kwargs or {})
         arguments.update(multi_modal_inputs)
-        for name, given in _RENAMED.items():
-            if given in multi_modal_inputs:
-                arguments[name] = multi_modal_inputs[given]
-        if multi_modal_inputs.get("feature_attention_mask") is not None:
-            arguments["audio_seqlens"] = multi_modal_inputs["feature_attention_mask"].sum(-1)
+        for name in sorted(self.takes - set(multi_modal_inputs)):
+            wanted = self.media.get(name)
+            if wanted is None or wanted.role != "seconds":
+                continue
+            for key, rule in self.media.items():
+                if key in multi_modal_inputs and rule.role == "seconds" and rule.grid == wanted.grid:
+                    arguments[name] = multi_modal_inputs[key]
+        masks = [key for key, rule in self.media.items()
+                 if rule.role == "audio_mask" and multi_modal_inputs.get(key) is not None]
+        lengths = [name for name in sorted(self.takes) if getattr(self.media.get(name), "role", None) == "audio_lengths"]
+        if masks and lengths:
+            arguments[lengths[0]] = multi_modal_inputs[masks[0]].sum(-1)
         return arguments
 
 

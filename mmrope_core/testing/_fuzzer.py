@@ -15,7 +15,7 @@ import torch
 from ..errors import MmropeError, PackingUnsupportedError, PluginError
 from ._collated import COLLATOR_CALLS, collated_problem, media_of
 from ._direct import ModelPositions
-from ._mutations import CORRUPT_ROWS, REFUSED, Case, applicable, is_grid
+from ._mutations import CORRUPT_ROWS, REFUSED, Case, applicable, grid_keys
 from ._outcomes import (
     _agrees,
     _alone,
@@ -175,7 +175,8 @@ class _Fuzzer:
         except MmropeError:  # a plugin with one implementation: no second opinion
             reference = None
         subjects = self.subjects[case.name] = _Subjects(fast, reference,
-                                                        ModelPositions.of(processor, config, fast.rope_kind))
+                                                        ModelPositions.of(processor, config, fast.rope_kind,
+                                                                          fast.batch_layout.media))
         outputs = [dict(fast.process(**sample)) for sample in case.samples(processor, rng)]
         bases = [Case(case.name, "batch", None, None, {}, {}, outputs)]
         for side in ("right", "left"):
@@ -200,7 +201,7 @@ class _Fuzzer:
             else:
                 bases += [dataclasses.replace(base, convention="vllm") for base in bases
                           if base.call in ("position_ids", "rope_index")]
-        return bases
+        return [dataclasses.replace(base, media=fast.batch_layout.media) for base in bases]
 
     @staticmethod
     def packed_bases(name: str, fast: Any, outputs: list[dict[str, Any]], generated: list[tuple[Any, Any, dict]],
@@ -247,8 +248,9 @@ class _Fuzzer:
                     self.check(case, (corrupted(case, name, corruption),))
             if base.call != "position_ids" or base.convention != "transformers" or base.packing:
                 continue
+            grids = set(grid_keys(base))
             for key, value in base.inputs.items():
-                if (base.case, key) in done or not is_grid(key, value):
+                if (base.case, key) in done or key not in grids:
                     continue
                 done.add((base.case, key))
                 for row in CORRUPT_ROWS:
@@ -395,8 +397,9 @@ class _Fuzzer:
     def check_result(self, engine: Any, case: Case, names: tuple[str, ...], got: Any) -> None:
         """What a result must be whatever the reference says."""
         one_d = getattr(engine, "rope_kind", "mrope") == "1d"
+        grids = tuple(f"{REFUSED}{key} " for key, rule in case.media.items() if rule.role == "grid") if one_d else ()
         refused = [name for name in names if name.startswith(REFUSED)
-                   and (not one_d or "_grid_thw" not in name)]  # 1-D positions read no grid
+                   and not name.startswith(grids)]  # 1-D positions read no grid
         if refused:
             self.found(case, names, "an input that cannot be read is refused", f"{refused[0]} gave a result")
         if case.call == "batch":

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -40,6 +40,15 @@ class Case:
     packing: dict[str, Any] = dataclasses.field(default_factory=dict)  # cu_seqlens or segment_ids
     packed: Any = None  # the layout (a _packed.Packed) while the case is as it was laid out
     convention: str = "transformers"  # the engine's position convention
+    #: the engine's declared media keys (``engine.batch_layout.media``): which keys the grid,
+    #: seconds and audio mutations change, by the role the plugin gives them, never by their names
+    media: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def declared(case: Case, role: str) -> list[str]:
+    """The keys the case's inputs hold that its engine declares with ``role``, sorted."""
+    inputs = case.inputs if isinstance(case.inputs, dict) else {}
+    return sorted(key for key in inputs if getattr(case.media.get(key), "role", None) == role)
 
 
 def one_of(choices: Any, options: list[Any]) -> Any:
@@ -58,30 +67,30 @@ def applicable(case: Case) -> list[Callable[[Case, Any], str]]:
                 _sample_token_types]
     found: list[Callable[[Case, Any], str]] = [_ids_dtype, _ids_token, _ids_truncated, _ids_meta, _mask_values,
                                                 _mask_shape, _inputs_not_a_dict, _unknown_key, _keys_reversed]
-    keys = case.inputs if isinstance(case.inputs, dict) else {}
-    if any(is_grid(key, value) for key, value in keys.items()):
+    if grid_keys(case):
         found += [_grid_value, _grid_value, _grid_dtype, _grid_shape, _grid_container, _grid_meta, _grid_dropped]
-    if any(key in keys for key in ("second_per_grid_ts", "second_per_grids", "video_second_per_grid")):
+    if declared(case, "seconds"):
         found += [_seconds_value, _seconds_form]
-    if "feature_attention_mask" in keys:
+    if declared(case, "audio_mask"):
         found += [_audio_mask]
-    if "audio_seqlens" in keys:
+    if declared(case, "audio_lengths"):
         found += [_audio_lengths]
     return found
 
 
-def _pick(case: Case, choices: Any, test: Callable[[str, Any], bool]) -> str:
-    return one_of(choices, sorted(key for key, value in case.inputs.items() if test(key, value)))
-
-
-def is_grid(key: str, value: Any) -> bool:
+def is_grid(value: Any) -> bool:
     """A grid the grid mutations can change: an ``(N, 3)`` tensor with values."""
-    return (key.endswith("_grid_thw") and isinstance(value, torch.Tensor) and value.dim() == 2
-            and value.shape[0] > 0 and value.shape[1] == 3 and value.device.type != "meta")
+    return (isinstance(value, torch.Tensor) and value.dim() == 2 and value.shape[0] > 0 and value.shape[1] == 3
+            and value.device.type != "meta")
+
+
+def grid_keys(case: Case) -> list[str]:
+    """The keys declared ``role="grid"`` whose values the grid mutations can change, sorted."""
+    return [key for key in declared(case, "grid") if is_grid(case.inputs[key])]
 
 
 def _grid_key(case: Case, choices: Any) -> str:
-    return _pick(case, choices, is_grid)
+    return one_of(choices, grid_keys(case))
 
 
 def _grid_value(case: Case, choices: Any) -> str:
@@ -128,8 +137,7 @@ def _grid_dropped(case: Case, choices: Any) -> str:
 
 
 def _seconds_key(case: Case, choices: Any) -> str:
-    return _pick(case, choices, lambda key, value: key in ("second_per_grid_ts", "second_per_grids",
-                                                             "video_second_per_grid"))
+    return one_of(choices, declared(case, "seconds"))
 
 
 def _seconds_value(case: Case, choices: Any) -> str:
@@ -153,8 +161,15 @@ def _seconds_form(case: Case, choices: Any) -> str:
     return f"{key} as {form}"
 
 
+def _one_key(case: Case, choices: Any, role: str) -> str:
+    """The case's key of ``role``: a choice only where it holds more than one (no draw spent on one)."""
+    keys = declared(case, role)
+    return keys[0] if len(keys) == 1 else one_of(choices, keys)
+
+
 def _audio_mask(case: Case, choices: Any) -> str:
-    mask = case.inputs["feature_attention_mask"]
+    key = _one_key(case, choices, "audio_mask")
+    mask = case.inputs[key]
     form = choices.choice(("list", "numpy", "1-D", "float", "empty row", "meta", "negative"))
     changed: Any
     if form == "list":
@@ -170,19 +185,20 @@ def _audio_mask(case: Case, choices: Any) -> str:
     else:
         changed = mask.clone()
         changed[choices.integer(0, mask.shape[0] - 1)] = 0 if form == "empty row" else -(2**40)
-    case.inputs["feature_attention_mask"] = changed
-    return f"feature_attention_mask {form}"
+    case.inputs[key] = changed
+    return f"{key} {form}"
 
 
 def _audio_lengths(case: Case, choices: Any) -> str:
-    lengths = torch.as_tensor(case.inputs["audio_seqlens"]).clone()
+    key = _one_key(case, choices, "audio_lengths")
+    lengths = torch.as_tensor(case.inputs[key]).clone()
     form = choices.choice(("negative", "huge", "float", "list", "list of floats", "uint64"))
     if form in ("negative", "huge") and lengths.numel():
         lengths.view(-1)[0] = -1 if form == "negative" else choices.choice(_HUGE)
     changed = {"float": lengths.float(), "list": lengths.tolist(), "list of floats": (lengths.double() + 0.5).tolist(),
                "uint64": lengths.clamp(min=0).to(torch.uint64)}
-    case.inputs["audio_seqlens"] = changed.get(form, lengths)
-    return f"audio_seqlens {form}"
+    case.inputs[key] = changed.get(form, lengths)
+    return f"{key} {form}"
 
 
 def _ids_dtype(case: Case, choices: Any) -> str:
