@@ -273,7 +273,7 @@ def _read_samples(samples: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         copy = {key: value for key, value in sample.items() if value is not None}
         ids = _token_row(index, "input_ids", copy.get("input_ids"))
         if ids is None:
-            raise CollateError(f"sample {index} has no input_ids; pass the processor's outputs")
+            raise CollateError(_without_ids(index, copy))
         if ids.shape[1] == 0:
             raise CollateError(f"sample {index} has no tokens (input_ids of length 0); drop it from the dataset")
         copy["input_ids"] = ids
@@ -339,3 +339,15 @@ def _token_aligned(samples: list[dict[str, Any]], layout: BatchLayout) -> list[s
                                    f"input_ids {tuple(sample['input_ids'].shape)}, got "
                                    f"{tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__}")
     return keys
+
+
+def _without_ids(index: int, sample: Mapping[str, Any]) -> str:
+    """Why a sample without ``input_ids`` is refused: the collators place positions on token ids.
+    A sample whose text is all the decoder's (Pix2Struct, vision-encoder-decoder models) needs no
+    positions from mmrope."""
+    held = ", ".join(sorted(sample)) or "nothing"
+    if any(key.startswith("decoder_") or key == "labels" for key in sample):
+        return (f"sample {index} has no input_ids (it holds {held}): its model takes no text beside its media but "
+                f"the decoder's, whose positions it counts itself, so mmrope has none to place; batch it with "
+                f"transformers' own data collator")
+    return f"sample {index} has no input_ids (it holds {held}); pass the processor's outputs"

@@ -171,6 +171,8 @@ def test_max_length_refuses_what_does_not_fit():
     (lambda s: {"input_ids": s[0]["input_ids"]}, "collator takes a list of samples"),
     (lambda s: [s[0], "text"], "sample 1 is a str"),
     (lambda s: [s[0], {"pixel_values": s[0]["pixel_values"]}], "sample 1 has no input_ids"),
+    (lambda s: [s[0], {"flattened_patches": s[0]["pixel_values"], "labels": s[0]["input_ids"]}],
+     r"sample 1 has no input_ids \(it holds flattened_patches, labels\): its model takes no text .* transformers' own"),
     (lambda s: [s[0], {**s[1], "input_ids": s[1]["input_ids"].tolist()}], "sample 1: input_ids is a list, not a tensor"),
     (lambda s: [s[0], {**s[1], "input_ids": s[1]["input_ids"][None]}], r"sample 1: input_ids must be \(1, L\) or \(L,\)"),
     (lambda s: [s[0], {**s[1], "labels": s[1]["input_ids"][:, 1:]}], "sample 1: labels has shape"),
