@@ -21,7 +21,6 @@ DISTRIBUTIONS = {
     "mmrope_transformers": ROOT / "mmrope_plugins" / "transformers",
     "mmrope_paddleocr_vl": ROOT / "examples" / "third_party_plugin",
     "mmrope_av_clip": ROOT / "examples" / "av_clip_plugin",
-    "mmrope_storyboard": ROOT / "examples" / "storyboard_plugin",
 }
 
 
