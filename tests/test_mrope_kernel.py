@@ -228,12 +228,13 @@ def test_a_rollout_convention_is_the_variant_its_plugin_gives():
     the plugin built for it, and one offered without a variant is refused."""
     import dataclasses
 
-    from mmrope_core.mrope import MropeFamily, bind_mrope
+    from mmrope_core.mrope import MropeFamily, TemporalRule, bind_mrope
 
-    family = MropeFamily("My-VL", spatial_merge_size=2, image_token_id=5, video_token_id=6, tokens_per_second=2)
+    family = MropeFamily("My-VL", spatial_merge_size=2, image_token_id=5, video_token_id=6,
+                         temporal=TemporalRule(2, precision="seconds"))
     with pytest.raises(TypeError, match=r"conventions \['vllm-0.33'\] of My-VL need their family in variants="):
         bind_mrope(family, None, {}, conventions=("transformers", "vllm-0.33"))
-    variant = dataclasses.replace(family, resume_past_frames=True, temporal_rule="float64")
+    variant = dataclasses.replace(family, resume_past_frames=True, temporal=TemporalRule(2, precision="float64"))
     binding = bind_mrope(family, None, {"convention": "vllm"}, conventions=("transformers", "vllm-0.33"),
                          variants={"vllm-0.33": variant})
     assert binding.kernel.family is variant

@@ -45,7 +45,7 @@ def test_the_default_four_rows_are_the_text_row_over_the_rope_index():
 @pytest.mark.parametrize("kwargs, message", [
     ({"name": ""}, "name must be a non-empty string"),
     ({"spatial_merge_size": 0}, "spatial_merge_size must be a positive int"),
-    ({"temporal_rule": "rounded"}, "temporal_rule must be one of"),
+    ({"temporal": "rounded"}, "temporal must be a truncating TemporalRule or None"),
     ({"video_markers": (1,)}, "video_markers must be a"),
     ({"image_token_id": -1}, "token ids must be non-negative ints"),
 ])

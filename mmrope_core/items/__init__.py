@@ -19,6 +19,7 @@ Example (a video and its audio between two markers, merged by time)::
     kernel = ItemKernel(layout, {"video": ("video_grid_thw", "second_per_grids"), "audio": "audio_seqlens"})
 """
 
+from ..temporal import TemporalRule
 from ._kernel import ItemKernel, host_batch, packed_segments
 from ._layout import ItemLayout
 from ._read import Found, Item
@@ -31,7 +32,6 @@ from ._spec import (
     GridMedia,
     ItemKind,
     SequenceMedia,
-    TemporalRule,
 )
 
 __all__ = [

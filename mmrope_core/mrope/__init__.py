@@ -18,20 +18,20 @@ sample even those cost more than the passes over its tokens, so on the CPU the c
 positions; whatever it does not take goes the step-by-step way.
 """
 
-from ._family import TEMPORAL_RULES, MropeFamily, TemporalRuleName
+from ..temporal import TemporalRule
+from ._family import MropeFamily
 from ._kernel import MropeKernel
 from ._media import MarkedVideoTypes, MediaGrids, MediaKind, TokenTypeMap
 from ._positions import check_placeholders, mrope_position_ids, mrope_positions
 from ._probe import bind_mrope, fast_kernel, probe_batches
 
 __all__ = [
-    "TEMPORAL_RULES",
     "MarkedVideoTypes",
     "MediaGrids",
     "MediaKind",
     "MropeFamily",
     "MropeKernel",
-    "TemporalRuleName",
+    "TemporalRule",
     "TokenTypeMap",
     "bind_mrope",
     "check_placeholders",

@@ -3,44 +3,42 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 
 from ..media import read_seconds
+from ..temporal import TemporalRule
 from ._media import MarkedVideoTypes, MediaKind, TokenTypeMap
 
-#: How ``tokens_per_second * seconds`` becomes a video's temporal scale, a primitive a plugin picks
-#: by name: ``scaled`` multiplies as given, ``whole_seconds`` truncates the seconds first,
-#: ``float64`` multiplies in float64 whatever the seconds' dtype, ``seconds_first`` multiplies each
-#: frame number by the seconds, then by ``tokens_per_second`` (a ``(videos, 2)`` scale of both
-#: factors, see :func:`seconds_first`).
-#: ``seconds`` is a tensor, or a numpy array of the tensor's dtype.
-TemporalRuleName = Literal["scaled", "whole_seconds", "float64", "seconds_first"]
 
-
-def seconds_first(tps: Any, seconds: Any) -> Any:
-    """``(videos, 2)``: each video's seconds and ``tps``, in the dtype torch forms
-    ``int64 frames * seconds * tps`` in (the seconds' if floating, else int64, or float32 for a
-    fractional ``tps``). The kernel multiplies frame numbers by the first column, then the second."""
-    integral = not (seconds.dtype.kind == "f" if isinstance(seconds, np.ndarray) else seconds.is_floating_point())
-    if isinstance(seconds, np.ndarray):
-        dtype = (np.int64 if isinstance(tps, int) else np.float32) if integral else seconds.dtype
-        return np.stack((seconds.astype(dtype), np.full(seconds.shape, tps, dtype=dtype)), axis=1)
-    dtype = (torch.int64 if isinstance(tps, int) else torch.float32) if integral else seconds.dtype
-    return torch.stack((seconds.to(dtype), torch.full(seconds.shape, tps, dtype=dtype, device=seconds.device)), dim=1)
-
-
-TEMPORAL_RULES: dict[str, Callable[[Any, Any], Any]] = {
-    "scaled": lambda tps, seconds: tps * seconds,
-    "whole_seconds": lambda tps, seconds: tps * (seconds.astype(np.int64) if isinstance(seconds, np.ndarray)
-                                                 else seconds.long()),
-    "float64": lambda tps, seconds: float(tps) * (seconds.astype(np.float64) if isinstance(seconds, np.ndarray)
-                                                  else seconds.double()),
-    "seconds_first": seconds_first,
-}
+def temporal_scale(rule: TemporalRule, seconds: Any) -> Any:
+    """The videos' temporal scales under ``rule`` for their seconds (a tensor, or a numpy array
+    of the tensor's dtype), in the dtype the kernel multiplies int64 frame numbers in: ``(videos,)``
+    for ``scale_first``, ``(videos, 2)`` (the seconds, then ``per_second``) for ``frame_first``."""
+    host = isinstance(seconds, np.ndarray)
+    per_second: Any = rule.per_second
+    if rule.whole_seconds:
+        seconds = seconds.astype(np.int64) if host else seconds.long()
+    if rule.precision != "seconds":
+        fixed: Any = np.float32 if rule.precision == "float32" else np.float64
+        seconds = seconds.astype(fixed) if host else seconds.to(getattr(torch, rule.precision))
+        per_second = fixed(per_second) if host else float(per_second)
+    if rule.order == "scale_first":
+        return per_second * seconds
+    # each frame number times the seconds, then per_second, in the dtype torch forms
+    # ``int64 frames * seconds * per_second`` in (the seconds' if floating, else int64, or float32
+    # for a fractional per_second)
+    integral = not (seconds.dtype.kind == "f" if host else seconds.is_floating_point())
+    whole = isinstance(rule.per_second, int)
+    dtype: Any
+    if host:
+        dtype = (np.int64 if whole else np.float32) if integral else seconds.dtype
+        return np.stack((seconds.astype(dtype), np.full(seconds.shape, per_second, dtype=dtype)), axis=1)
+    dtype = (torch.int64 if whole else torch.float32) if integral else seconds.dtype
+    return torch.stack((seconds.to(dtype), torch.full(seconds.shape, per_second, dtype=dtype, device=seconds.device)),
+                       dim=1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,9 +54,8 @@ class MropeFamily:
         image_token_id: the image placeholder's id.
         video_token_id: the video placeholder's id, or None for a family without videos.
         image_token, video_token: the placeholders' texts, for error messages.
-        tokens_per_second: set for families that time their videos (Qwen2.5-VL): a video's
-            temporal ids are ``frame * tokens_per_second * second_per_grid_ts``, truncated.
-        temporal_rule: how that product is formed (see :data:`TEMPORAL_RULES`).
+        temporal: set for families that time their videos (Qwen2.5-VL): how a video's frame gets
+            its temporal id from ``second_per_grid_ts`` (see :class:`~mmrope_core.temporal.TemporalRule`).
         per_frame_video: each video frame is its own placeholder run (Qwen3-VL, GLM-4V: the
             processor writes a timestamp between frames), each taking a ``(1, h, w)`` grid.
         video_markers: ``(begin, end)`` token ids for families whose video frames reuse the
@@ -74,8 +71,7 @@ class MropeFamily:
     video_token_id: int | None = None
     image_token: str = "image placeholder"
     video_token: str = "video placeholder"
-    tokens_per_second: float | None = None
-    temporal_rule: TemporalRuleName = "scaled"
+    temporal: TemporalRule | None = None
     per_frame_video: bool = False
     video_markers: tuple[int, int] | None = None
     resume_past_frames: bool = False
@@ -85,8 +81,8 @@ class MropeFamily:
             raise TypeError("MropeFamily.name must be a non-empty string")
         if not isinstance(self.spatial_merge_size, int) or self.spatial_merge_size < 1:
             raise TypeError(f"MropeFamily.spatial_merge_size must be a positive int, got {self.spatial_merge_size!r}")
-        if self.temporal_rule not in TEMPORAL_RULES:
-            raise TypeError(f"MropeFamily.temporal_rule must be one of {sorted(TEMPORAL_RULES)}, got {self.temporal_rule!r}")
+        if self.temporal is not None and not (isinstance(self.temporal, TemporalRule) and self.temporal.truncate):
+            raise TypeError(f"MropeFamily.temporal must be a truncating TemporalRule or None, got {self.temporal!r}")
         if self.video_markers is not None and len(self.video_markers) != 2:
             raise TypeError("MropeFamily.video_markers must be a (begin, end) pair of token ids")
         ids = [self.image_token_id, self.video_token_id, *(self.video_markers or ())]
@@ -116,7 +112,8 @@ class MropeFamily:
 
     def temporal_scale(self, seconds: Any) -> Any:
         """The videos' temporal scales for ``second_per_grid_ts`` (a tensor or numpy array)."""
-        return TEMPORAL_RULES[self.temporal_rule](self.tokens_per_second, seconds)
+        assert self.temporal is not None  # (only timed families scale)
+        return temporal_scale(self.temporal, seconds)
 
 
 def seconds_per_grid(value: Any, videos: int) -> tuple[torch.Tensor, np.ndarray | torch.Tensor]:

@@ -10,7 +10,6 @@ raises its typed errors.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -25,7 +24,7 @@ WRITTEN, MISMATCH, PADDING_INSIDE, UNUSUAL = range(4)
 
 _IDS = (torch.int64, torch.int32)
 _SECONDS = (torch.float32, torch.float64)
-_RULE_CODES = {"scaled": 0, "whole_seconds": 1, "float64": 2}  # the compiled call's
+_PRECISIONS = {"float32": 0, "float64": 1, "seconds": 2}  # the compiled call's
 
 
 class FusedPositions:
@@ -36,7 +35,7 @@ class FusedPositions:
         self.token_types = token_types
         self.spec = _spec(family, kinds, token_types)
         self.has_video = family.has_video
-        self.timed = family.tokens_per_second is not None
+        self.timed = family.temporal is not None
 
     @classmethod
     def of(cls, family: MropeFamily, kinds: tuple[MediaKind, ...], token_types: Any) -> FusedPositions | None:
@@ -99,8 +98,8 @@ def _grid(value: Any) -> Any:
 
 
 def _spec(family: MropeFamily, kinds: tuple[MediaKind, ...], token_types: Any) -> tuple | None:
-    """The call's constants: the token types (as token ids and types, or GLM's markers), the
-    merge size, the kinds and the temporal rule; None where the call does not apply."""
+    """The call's constants: the token types (as token ids and types, or video markers), the
+    merge size, the kinds and the temporal rule's fields; None where the call does not apply."""
     if type(token_types) is TokenTypeMap:
         if len(token_types.types) > native.MAX_MEDIA_TOKENS:  # type: ignore[union-attr]
             return None
@@ -114,23 +113,18 @@ def _spec(family: MropeFamily, kinds: tuple[MediaKind, ...], token_types: Any) -
         return None
     if kinds != family.kinds:
         return None
-    per_second = family.tokens_per_second
+    rule = family.temporal
+    per_second = None if rule is None else rule.per_second
     # a scale numpy works out in float32 or float64 (or int64): a Python number of moderate size
-    if per_second is not None and not (type(per_second) in (int, float) and abs(per_second) < 2**24):
+    if per_second is not None and not abs(per_second) < 2**24:
         return None
     kind_specs = [(1, False, False)]
     if family.has_video:
-        kind_specs.append((2, family.per_frame_video, per_second is not None))
-        if family.per_frame_video and per_second is not None:
+        kind_specs.append((2, family.per_frame_video, rule is not None))
+        if family.per_frame_video and rule is not None:
             return None  # the step-by-step path decides what such a family means
-    rule = _RULE_CODES.get(family.temporal_rule)
-    if family.temporal_rule == "seconds_first" and (per_second is None or _power_of_two(per_second)):
-        rule = _RULE_CODES["scaled"]  # multiplying by a power of two is exact: both orders round alike
     if rule is None:
-        return None
-    return (tokens, types, markers, family.spatial_merge_size, tuple(kind_specs), per_second, rule,
-            family.resume_past_frames)
-
-
-def _power_of_two(value: float) -> bool:
-    return value > 0 and math.frexp(value)[0] == 0.5
+        return (tokens, types, markers, family.spatial_merge_size, tuple(kind_specs), None, False, 0, False,
+                family.resume_past_frames)
+    return (tokens, types, markers, family.spatial_merge_size, tuple(kind_specs), per_second,
+            rule.order == "frame_first", _PRECISIONS[rule.precision], rule.whole_seconds, family.resume_past_frames)

@@ -41,7 +41,8 @@ class MropeKernel(RopeKernel):
         self._fused = FusedPositions.of(family, self.kinds, self.token_types) if own_reading else None
 
     def __repr__(self) -> str:
-        return f"MropeKernel({self.family.name}, temporal rule {self.family.temporal_rule!r})"
+        timed = f", temporal ids {self.family.temporal}" if self.family.temporal is not None else ""
+        return f"MropeKernel({self.family.name}{timed})"
 
     def rope_index(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                    cu_seqlens: torch.Tensor | None = None, **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,7 +84,7 @@ class MropeKernel(RopeKernel):
         check_placeholders(types, _bool(attention_mask), self.kinds, media,
                            spatial_merge_size=self.family.spatial_merge_size)
         videos = inputs.get("video_grid_thw")
-        if self.family.tokens_per_second is not None and videos is not None:
+        if self.family.temporal is not None and videos is not None:
             inputs["second_per_grid_ts"], _ = seconds_per_grid(inputs.get("second_per_grid_ts"), videos.shape[0])
         return inputs
 
@@ -93,7 +94,7 @@ class MropeKernel(RopeKernel):
         images = read_grid("image_grid_thw", image_grid_thw)
         videos = read_grid("video_grid_thw", video_grid_thw) if self.family.has_video else None
         scale = None
-        if videos is not None and self.family.tokens_per_second is not None:
+        if videos is not None and self.family.temporal is not None:
             _, seconds = seconds_per_grid(second_per_grid_ts, videos.shape[0])
             scale = self.family.temporal_scale(seconds)
         if videos is not None and self.family.per_frame_video:

@@ -10,9 +10,10 @@ the reference on probe batches is bound.
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import Any, get_args
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,7 +23,7 @@ from mmrope_core.mrope import (
     MediaKind,
     MropeFamily,
     MropeKernel,
-    TemporalRuleName,
+    TemporalRule,
     check_placeholders,
     mrope_position_ids,
     mrope_positions,
@@ -31,6 +32,15 @@ from mmrope_core.mrope import (
 from mmrope_core.reference import kernels_agree, probe_once
 
 from .reference import media_token_ids
+
+#: The ways timed videos' temporal ids have been formed, tried in this order: in the seconds'
+#: dtype, with the seconds truncated first, in float64, and frame number times seconds first.
+TEMPORAL_RULES = (
+    TemporalRule(precision="seconds"),
+    TemporalRule(precision="seconds", whole_seconds=True),
+    TemporalRule(precision="float64"),
+    TemporalRule(order="frame_first", precision="seconds"),
+)
 
 
 class TemporalMergeKernel(MropeKernel):
@@ -154,17 +164,21 @@ class Candidate:
     temporal_merge_size: int = 1
     newline_column: bool = False
 
-    def kernel(self, temporal_rule: TemporalRuleName | None = None) -> MropeKernel:
-        family = self.family if temporal_rule is None else dataclasses.replace(self.family, temporal_rule=temporal_rule)
+    def kernel(self, temporal: TemporalRule | None = None) -> MropeKernel:
+        family = self.family if temporal is None else dataclasses.replace(self.family, temporal=temporal)
         if self.newline_column:
             return NewlineColumnKernel(family)
         if self.temporal_merge_size > 1:
             return TemporalMergeKernel(family, self.temporal_merge_size)
         return MropeKernel(family)
 
-    def rules(self) -> list[TemporalRuleName]:
-        """The temporal rules to try: for timed videos every rule (they changed between releases)."""
-        return list(get_args(TemporalRuleName)) if self.family.tokens_per_second is not None else ["scaled"]
+    def rules(self) -> list[TemporalRule | None]:
+        """The temporal rules to try: for timed videos every rule of :data:`TEMPORAL_RULES` (they
+        changed between releases), at the config's ``tokens_per_second``."""
+        timed = self.family.temporal
+        if timed is None:
+            return [None]
+        return [dataclasses.replace(rule, per_second=timed.per_second) for rule in TEMPORAL_RULES]
 
     def batches(self) -> Iterator[dict[str, Any]]:
         """Probe batches laid out for this candidate; merged videos get ``t * merge`` frames (and
@@ -196,10 +210,13 @@ def candidates(name: str, processor: Any, config: Any) -> tuple[list[Candidate],
     image, video = images[0], (videos[0] if videos else None)
     seconds = getattr(vision, "tokens_per_second", None)
     seconds = seconds if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) else None
+    if seconds is not None and not 0 < seconds < math.inf:
+        seconds = None  # no rule times videos by it
+    timed = TemporalRule(seconds, precision="seconds") if seconds else None
     base = MropeFamily(name, spatial_merge_size=merge, image_token_id=image, video_token_id=video,
                        image_token=str(getattr(processor, "image_token", "image placeholder")),
                        video_token=str(getattr(processor, "video_token", None) or "video placeholder"))
-    out = [Candidate("Qwen2-VL runs", dataclasses.replace(base, tokens_per_second=seconds) if seconds else base)]
+    out = [Candidate("Qwen2-VL runs", dataclasses.replace(base, temporal=timed) if timed else base)]
     if video is not None:
         out.append(Candidate("Qwen3-VL frames", dataclasses.replace(base, per_frame_video=True)))
     markers = getattr(processor, "video_start_id", None), getattr(processor, "video_end_id", None)
@@ -224,9 +241,9 @@ def probed_kernel(key: Any, options: Sequence[Candidate], reference: Any, token_
             if not token_types_agree(candidate.family):
                 continue
             batches = list(candidate.batches())
-            for rule in candidate.rules():
+            for number, rule in enumerate(candidate.rules()):
                 if kernels_agree(candidate.kernel(rule), reference, batches):
-                    return f"{index}:{rule}"
+                    return f"{index}:{number}"
         if options:
             why = (f"follows none of the batched kernel's layouts on probe inputs (tried: "
                    f"{', '.join(candidate.layout for candidate in options)})")
@@ -239,6 +256,6 @@ def probed_kernel(key: Any, options: Sequence[Candidate], reference: Any, token_
     answer = probe_once(key, probe, fast=f"the batched kernel of {what}")
     if not answer:
         return None
-    index, rule = answer.split(":")
+    index, number = answer.split(":")
     candidate = options[int(index)]
-    return candidate, candidate.kernel(next(known for known in candidate.rules() if known == rule))
+    return candidate, candidate.kernel(candidate.rules()[int(number)])
