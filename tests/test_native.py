@@ -314,28 +314,37 @@ def timed(per_second, **rule):
     return TemporalRule(per_second, **{"precision": "seconds", **rule})
 
 
+def keyed(*args, **kwargs):
+    """A family reading the processors' keys: its images', and where it has them its videos' and
+    their seconds'."""
+    video = len(args) > 3 or "video_markers" in kwargs
+    timed = video and kwargs.get("temporal") is not None
+    return MropeFamily(*args, **kwargs, image_key="image_grid_thw", video_key="video_grid_thw" if video else None,
+                       seconds_key="second_per_grid_ts" if timed else None)
+
+
 FAMILIES = {
-    "qwen2": MropeFamily("Qwen2-VL", 2, IMAGE, VIDEO),
-    "qwen2.5": MropeFamily("Qwen2.5-VL", 2, IMAGE, VIDEO, temporal=timed(2.0)),
-    "qwen2.5 int": MropeFamily("Qwen2.5-VL", 2, IMAGE, VIDEO, temporal=timed(4)),
-    "qwen2.5 odd rate": MropeFamily("Qwen2.5-VL", 2, IMAGE, VIDEO, temporal=timed(1.3)),
-    "qwen2.5 whole": MropeFamily("Qwen2.5-VL", 2, IMAGE, VIDEO, temporal=timed(2.0, whole_seconds=True)),
-    "qwen2.5 whole int": MropeFamily("Qwen2.5-VL", 2, IMAGE, VIDEO, temporal=timed(4, whole_seconds=True)),
-    "qwen3": MropeFamily("Qwen3-VL", 2, IMAGE, VIDEO, per_frame_video=True),
-    "glm": MropeFamily("GLM-4V", 2, IMAGE, per_frame_video=True, video_markers=(BEGIN, END)),
-    "images only": MropeFamily("PaddleOCR-VL", 2, IMAGE),
+    "qwen2": keyed("Qwen2-VL", 2, IMAGE, VIDEO),
+    "qwen2.5": keyed("Qwen2.5-VL", 2, IMAGE, VIDEO, temporal=timed(2.0)),
+    "qwen2.5 int": keyed("Qwen2.5-VL", 2, IMAGE, VIDEO, temporal=timed(4)),
+    "qwen2.5 odd rate": keyed("Qwen2.5-VL", 2, IMAGE, VIDEO, temporal=timed(1.3)),
+    "qwen2.5 whole": keyed("Qwen2.5-VL", 2, IMAGE, VIDEO, temporal=timed(2.0, whole_seconds=True)),
+    "qwen2.5 whole int": keyed("Qwen2.5-VL", 2, IMAGE, VIDEO, temporal=timed(4, whole_seconds=True)),
+    "qwen3": keyed("Qwen3-VL", 2, IMAGE, VIDEO, per_frame_video=True),
+    "glm": keyed("GLM-4V", 2, IMAGE, per_frame_video=True, video_markers=(BEGIN, END)),
+    "images only": keyed("PaddleOCR-VL", 2, IMAGE),
     # vLLM's rules: text resumes past a video's last frame; temporal ids in float64
-    "qwen2 vllm": MropeFamily("Qwen2-VL", 2, IMAGE, VIDEO, resume_past_frames=True),
-    "qwen2.5 vllm": MropeFamily("Qwen2.5-VL", 2, IMAGE, VIDEO, temporal=timed(2.0, precision="float64"),
+    "qwen2 vllm": keyed("Qwen2-VL", 2, IMAGE, VIDEO, resume_past_frames=True),
+    "qwen2.5 vllm": keyed("Qwen2.5-VL", 2, IMAGE, VIDEO, temporal=timed(2.0, precision="float64"),
                                 resume_past_frames=True),
-    "qwen2.5 vllm odd rate": MropeFamily("Qwen2.5-VL", 2, IMAGE, VIDEO, temporal=timed(1.3, precision="float64"),
+    "qwen2.5 vllm odd rate": keyed("Qwen2.5-VL", 2, IMAGE, VIDEO, temporal=timed(1.3, precision="float64"),
                                          resume_past_frames=True),
     # SGLang's: frame * seconds, then * tokens per second
-    "qwen2.5 sglang": MropeFamily("Qwen2.5-VL", 2, IMAGE, VIDEO, temporal=timed(2.0, order="frame_first"),
+    "qwen2.5 sglang": keyed("Qwen2.5-VL", 2, IMAGE, VIDEO, temporal=timed(2.0, order="frame_first"),
                                   resume_past_frames=True),
-    "qwen2.5 sglang odd rate": MropeFamily("Qwen2.5-VL", 2, IMAGE, VIDEO, temporal=timed(1.3, order="frame_first"),
+    "qwen2.5 sglang odd rate": keyed("Qwen2.5-VL", 2, IMAGE, VIDEO, temporal=timed(1.3, order="frame_first"),
                                            resume_past_frames=True),
-    "float32 rule": MropeFamily("My-VL", 2, IMAGE, VIDEO, temporal=timed(1.3, precision="float32")),
+    "float32 rule": keyed("My-VL", 2, IMAGE, VIDEO, temporal=timed(1.3, precision="float32")),
 }
 
 
@@ -490,7 +499,7 @@ def test_glm_markers_are_counted_from_each_row_and_segment_start():
 def test_the_fused_call_hands_unusual_inputs_to_the_step_by_step_path(case):
     """Each is handed back: the step-by-step path then computes it, or raises its typed error."""
     image, video, pad = 1001, 1002, 1000  # ids that int16 holds
-    family = MropeFamily("Qwen2.5-VL", 2, image, video, temporal=timed(2.0))
+    family = keyed("Qwen2.5-VL", 2, image, video, temporal=timed(2.0))
     ids = torch.tensor([[11, 12] + [image] * 4 + [13] + [video] * 8 + [14, pad]])
     mask = ids != pad
     inputs = {"image_grid_thw": torch.tensor([[1, 4, 4]]), "video_grid_thw": torch.tensor([[2, 4, 4]]),

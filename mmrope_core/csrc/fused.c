@@ -1,6 +1,6 @@
 /* The run-based kernel's common case in one call (mrope_fused): the token ids are read once,
- * row by row, into each token's media type (up to MAX_MEDIA_TOKENS placeholder ids, or an image
- * token turned video between begin- and end-of-video markers), each sample's span of valid
+ * row by row, into each token's media type (up to MAX_MEDIA_TOKENS placeholder ids, or one
+ * placeholder whose type switches from 1 to 2 between begin and end markers), each sample's span of valid
  * tokens and the runs of equal media type inside it; the runs take their kinds' grids in order,
  * their temporal ids are worked out as numpy works them out, and rows.c writes the rows. What
  * does not fit the common case (mismatches, padding inside a sample, odd sizes or scales) is
@@ -20,8 +20,8 @@ typedef struct {
     const uint8_t *mask;  /* or NULL: every token valid */
     const int64_t *bounds;  /* or NULL; else one row of `segments` segments */
     Py_ssize_t segments;
-    int marked;  /* types: image tokens, video frames between markers */
-    int64_t image, opens, closes;
+    int switched;  /* types: one placeholder, 1 outside and 2 between begin and end markers */
+    int64_t placeholder, opens, closes;
     Py_ssize_t tokens;
     int64_t token[MAX_MEDIA_TOKENS];
     int8_t type[MAX_MEDIA_TOKENS];
@@ -41,7 +41,7 @@ fused_types(const FusedRead *r, Py_ssize_t b, int8_t *types)
     const Py_ssize_t length = r->length;
     const char *ids = r->ids + b * length * r->itemsize;
     const int wide = r->itemsize == 8;
-    if (!r->marked) {
+    if (!r->switched) {
         if (wide)
             type_rows_64((const int64_t *)ids, types, 0, length, r->token, r->type, r->tokens);
         else
@@ -50,15 +50,15 @@ fused_types(const FusedRead *r, Py_ssize_t b, int8_t *types)
     }
     const int8_t one = 1;
     if (wide)
-        type_rows_64((const int64_t *)ids, types, 0, length, &r->image, &one, 1);
+        type_rows_64((const int64_t *)ids, types, 0, length, &r->placeholder, &one, 1);
     else
-        type_rows_32((const int32_t *)ids, types, 0, length, &r->image, &one, 1);
+        type_rows_32((const int32_t *)ids, types, 0, length, &r->placeholder, &one, 1);
     if (!any_equal(ids, r->itemsize, length, r->opens))
-        return;  /* no video in this row */
+        return;  /* no begin marker in this row */
     const Py_ssize_t pieces = r->bounds ? r->segments : 1;
     for (Py_ssize_t k = 0; k < pieces; k++) {
         const Py_ssize_t begin = r->bounds ? r->bounds[k] : 0, end = r->bounds ? r->bounds[k + 1] : length;
-        marked_video(ids, r->itemsize, types, begin, end, r->opens, r->closes);
+        between_markers(ids, r->itemsize, types, begin, end, r->opens, r->closes);
     }
 }
 
@@ -250,9 +250,9 @@ fused_spec(PyObject *spec, FusedRead *read, int64_t *merge, FusedKind *kinds, Py
         if (!PyErr_Occurred() && (type < 1 || type > 127))
             PyErr_SetString(PyExc_ValueError, "mrope_fused: media types are 1 to 127");
     }
-    read->marked = markers != Py_None;
-    if (read->marked && !PyErr_Occurred())
-        PyArg_ParseTuple(markers, "LLL:mrope_fused markers", (long long *)&read->image, (long long *)&read->opens,
+    read->switched = markers != Py_None;
+    if (read->switched && !PyErr_Occurred())
+        PyArg_ParseTuple(markers, "LLL:mrope_fused markers", (long long *)&read->placeholder, (long long *)&read->opens,
                          (long long *)&read->closes);
     for (Py_ssize_t k = 0; k < *kind_count && !PyErr_Occurred(); k++) {
         if (PyArg_ParseTuple(PyTuple_GET_ITEM(kind_specs, k), "ipp:mrope_fused kind", &kinds[k].type,
@@ -290,8 +290,8 @@ const char mrope_fused_doc[] =
 "None, or int64 (K + 1,) segment boundaries of one packed row (then the samples are its\n"
 "segments). `spec`: (tokens, types, markers, merge, kinds, per_second, frame_first, precision,\n"
 "whole_seconds, past_frames):\n"
-"token ids and their media types, or markers (image, video begin, video end) for video frames\n"
-"that are image tokens between markers; kinds ((type, per_frame, timed), ...) with `grids`, one\n"
+"token ids and their media types, or (placeholder, begin, end) for one placeholder typed 1, and 2\n"
+"between begin and end markers; kinds ((type, per_frame, timed), ...) with `grids`, one\n"
 "int64 (N, 3) array or None each; `seconds` (float32 or float64 per video of the timed kind, or\n"
 "None: 1 each) scale its temporal ids by the temporal rule of the next four (per_second None:\n"
 "untimed; precision 0 float32, 1 float64, 2 the seconds' dtype), truncated. Returns 0 when written; 1 where runs and grids disagree, 2 for padding inside a sample,\n"
@@ -374,7 +374,7 @@ mrope_fused(PyObject *module, PyObject *args)
     timing.seconds = held[V_SECONDS] ? views[V_SECONDS].buf : NULL;
     timing.seconds_size = held[V_SECONDS] ? views[V_SECONDS].itemsize : 0;
     if (itemsize == 4) {  /* int32 ids are compared with int32 tokens */
-        int64_t high = read.marked ? (read.image | read.opens | read.closes) : 0;
+        int64_t high = read.switched ? (read.placeholder | read.opens | read.closes) : 0;
         for (Py_ssize_t k = 0; k < read.tokens; k++)
             high |= read.token[k];
         if (high < 0 || high > INT32_MAX) {

@@ -16,7 +16,7 @@ Example (a video and its audio between two markers, merged by time)::
         kinds=(ItemKind("clip", key=(CLIP_START,), media=("video", "audio"), placeholders=(VIDEO, AUDIO),
                         closing=(CLIP_END,), interleave="time"),),
         temporal=TemporalRule(per_second=2.0))
-    kernel = ItemKernel(layout, {"video": ("video_grid_thw", "second_per_grids"), "audio": "audio_seqlens"})
+    kernel = ItemKernel(layout, {"video": ("clip_grids", "clip_seconds"), "audio": "sound_lengths"})
 """
 
 from ..temporal import TemporalRule

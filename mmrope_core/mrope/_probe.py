@@ -30,7 +30,7 @@ def fast_kernel(family: MropeFamily, reference: RopeKernel,
 
     Example::
 
-        reference = ReferenceKernel(Qwen2VLModel, config, token_types=family.token_types())
+        reference = ReferenceKernel(MyVLModel, config, token_types=family.token_types())
         kernel = fast_kernel(family, reference) or reference
     """
     own = family.temporal
@@ -71,11 +71,13 @@ def probe_batches(family: MropeFamily) -> Iterator[dict[str, Any]]:
     rows = [row + [text] * 3, row + [text] * 2]
     for left in (False, True):
         ids, mask = padded_batch(rows, text, left=left, mask_dtype=torch.bool)
-        batch: dict[str, Any] = {"input_ids": ids, "attention_mask": mask, "image_grid_thw": torch.tensor([image, image])}
-        if family.has_video:
-            batch["video_grid_thw"] = torch.tensor([video, video])
-            if family.temporal is not None:
-                batch["second_per_grid_ts"] = torch.tensor([0.5, 1.3])
+        batch: dict[str, Any] = {"input_ids": ids, "attention_mask": mask,
+                                 family.image_key: torch.tensor([image, image])}
+        _, video_key, seconds_key = family.keys
+        if video_key is not None:
+            batch[video_key] = torch.tensor([video, video])
+        if seconds_key is not None:
+            batch[seconds_key] = torch.tensor([0.5, 1.3])
         yield batch
 
 
@@ -86,7 +88,7 @@ def bind_mrope(family: MropeFamily, reference: RopeKernel, options: Mapping[str,
                conventions: Collection[str] = (TRANSFORMERS,), *,
                variants: Mapping[str, MropeFamily] | None = None,
                rules: Sequence[TemporalRule] | None = None) -> RopeBinding:
-    """The binding of a Qwen-style family, for ``bind_rope_index``: the batched kernel, or the
+    """The binding of a family of placeholder runs, for ``bind_rope_index``: the batched kernel, or the
     ``reference`` kernel where ``options`` ask for ``implementation="reference"`` or where the
     batched kernel does not reproduce the installed transformers (see :func:`fast_kernel`, which
     tries ``rules``).
@@ -99,7 +101,8 @@ def bind_mrope(family: MropeFamily, reference: RopeKernel, options: Mapping[str,
 
     Example::
 
-        family = MropeFamily("My-VL", spatial_merge_size=2, image_token_id=processor.image_token_id)
+        family = MropeFamily("My-VL", spatial_merge_size=2, image_token_id=processor.image_token_id,
+                             image_key="image_grids")
         reference = ReferenceKernel(MyVLModel, config, token_types=family.token_types(),
                                     check=MropeKernel(family).check)
         return bind_mrope(family, reference, options)

@@ -10,9 +10,12 @@ from mmrope_core.conventions import SGLANG_0_5_23, VLLM_0_33
 from mmrope_core.recognition import class_name_in
 from mmrope_core.temporal import TemporalRule
 
+#: The processors' keys of the images' and videos' grids and of a timed video's seconds per grid.
+IMAGE_KEY, VIDEO_KEY, SECONDS_KEY = "image_grid_thw", "video_grid_thw", "second_per_grid_ts"
+
 #: What the family's media keys hold, as the engine reads them: its grids, and a timed family's seconds.
-MEDIA_KEYS = {"image_grid_thw": GRID, "video_grid_thw": GRID}
-TIMED_MEDIA_KEYS = {**MEDIA_KEYS, "second_per_grid_ts": MediaKey(role="seconds", grid="video_grid_thw")}
+MEDIA_KEYS = {IMAGE_KEY: GRID, VIDEO_KEY: GRID}
+TIMED_MEDIA_KEYS = {**MEDIA_KEYS, SECONDS_KEY: MediaKey(role="seconds", grid=VIDEO_KEY)}
 
 #: How transformers releases time videos: ``trunc(f * (tokens_per_second * s))`` in the seconds'
 #: dtype (>= 5.11), and the same with the seconds truncated first (5.10); the probe tries them in

@@ -14,7 +14,7 @@ from mmrope_core.mrope import MropeFamily, MropeKernel, bind_mrope
 from mmrope_core.reference import ReferenceKernel
 from mmrope_core.temporal import TemporalRule
 
-from .families import ROLLOUT_RULES, TRANSFORMERS_RULES, Family
+from .families import IMAGE_KEY, ROLLOUT_RULES, SECONDS_KEY, TRANSFORMERS_RULES, VIDEO_KEY, Family
 
 
 def bind(family: Family, processor: Any, config: Any, options: Mapping[str, Any]) -> RopeBinding:
@@ -45,6 +45,7 @@ def describe(family: Family, processor: Any, config: Any) -> MropeFamily:
     """What the batched kernel needs to know of this processor and config."""
     vision = config.vision_config
     markers = (processor.video_start_id, processor.video_end_id) if family.video_inside_markers else None
+    temporal = _timed(vision) if family.timed_video else None
     return MropeFamily(
         family.name,
         spatial_merge_size=int(vision.spatial_merge_size),
@@ -52,9 +53,12 @@ def describe(family: Family, processor: Any, config: Any) -> MropeFamily:
         video_token_id=None if markers else processor.video_token_id,
         image_token=processor.image_token,
         video_token=processor.video_token,
-        temporal=_timed(vision) if family.timed_video else None,
+        temporal=temporal,
         per_frame_video=family.per_frame_video,
         video_markers=markers,
+        image_key=IMAGE_KEY,
+        video_key=VIDEO_KEY,
+        seconds_key=SECONDS_KEY if temporal is not None else None,
     )
 
 

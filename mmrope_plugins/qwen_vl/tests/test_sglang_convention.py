@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmrope_core import InvalidInputError, PluginManager, RopeEngine, UnknownConventionError
+from mmrope_core import InvalidInputError, PluginManager, RopeEngine, UnknownConventionError, compiled
 from mmrope_core.mrope._fused import FusedPositions
 from mmrope_core.testing._recorded import Recorded, assert_batches_reproduce
 from mmrope_qwen_vl.examples import build
@@ -109,11 +109,12 @@ def test_sglang_multiplies_frame_numbers_by_the_seconds_first():
     assert theirs == {scaled: 495, whole_seconds: 300}[transformers.binding.kernel.family.temporal]
     assert int(vllm.get_rope_index(ids, **kwargs)[0][0, 0, frame_12]) - start == 494
     assert sglang.binding.kernel.family.temporal.order == "frame_first"
-    assert FusedPositions.of(sglang.binding.kernel.family, sglang.binding.kernel.kinds,
-                             sglang.binding.kernel.token_types) is not None
+    fused = FusedPositions.of(sglang.binding.kernel.family, sglang.binding.kernel.kinds,
+                              sglang.binding.kernel.token_types)
+    assert (fused is not None) == compiled.available()
     assert int(sglang.get_rope_index(ids, **kwargs)[0][0, 0, frame_12]) - start == 494
-    # at a power of two the two orders round alike: the compiled call takes it as its scaled rule
-    assert engine("Qwen2.5-VL").binding.kernel._fused is not None
+    # and at the config's rate too (a power of two)
+    assert (engine("Qwen2.5-VL").binding.kernel._fused is not None) == compiled.available()
 
 
 @pytest.mark.differential

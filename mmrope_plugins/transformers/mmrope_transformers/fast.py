@@ -33,6 +33,10 @@ from mmrope_core.reference import kernels_agree, probe_once
 
 from .reference import media_token_ids
 
+#: The keys of the images' and videos' grids and of the videos' seconds, as the model classes'
+#: ``get_rope_index`` name them.
+IMAGE_KEY, VIDEO_KEY, SECONDS_KEY = "image_grid_thw", "video_grid_thw", "second_per_grid_ts"
+
 #: The ways timed videos' temporal ids have been formed, tried in this order: in the seconds'
 #: dtype, with the seconds truncated first, in float64, and frame number times seconds first.
 TEMPORAL_RULES = (
@@ -55,12 +59,11 @@ class TemporalMergeKernel(MropeKernel):
     def __repr__(self) -> str:
         return f"TemporalMergeKernel({self.family.name}, {self.temporal_merge_size} frames merged)"
 
-    def media(self, image_grid_thw: Any = None, video_grid_thw: Any = None,
-              second_per_grid_ts: Any = None) -> dict[int, MediaGrids | None]:
-        if isinstance(video_grid_thw, torch.Tensor) and video_grid_thw.dim() == 2 and video_grid_thw.shape[1] == 3:
-            video_grid_thw = video_grid_thw.clone()
-            video_grid_thw[:, 0] = torch.div(video_grid_thw[:, 0], self.temporal_merge_size, rounding_mode="floor")
-        return super().media(image_grid_thw, video_grid_thw, second_per_grid_ts)
+    def media(self, images: Any = None, videos: Any = None, seconds: Any = None) -> dict[int, MediaGrids | None]:
+        if isinstance(videos, torch.Tensor) and videos.dim() == 2 and videos.shape[1] == 3:
+            videos = videos.clone()
+            videos[:, 0] = torch.div(videos[:, 0], self.temporal_merge_size, rounding_mode="floor")
+        return super().media(images, videos, seconds)
 
 
 class NewlineColumnKernel(MropeKernel):
@@ -102,15 +105,14 @@ class NewlineColumnKernel(MropeKernel):
         return inputs
 
     def _frames(self, input_ids: torch.Tensor, mask: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
-                image_grid_thw: Any = None, video_grid_thw: Any = None,
-                **ignored: Any) -> tuple[torch.Tensor, dict[int, MediaGrids | None]]:
-        merge = self.family.spatial_merge_size
+                **inputs: Any) -> tuple[torch.Tensor, dict[int, MediaGrids | None]]:
+        merge, (image_key, video_key, _) = self.family.spatial_merge_size, self.family.keys
         types = self.token_types(input_ids, cu_seqlens)
-        media: dict[int, MediaGrids | None] = {1: self.media(_wider(image_grid_thw, merge))[1], 2: None, 3: None}
-        videos = self.media(None, video_grid_thw)[2] if self.family.video_token_id is not None else None
-        if videos is None or videos.grid_thw.shape[0] == 0:
+        media: dict[int, MediaGrids | None] = {1: self.media(_wider(inputs.get(image_key), merge))[1], 2: None, 3: None}
+        videos = self.media(None, inputs.get(video_key))[2] if video_key is not None else None
+        if videos is None or videos.grid.shape[0] == 0:
             return types, media
-        grids = videos.grid_thw
+        grids = videos.grid
         frames = _wider(torch.repeat_interleave(grids, grids[:, 0], dim=0), merge)
         frames[:, 0] = 1
         odd = torch.cat([torch.arange(int(count)) % 2 == 1 for count in grids[:, 0].tolist()])
@@ -186,13 +188,13 @@ class Candidate:
         merge = self.family.spatial_merge_size
         for index, batch in enumerate(probe_batches(self.family)):
             if self.newline_column:  # the probe's runs (6 image tokens, 3 frames of 4) with a newline column
-                batch["image_grid_thw"] = torch.tensor([[1, 2 * merge, 2 * merge]] * 2)
-                if "video_grid_thw" in batch:
-                    batch["video_grid_thw"] = torch.tensor([[3, 2 * merge, merge]] * 2)
-            if self.temporal_merge_size > 1 and "video_grid_thw" in batch:
-                grids = batch["video_grid_thw"].clone()
+                batch[IMAGE_KEY] = torch.tensor([[1, 2 * merge, 2 * merge]] * 2)
+                if VIDEO_KEY in batch:
+                    batch[VIDEO_KEY] = torch.tensor([[3, 2 * merge, merge]] * 2)
+            if self.temporal_merge_size > 1 and VIDEO_KEY in batch:
+                grids = batch[VIDEO_KEY].clone()
                 grids[:, 0] = grids[:, 0] * self.temporal_merge_size + index % 2
-                batch["video_grid_thw"] = grids
+                batch[VIDEO_KEY] = grids
             yield batch
 
 
@@ -215,14 +217,17 @@ def candidates(name: str, processor: Any, config: Any) -> tuple[list[Candidate],
     timed = TemporalRule(seconds, precision="seconds") if seconds else None
     base = MropeFamily(name, spatial_merge_size=merge, image_token_id=image, video_token_id=video,
                        image_token=str(getattr(processor, "image_token", "image placeholder")),
-                       video_token=str(getattr(processor, "video_token", None) or "video placeholder"))
-    out = [Candidate("Qwen2-VL runs", dataclasses.replace(base, temporal=timed) if timed else base)]
+                       video_token=str(getattr(processor, "video_token", None) or "video placeholder"),
+                       image_key=IMAGE_KEY, video_key=None if video is None else VIDEO_KEY)
+    out = [Candidate("Qwen2-VL runs", base if timed is None or video is None else
+                     dataclasses.replace(base, temporal=timed, seconds_key=SECONDS_KEY))]
     if video is not None:
         out.append(Candidate("Qwen3-VL frames", dataclasses.replace(base, per_frame_video=True)))
     markers = getattr(processor, "video_start_id", None), getattr(processor, "video_end_id", None)
     if all(isinstance(marker, int) for marker in markers):
         out.append(Candidate("GLM-4V video markers", dataclasses.replace(
-            base, video_token_id=None, per_frame_video=True, video_markers=markers)))  # type: ignore[arg-type]
+            base, video_token_id=None, per_frame_video=True, video_markers=markers,  # type: ignore[arg-type]
+            video_key=VIDEO_KEY)))
     merged = getattr(vision, "temporal_merge_size", None)
     if video is not None and isinstance(merged, int) and merged > 1:
         out.append(Candidate(f"videos merged {merged} frames to one", base, merged))
