@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from mmrope_core import PluginManager, RopeBinding, hookimpl
-from mmrope_core.batching import BatchLayout
+from mmrope_core.batching import COMMON, IMAGE_GRID, VIDEO_GRID, BatchLayout
 from mmrope_core.reference import ReferenceKernel
 
 
@@ -30,7 +30,7 @@ class NumberingReference(ReferenceKernel):
 
 class ThirdParty:
     """Binds Qwen2-VL's processor to a reference kernel (``numbering``: one that numbers images
-    across the batch) and declares ``layout`` as its model's batch layout."""
+    across the batch) and declares ``layout`` as its model's batch layout, with its media keys."""
 
     PROCESSOR_CLASSES = ("Qwen2VLProcessor",)
 
@@ -65,7 +65,9 @@ class ThirdParty:
 
     @hookimpl
     def batch_layout(self, processor: Any, config: Any) -> BatchLayout | None:
-        return self.layout if type(processor).__name__ in self.PROCESSOR_CLASSES else None
+        if type(processor).__name__ not in self.PROCESSOR_CLASSES:
+            return None
+        return (self.layout or COMMON).with_media({"image_grid_thw": IMAGE_GRID, "video_grid_thw": VIDEO_GRID})
 
     @hookimpl
     def example_cases(self) -> list[Any]:
