@@ -346,15 +346,16 @@ def _injected_media(collator: Any, features: list[dict[str, Any]]) -> set[str]:
 def _inputs_without(batch: Mapping[str, Any], injected: set[str], layout: Any) -> dict[str, Any]:
     """The batch's media inputs, less the fake ones: their tokens are padding, they place nothing.
     The fake image comes only to a batch without images or videos, the fake audio to one without
-    audios: every key the plugin declares holding images or videos (its grids and seconds), or
-    audios, holds the fake ones' entries alone."""
+    audios: every key the plugin declares holding images or videos (and its grids and seconds of
+    no declared medium), or audios, holds the fake ones' entries alone."""
     inputs = dict(batch)
+    media = {key: (rule.role, layout.medium_of(key)) for key, rule in layout.media.items()}
     fake: set[str] = set()
     if "image" in injected:
-        fake |= {key for key, rule in layout.media.items()
-                 if layout.medium_of(key) in ("image", "video") or rule.role in ("grid", "seconds")}
+        fake |= {key for key, (role, medium) in media.items()
+                 if medium in ("image", "video") or (medium is None and role in ("grid", "seconds"))}
     if "audio" in injected:
-        fake |= {key for key, rule in layout.media.items() if layout.medium_of(key) == "audio"}
+        fake |= {key for key, (_, medium) in media.items() if medium == "audio"}
     for key in fake:
         inputs.pop(key, None)
     return inputs
