@@ -13,13 +13,13 @@ from mmrope_core.reference import ReferenceKernel
 pytest.importorskip("transformers")
 qwen_vl_examples = pytest.importorskip("mmrope_qwen_vl.examples")
 
-#: A storyboard family's keys, named as no shipped family names them: panels are images, shots videos.
+#: A panels family's keys, named as no shipped family names them: panels are images, shots videos.
 PANEL_KEYS = {"panel_grid": MediaKey(role="grid", medium="image"), "shot_grid": MediaKey(role="grid", medium="video"),
               "shot_seconds": MediaKey(role="seconds", grid="shot_grid")}
 
 
 class PanelReference(ReferenceKernel):
-    """Qwen2.5-VL's own ``get_rope_index`` under the storyboard family's key names, plus, at a
+    """Qwen2.5-VL's own ``get_rope_index`` under the panels family's key names, plus, at a
     row's media tokens, the count of the media runs of the rows before it: a reference that
     numbers media across the batch (as HunYuan-VL's does)."""
 
@@ -40,8 +40,8 @@ class PanelReference(ReferenceKernel):
         return positions, deltas
 
 
-class StoryboardPlugin:
-    """Binds Qwen2.5-VL's processor to the storyboard reference and declares its keys ``media``."""
+class PanelsPlugin:
+    """Binds Qwen2.5-VL's processor to the panels reference and declares its keys ``media``."""
 
     def __init__(self, media):
         self.media = media
@@ -52,12 +52,12 @@ class StoryboardPlugin:
 
         from mmrope_core.mrope import MropeFamily
 
-        family = MropeFamily("Storyboard", spatial_merge_size=2, image_token_id=processor.image_token_id,
+        family = MropeFamily("Panels", spatial_merge_size=2, image_token_id=processor.image_token_id,
                              video_token_id=processor.video_token_id)
         kernel = PanelReference(Qwen2_5_VLModel, config, token_types=family.token_types())
         kernel.media_ids = (processor.image_token_id, processor.video_token_id)
         kernel.samples_independent = False
-        return RopeBinding("mrope", kernel, "reference", "a storyboard reference")
+        return RopeBinding("mrope", kernel, "reference", "a panels reference")
 
     @hookimpl
     def batch_layout(self):
@@ -70,8 +70,8 @@ def built():
 
 
 def engine_of(built, media):
-    manager = PluginManager(env={"MMROPE_LOAD_PLUGINS": "storyboard"})
-    manager.register(StoryboardPlugin(media), "storyboard")
+    manager = PluginManager(env={"MMROPE_LOAD_PLUGINS": "panels"})
+    manager.register(PanelsPlugin(media), "panels")
     return RopeEngine.from_processor(*built, plugin_manager=manager)
 
 
