@@ -55,10 +55,11 @@ def get_rope_index_kwargs(processor: Any, multi_modal_inputs: Any) -> dict[str, 
 def batch_layout(processor: Any) -> Any:
     if type(processor).__name__ not in PROCESSOR_CLASSES:
         return None
-    from mmrope_core.batching import GRID, BatchLayout, MediaKey
+    from mmrope_core.batching import VIDEO_GRID, BatchLayout, MediaKey
 
     # what each key holds: the engine reads and checks them before the hooks and the kernel see them
-    return BatchLayout(media={"video_grid_thw": GRID, "second_per_grids": MediaKey(role="seconds", grid="video_grid_thw"),
+    return BatchLayout(media={"video_grid_thw": VIDEO_GRID,
+                              "second_per_grids": MediaKey(role="seconds", grid="video_grid_thw"),
                               "audio_seqlens": MediaKey(role="audio_lengths")})
 
 

@@ -5,15 +5,16 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from mmrope_core.batching import GRID, MediaKey
+from mmrope_core.batching import IMAGE_GRID, VIDEO_GRID, MediaKey
 from mmrope_core.conventions import SGLANG_0_5_23, VLLM_0_33
 from mmrope_core.recognition import class_name_in
 
 if TYPE_CHECKING:  # the kernel (torch) is imported only when binding, so discovery stays cheap
     from mmrope_core.mrope import TemporalRuleName
 
-#: What the family's media keys hold, as the engine reads them: its grids, and a timed family's seconds.
-MEDIA_KEYS = {"image_grid_thw": GRID, "video_grid_thw": GRID}
+#: What the family's media keys hold, as the engine reads them: its grids, one per image or video,
+#: and a timed family's seconds, one per video.
+MEDIA_KEYS = {"image_grid_thw": IMAGE_GRID, "video_grid_thw": VIDEO_GRID}
 TIMED_MEDIA_KEYS = {**MEDIA_KEYS, "second_per_grid_ts": MediaKey(role="seconds", grid="video_grid_thw")}
 
 #: The temporal rules transformers releases follow for timed videos: ``scaled`` (>= 5.11) and
