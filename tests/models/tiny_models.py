@@ -172,9 +172,7 @@ TORCHVISION_FREE = {
 }
 
 #: Example cases that cannot run their model's own forward offline: ``name -> why``.
-LEFT_OUT: dict[str, str] = {
-    "AV-Clip": "the example plugin's own audio-visual family (examples/av_clip_plugin): no transformers model computes it",
-}
+LEFT_OUT: dict[str, str] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,14 +299,31 @@ def _import_without_torchvision() -> None:
 
 def _model_class(config: Any) -> Any:
     """The image-text-to-text (or multimodal LM) class transformers maps ``config`` to; for a model
-    type mapped to a base model only (GLM-Image), the ``ForConditionalGeneration`` beside it."""
+    type mapped to a base model only (GLM-Image), the ``ForConditionalGeneration`` beside it. A
+    model type a plugin registers (:func:`registered`) is built as it registered it, with its head
+    (``AutoModelForImageTextToText``, or ``AutoModelForCausalLM`` for a plain decoder)."""
     from transformers.models.auto import modeling_auto
 
-    for mapping in (modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING, modeling_auto.MODEL_FOR_MULTIMODAL_LM_MAPPING):
+    heads = [modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING, modeling_auto.MODEL_FOR_MULTIMODAL_LM_MAPPING]
+    if registered(config):
+        heads.append(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING)
+    for mapping in heads:
         if type(config) in mapping:
             return _first(mapping[type(config)])
+    if registered(config):
+        raise LookupError(f"{config.model_type} is registered with transformers' AutoConfig, but no model of it with a "
+                          f"language-model head is (AutoModelForImageTextToText.register, or AutoModelForCausalLM's): "
+                          f"the tests train its logits")
     base = _first(modeling_auto.MODEL_MAPPING[type(config)])
     return getattr(sys.modules[base.__module__], base.__name__.removesuffix("Model") + "ForConditionalGeneration")
+
+
+def registered(config: Any) -> bool:
+    """Whether ``config``'s model type is one a plugin registered with transformers' ``AutoConfig``
+    (Storyboard's), not one of transformers' own."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    return config.model_type not in CONFIG_MAPPING_NAMES
 
 
 def _first(found: Any) -> Any:
