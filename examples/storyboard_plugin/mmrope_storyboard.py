@@ -147,12 +147,27 @@ def layout(processor: Any) -> Any:
 
 
 @hookimpl
-def bind_rope_index(processor: Any) -> RopeBinding | None:
+def bind_rope_index(processor: Any, config: Any, options: Any) -> RopeBinding | None:
     if type(processor).__name__ not in PROCESSOR_CLASSES:
         return None
+    from mmrope_core import InvalidInputError
     from mmrope_core.items import ItemKernel
 
-    return RopeBinding("mrope", ItemKernel(layout(processor), KEYS), "fast", "Storyboard, media-item kernel")
+    kernel = ItemKernel(layout(processor), KEYS)
+    implementation = options.get("implementation", "fast")
+    if implementation == "fast":
+        return RopeBinding("mrope", kernel, "fast", "Storyboard, media-item kernel")
+    if implementation != "reference":
+        raise InvalidInputError(f"implementation={implementation!r} is not an implementation of Storyboard; use "
+                                f"'fast' or 'reference'")
+    from mmrope_core.reference import ReferenceKernel
+
+    def check(input_ids: Any, attention_mask: Any = None, **inputs: Any) -> None:
+        kernel.rope_index(input_ids, attention_mask, **inputs)  # the kernel's typed refusals, then the model's positions
+
+    config = config or StoryboardConfig(*processor.tokenizer.convert_tokens_to_ids(list(TOKENS.values())))
+    return RopeBinding("mrope", ReferenceKernel(StoryboardModel, config, check=check), "reference",
+                       "Storyboard, its model's own get_rope_index")
 
 
 @hookimpl
@@ -180,7 +195,7 @@ def varlen_keys(processor: Any) -> set[str] | None:
 
 @hookimpl
 def example_cases() -> list[ExampleCase]:
-    return [ExampleCase("Storyboard", build, board_samples)]
+    return [ExampleCase("Storyboard", build, board_samples, board_batch)]
 
 
 # -- the family's processor, and a tiny one built offline for `mmrope check` and the tests --------
@@ -288,3 +303,31 @@ def board_samples(processor: Any, rng: Any) -> list[dict[str, Any]]:
         text = " ".join([filler_text(rng, 3)] + [f"{TOKENS['board_token']} {filler_text(rng, 2)}" for _ in boards])
         samples.append({"text": [text], "boards": boards, "return_tensors": "pt"})
     return samples
+
+
+def board_batch(processor: Any, config: Any, rng: Any) -> dict[str, Any]:
+    """One sample of text and up to three boards of random grids, pace and narration, laid out as
+    the processor lays it out: ``input_ids``, ``attention_mask`` and the media keys."""
+    import numpy as np
+
+    from mmrope_core.tiny import filler_text
+
+    start, end, panel, narration = processor.tokenizer.convert_tokens_to_ids(list(TOKENS.values()))
+
+    def text(least: int = 0) -> list[int]:
+        return processor.tokenizer(filler_text(rng, rng.randint(least, 4)), add_special_tokens=False)["input_ids"]
+
+    row, boards = text(least=1), []
+    for _ in range(rng.randint(0, 3)):
+        grid = (rng.randint(1, 6), MERGE * rng.randint(1, 3), MERGE * rng.randint(1, 3))
+        seconds = float(np.float32(rng.choice((0.25, 0.5, 1.0, 2 / 3, 1.3, rng.uniform(0.1, 3)))))
+        mels = rng.randint(1, 12 * MELS_PER_TOKEN)
+        boards.append((grid, seconds, mels))
+        row += [start, *board_tokens(grid, seconds, mels, panel, narration), end, *text()]
+    ids = torch.tensor([row])
+    batch: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    if boards:
+        batch.update(panel_grid_thw=torch.tensor([grid for grid, _, _ in boards]),
+                     seconds_per_panel=torch.tensor([seconds for _, seconds, _ in boards], dtype=torch.float32),
+                     narration_lengths=torch.tensor([mels for _, _, mels in boards]))
+    return batch

@@ -1,6 +1,7 @@
 """Storyboard against its model's own get_rope_index: generated samples of text and boards, batched
-with padding on either side and packed, through the engine, on the compiled loops and in numpy;
-its processor; packed rows at the tiny model; the conformance suite."""
+with padding on either side and packed, through the engine, on the compiled loops and in numpy,
+and its reference implementation; its processor; packed rows at the tiny model; the conformance
+suite and ``mmrope verify``."""
 
 import random
 
@@ -13,22 +14,18 @@ from mmrope_core import PlaceholderMismatchError, PluginManager, RopeEngine, com
 from mmrope_core.collators import PackedCollator
 from mmrope_core.testing import assert_conforms
 from mmrope_core.tiny import padded_batch
-from mmrope_storyboard import (
-    MEDIA_KEYS,
-    MELS_PER_TOKEN,
-    MERGE,
-    TOKENS,
-    StoryboardModel,
-    board_samples,
-    board_tokens,
-    build,
-)
+from mmrope_core.verify import verify
+from mmrope_storyboard import MEDIA_KEYS, TOKENS, StoryboardModel, board_batch, board_samples, build
 
 
 @pytest.fixture(scope="module")
-def engine():
+def manager():
+    return PluginManager(env={"MMROPE_LOAD_PLUGINS": "storyboard"})
+
+
+@pytest.fixture(scope="module")
+def engine(manager):
     processor, config = build()
-    manager = PluginManager(env={"MMROPE_LOAD_PLUGINS": "storyboard"})
     return RopeEngine.from_processor(processor, config, plugin_manager=manager)
 
 
@@ -48,50 +45,56 @@ def test_it_is_an_installed_distribution_with_an_entry_point():
     assert entry_points["storyboard"].dist.metadata["Name"] == "mmrope-storyboard"
 
 
-def random_sample(rng, ids):
-    """Text and up to three boards (random grids, pace and narration), laid out as the processor lays them out."""
-    start_id, end_id, panel_id, narration_id = ids
-    row, boards = [rng.randrange(10, 16) for _ in range(rng.randint(0, 5))], []
-    for _ in range(rng.randint(0, 3)):
-        grid = (rng.randint(1, 6), MERGE * rng.randint(1, 3), MERGE * rng.randint(1, 3))
-        seconds = float(np.float32(rng.choice((0.25, 0.5, 1.0, 2 / 3, 1.3, rng.uniform(0.1, 3)))))
-        mels = rng.randint(1, 12 * MELS_PER_TOKEN)
-        boards.append((grid, seconds, mels))
-        row += [start_id, *board_tokens(grid, seconds, mels, panel_id, narration_id), end_id]
-        row += [rng.randrange(10, 16) for _ in range(rng.randint(0, 4))]
-    return row or [11], boards
-
-
-def media(boards):
-    if not boards:
-        return {}
-    return {"panel_grid_thw": torch.tensor([grid for grid, _, _ in boards]),
-            "seconds_per_panel": torch.tensor([seconds for _, seconds, _ in boards], dtype=torch.float32),
-            "narration_lengths": torch.tensor([mels for _, _, mels in boards])}
+def joined(samples):
+    """The samples' rows, and their media in one batch, in order."""
+    media = {key: torch.cat([sample[key] for sample in samples if key in sample]) for key in MEDIA_KEYS
+             if any(key in sample for sample in samples)}
+    return [sample["input_ids"][0].tolist() for sample in samples], media
 
 
 @pytest.mark.differential
 @pytest.mark.parametrize("loops", ["compiled", "numpy"])
-def test_positions_equal_the_models_own_get_rope_index(engine, model, ids, loops, monkeypatch):
+def test_positions_equal_the_models_own_get_rope_index(engine, model, loops, monkeypatch):
     if loops == "numpy":
         monkeypatch.setattr(compiled, "native", None)
     else:
         assert compiled.available(), "the compiled loops are not loaded"
     rng = random.Random(f"storyboard {loops}")
     for index in range(100):
-        samples = [random_sample(rng, ids) for _ in range(rng.randint(1, 4))]
-        inputs = media([board for _, boards in samples for board in boards])
-        input_ids, mask = padded_batch([row for row, _ in samples], 0, left=rng.random() < 0.5)
+        rows, inputs = joined([board_batch(engine.processor, engine.config, rng) for _ in range(rng.randint(1, 4))])
+        input_ids, mask = padded_batch(rows, 0, left=rng.random() < 0.5)
         want, want_deltas = model.get_rope_index(input_ids, attention_mask=mask, **inputs)
         positions, deltas = engine.get_rope_index(input_ids, mask, **inputs)
         valid = mask.bool()
         assert torch.equal(positions[:, valid], want[:, valid]), f"batch {index}"
         assert torch.equal(deltas.flatten(), want_deltas.flatten()), f"batch {index}"
-        packed = torch.tensor([[token for row, _ in samples for token in row]])
-        bounds = torch.tensor([0, *np.cumsum([len(row) for row, _ in samples])])
+        packed = torch.tensor([[token for row in rows for token in row]])
+        bounds = torch.tensor([0, *np.cumsum([len(row) for row in rows])])
         in_row, in_row_deltas = engine.get_rope_index(packed, cu_seqlens=bounds, **inputs)
         assert torch.equal(in_row[:, 0], want[:, valid]), f"batch {index}"
         assert torch.equal(in_row_deltas.flatten(), want_deltas.flatten()), f"batch {index}"
+
+
+def test_the_reference_implementation_is_the_models_own_and_refuses_as_the_kernel_does(engine, manager, ids):
+    reference = RopeEngine.from_processor(engine.processor, engine.config, plugin_manager=manager,
+                                          implementation="reference")
+    assert reference.implementation == "reference"
+    rng = random.Random("storyboard reference")
+    for _ in range(20):
+        rows, inputs = joined([board_batch(engine.processor, engine.config, rng) for _ in range(2)])
+        input_ids, mask = padded_batch(rows, 0, left=True)
+        positions, deltas = reference.get_rope_index(input_ids, mask, **inputs)
+        want, want_deltas = engine.get_rope_index(input_ids, mask, **inputs)
+        valid = mask.bool()
+        assert torch.equal(positions[:, valid], want[:, valid]) and torch.equal(deltas, want_deltas)
+    input_ids, media = truncated(engine, ids)
+    with pytest.raises(PlaceholderMismatchError, match="sample 0, board at token"):
+        reference.get_rope_index(input_ids, **media)
+
+
+def test_mmrope_verify_finds_the_fast_kernel_equal_to_the_reference(engine, manager):
+    report = verify(engine.processor, engine.config, samples=30, plugin_manager=manager)
+    assert report.fast_equal == 30 and report.implementation == "fast"
 
 
 def test_the_processor_lays_boards_out_as_the_model_reads_them(engine, model):
@@ -129,14 +132,21 @@ def test_a_packed_row_trains_each_sample_as_it_is_alone(engine, model):
     assert not torch.allclose(plain, packed, atol=1e-3)
 
 
-def test_a_truncated_board_is_refused_by_name(engine, ids):
+def truncated(engine, ids):
+    """A sample cut inside its first board: its end marker and what follows gone."""
     rng = random.Random(3)
-    row, boards = random_sample(rng, ids)
-    while not boards:
-        row, boards = random_sample(rng, ids)
-    cut = row[: row.index(ids[1])]  # the first board's end marker and what follows gone
+    sample = board_batch(engine.processor, engine.config, rng)
+    while "panel_grid_thw" not in sample:
+        sample = board_batch(engine.processor, engine.config, rng)
+    row = sample["input_ids"][0].tolist()
+    media = {key: sample[key][:1] for key in MEDIA_KEYS}
+    return torch.tensor([row[: row.index(ids[1])]]), media
+
+
+def test_a_truncated_board_is_refused_by_name(engine, ids):
+    input_ids, media = truncated(engine, ids)
     with pytest.raises(PlaceholderMismatchError, match="sample 0, board at token"):
-        engine.get_rope_index(torch.tensor([cut]), **media(boards[:1]))
+        engine.get_rope_index(input_ids, **media)
 
 
 def test_the_plugin_conforms():
