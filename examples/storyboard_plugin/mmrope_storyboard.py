@@ -247,7 +247,11 @@ class StoryboardProcessor(ProcessorMixin):
             pieces = line.split(TOKENS["board_token"])
             row = self.tokenizer(pieces[0], add_special_tokens=False)["input_ids"]
             for piece in pieces[1:]:
-                panels, shown, waveform = next(pending)
+                board = next(pending, None)
+                if board is None:
+                    raise ValueError(f"the texts hold more {TOKENS['board_token']} markers than the {len(boards or ())} "
+                                     f"boards given; give one board a marker")
+                panels, shown, waveform = board
                 images = self.image_processor(images=list(panels), return_tensors="pt")
                 _, height, width = images["image_grid_thw"][0].tolist()
                 grids.append((len(panels), height, width))

@@ -3,7 +3,9 @@
 For each example case of the installed plugins (the ``example_cases`` hook), :func:`tiny_model`
 builds the image-text-to-text (or multimodal LM) class that transformers' auto mappings give the
 case's config (for Omni, the thinker's), from the case's default config made tiny, so that the
-model runs its own forward on the case's samples exactly as the processor outputs them::
+model runs its own forward on the case's samples exactly as the processor outputs them. A model
+type that a plugin registers with transformers' auto classes (Storyboard's) is built the same
+way, from its registration: its config class, and its model with a language-model head::
 
     tiny = tiny_model("Qwen3.5")
     for sample in tiny.samples:
@@ -57,7 +59,7 @@ whose processor module imports torchvision for names the Pillow image processor'
 defines (Gemma4 in 5.10) build with those names taken from the Pillow module
 (:data:`TORCHVISION_FREE`).
 
-On one CPU thread (transformers 5.24, a shared 2-core machine), building all 34 cases takes about
+On one CPU thread (transformers 5.24, a shared 2-core machine), building all 35 cases takes about
 2 s after 3 s of imports and plugin loading, and a forward and backward pass of every sample
 about 2 s, half of it Aria's: its processor outputs 980x980 tiles (4900 patches an image), about
 0.5 s a sample; every other case takes under 0.1 s for all its samples together. These times
