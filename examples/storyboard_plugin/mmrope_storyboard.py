@@ -4,8 +4,9 @@ then that second's narration.
 
 The family's rule is written as data for mmrope's media-item primitives
 (:mod:`mmrope_core.items`); no code of mmrope knows it. The definition is
-:meth:`StoryboardModel.get_rope_index`, written token by token; its config and models are
-registered with transformers' auto classes, so mmrope measures whether it trains packed rows.
+:meth:`StoryboardModel.get_rope_index`, written plainly (``implementation="reference"`` binds it);
+its config and models are registered with transformers' auto classes, so mmrope measures whether
+it trains packed rows and its own model-level tests build it.
 """
 
 from __future__ import annotations
