@@ -53,12 +53,11 @@ def joined(samples):
 
 
 @pytest.mark.differential
-@pytest.mark.parametrize("loops", ["compiled", "numpy"])
+@pytest.mark.parametrize("loops", [
+    pytest.param("compiled", marks=pytest.mark.mmrope_applies(compiled.available(), "the compiled loops")), "numpy"])
 def test_positions_equal_the_models_own_get_rope_index(engine, model, loops, monkeypatch):
     if loops == "numpy":
         monkeypatch.setattr(compiled, "native", None)
-    else:
-        assert compiled.available(), "the compiled loops are not loaded"
     rng = random.Random(f"storyboard {loops}")
     for index in range(100):
         rows, inputs = joined([board_batch(engine.processor, engine.config, rng) for _ in range(rng.randint(1, 4))])
