@@ -302,20 +302,15 @@ def _import_without_torchvision() -> None:
 def _model_class(config: Any) -> Any:
     """The image-text-to-text (or multimodal LM) class transformers maps ``config`` to; for a model
     type mapped to a base model only (GLM-Image), the ``ForConditionalGeneration`` beside it. A
-    model type a plugin registers (:func:`registered`) is built as it registered it, with its head
-    (``AutoModelForImageTextToText``, or ``AutoModelForCausalLM`` for a plain decoder)."""
+    model type a plugin registers (:func:`registered`) is built as it registered it, with its head."""
     from transformers.models.auto import modeling_auto
 
-    heads = [modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING, modeling_auto.MODEL_FOR_MULTIMODAL_LM_MAPPING]
-    if registered(config):
-        heads.append(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING)
-    for mapping in heads:
+    for mapping in (modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING, modeling_auto.MODEL_FOR_MULTIMODAL_LM_MAPPING):
         if type(config) in mapping:
             return _first(mapping[type(config)])
     if registered(config):
         raise LookupError(f"{config.model_type} is registered with transformers' AutoConfig, but no model of it with a "
-                          f"language-model head is (AutoModelForImageTextToText.register, or AutoModelForCausalLM's): "
-                          f"the tests train its logits")
+                          f"language-model head is (AutoModelForImageTextToText.register): the tests train its logits")
     base = _first(modeling_auto.MODEL_MAPPING[type(config)])
     return getattr(sys.modules[base.__module__], base.__name__.removesuffix("Model") + "ForConditionalGeneration")
 
