@@ -6,7 +6,7 @@
 # install the third-party example plugins (PaddleOCR-VL's binding would shadow mmrope-transformers').
 PYTHON ?= python3
 FAMILY_PLUGINS := $(patsubst %/pyproject.toml,%,$(wildcard mmrope_plugins/*/pyproject.toml))
-PLUGINS := $(FAMILY_PLUGINS) examples/third_party_plugin examples/av_clip_plugin
+PLUGINS := $(FAMILY_PLUGINS) examples/third_party_plugin examples/storyboard_plugin
 EDITABLE := -e . $(addprefix -e ./,$(PLUGINS))
 # runs the install commands docs/trainers.md gives users
 INSTALL_FROM_DOCS := tests/trainers/install_commands.py

@@ -8,9 +8,12 @@ checks every key of a declared :attr:`MediaKey.role` before any hook or kernel s
 rules. A key declared with a role only is batched the common way: concatenated on dim 0, the
 varying dimensions zero-padded.
 
+A key's :attr:`MediaKey.medium` says which kind of media item it holds one entry of each: by it
+a trainer's padded batch is shared out among its rows (each row computed as its sample alone).
+
 Example::
 
-    BatchLayout(media={"image_grid_thw": GRID, "video_grid_thw": GRID,
+    BatchLayout(media={"image_grid_thw": IMAGE_GRID, "video_grid_thw": VIDEO_GRID,
                        "second_per_grid_ts": MediaKey(role="seconds", grid="video_grid_thw")})
 """
 
@@ -29,6 +32,11 @@ EmptyItem = Callable[[tuple[int, ...], Any], Any]
 #: What a media key holds, as the engine reads it (see :mod:`mmrope_core.media`).
 Role = Literal["grid", "seconds", "audio_lengths", "audio_mask"]
 ROLES: tuple[Role, ...] = ("grid", "seconds", "audio_lengths", "audio_mask")
+#: The kinds of media item a trainer counts in a sample, of which a key may hold one entry each.
+Medium = Literal["image", "video", "audio"]
+MEDIA: tuple[Medium, ...] = ("image", "video", "audio")
+#: Roles that hold one entry per audio by what they are.
+_AUDIO_ROLES = ("audio_lengths", "audio_mask")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +52,11 @@ class MediaKey:
             ``(audios, frames)`` feature mask. None: the engine passes the key on unread.
         grid: for ``role="seconds"``, the grid key (declared with ``role="grid"``) whose rows
             the values count: one value per video of ``"video_grid_thw"``.
+        medium: the kind of media item the key holds one entry (row) of each, in the samples'
+            order: ``"image"``, ``"video"`` or ``"audio"``. A trainer's padded batch is shared
+            out among its rows by it, where each row is computed as its sample alone. A
+            ``"seconds"`` key counts its grid's items, an ``"audio_lengths"`` or
+            ``"audio_mask"`` key one entry per audio: they need none.
         join: ``"rows"``: each sample's tensor is one or more rows, concatenated on dim 0;
             ``"last"``: each sample's ``(1, ..., W_i)`` is joined on the last dim into one
             ``(1, ..., sum W_i)`` (MiniCPM-V's image strips).
@@ -88,6 +101,7 @@ class MediaKey:
     one_shape: str = ""
     role: Role | None = None
     grid: str | None = None
+    medium: Medium | None = None
 
     def __post_init__(self) -> None:
         if self.role is not None and self.role not in ROLES:
@@ -95,6 +109,11 @@ class MediaKey:
         if (self.role == "seconds") != (self.grid is not None) or not isinstance(self.grid, (str, type(None))):
             raise TypeError("MediaKey(role='seconds') needs grid, the name of the grid key whose rows it counts; "
                             "other roles take no grid")
+        if self.medium is not None and self.medium not in MEDIA:
+            raise TypeError(f"MediaKey.medium must be one of {MEDIA} or None, got {self.medium!r}")
+        if self.role in _AUDIO_ROLES and self.medium not in (None, "audio"):
+            raise TypeError(f"MediaKey(role={self.role!r}) holds one entry per audio: its medium is 'audio', "
+                            f"not {self.medium!r}")
         if self.join not in ("rows", "last"):
             raise TypeError(f"MediaKey.join must be 'rows' or 'last', got {self.join!r}")
         for name in ("items_dim", "token_dim"):
@@ -115,11 +134,15 @@ class MediaKey:
     @property
     def common_batching(self) -> bool:
         """Whether the key is batched the common way (concatenated on dim 0): it declares its role only."""
-        return dataclasses.replace(self, role=None, grid=None) == MediaKey()
+        return dataclasses.replace(self, role=None, grid=None, medium=None) == MediaKey()
 
 
 #: A key holding ``(N, 3)`` grids, batched the common way.
 GRID = MediaKey(role="grid")
+#: A key holding one ``(t, h, w)`` grid per image, batched the common way.
+IMAGE_GRID = MediaKey(role="grid", medium="image")
+#: A key holding one ``(t, h, w)`` grid per video, batched the common way.
+VIDEO_GRID = MediaKey(role="grid", medium="video")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +184,10 @@ class BatchLayout:
             if rule.grid is not None and getattr(self.media.get(rule.grid), "role", None) != "grid":
                 raise TypeError(f"BatchLayout.media[{key!r}] counts the rows of {rule.grid!r}: declare "
                                 f"{rule.grid!r} too, as MediaKey(role='grid')")
+            own = self.media[rule.grid].medium if rule.grid is not None else None
+            if rule.medium is not None and own is not None and rule.medium != own:
+                raise TypeError(f"BatchLayout.media[{key!r}] counts the {own} items of {rule.grid!r}: its medium is "
+                                f"{own!r}, not {rule.medium!r}")
         if not set(self.refused_sides) <= {"left", "right"} or not all(
                 isinstance(why, str) and why for why in self.refused_sides.values()):
             raise TypeError("BatchLayout.refused_sides must map 'left'/'right' to a reason users can read")
@@ -173,13 +200,29 @@ class BatchLayout:
 
     def with_media(self, media: Mapping[str, MediaKey]) -> BatchLayout:
         """This layout with the keys of ``media`` added; a key it holds already keeps its batching
-        rule and takes the role given in ``media`` where it declares none."""
+        rule and takes the role and medium given in ``media`` where it declares none."""
         merged = dict(self.media)
         for key, rule in media.items():
             own = merged.get(key)
-            merged[key] = rule if own is None else own if own.role is not None else dataclasses.replace(
-                own, role=rule.role, grid=rule.grid)
+            if own is not None and own.role is None:
+                own = dataclasses.replace(own, role=rule.role, grid=rule.grid)
+            if own is not None and own.medium is None:
+                own = dataclasses.replace(own, medium=rule.medium)
+            merged[key] = rule if own is None else own
         return dataclasses.replace(self, media=merged)
+
+    def medium_of(self, key: str) -> Medium | None:
+        """The kind of media item ``key`` holds one entry of each, as declared: its own
+        :attr:`MediaKey.medium`, its grid's for a ``"seconds"`` key, ``"audio"`` for an audio
+        role; None where the layout does not say."""
+        rule = self.media.get(key)
+        if rule is None:
+            return None
+        if rule.medium is not None:
+            return rule.medium
+        if rule.grid is not None:
+            return self.media[rule.grid].medium
+        return "audio" if rule.role in _AUDIO_ROLES else None
 
     @property
     def packing_refusal(self) -> str:

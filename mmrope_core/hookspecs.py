@@ -128,8 +128,10 @@ def varlen_keys(processor: Any) -> Iterable[str] | None:
 def batch_layout(processor: Any, config: Any) -> BatchLayout | None:
     """How the model takes a batch: what the family's media keys hold (a
     :class:`~mmrope_core.batching.MediaKey` ``role``: grids, seconds, audio lengths, audio
-    masks), the keys its processor batches otherwise than the common way (every key concatenated
-    on dim 0, varying dims zero-padded), and the padding side its layers get wrong.
+    masks; and its ``medium``: the image, video or audio items it holds one entry of each, by
+    which the trainers' drop-ins share a batch out among its samples), the keys its processor
+    batches otherwise than the common way (every key concatenated on dim 0, varying dims
+    zero-padded), and the padding side its layers get wrong.
 
     Called once when an engine is built. Return a :class:`~mmrope_core.batching.BatchLayout`
     for processors you bound, None otherwise. The engine reads and checks every key declared
@@ -142,7 +144,7 @@ def batch_layout(processor: Any, config: Any) -> BatchLayout | None:
         @hookimpl
         def batch_layout(processor, config):
             if type(processor).__name__ == "MyStripProcessor":  # one (1, 3, 14, W) strip per sample
-                return BatchLayout(media={"pixel_values": MediaKey(join="last"), "strip_grid": GRID})
+                return BatchLayout(media={"pixel_values": MediaKey(join="last"), "strip_grid": IMAGE_GRID})
     """
 
 

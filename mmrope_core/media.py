@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from .batching import MediaKey
 
 # A placeholder token stands for at most MERGE_BOUND**2 patches (merge sizes are 1 to 4 in
-# practice), and for at most FRAMES_PER_AUDIO_TOKEN feature frames (Qwen-Omni: 4 and ~8).
+# practice), and for at most FRAMES_PER_AUDIO_TOKEN feature frames (the shipped families: 4 and ~8).
 MERGE_BOUND = 32
 FRAMES_PER_AUDIO_TOKEN = 64
 #: Seconds per grid above this (12 days) would place temporal positions where int64 overflows.
@@ -45,6 +45,7 @@ def read_media(inputs: Mapping[str, Any], keys: Mapping[str, MediaKey], *, token
     subclass :class:`~mmrope_core.PlaceholderMismatchError` for sizes the batch cannot hold)."""
     require_string_keys("the multimodal inputs", inputs)
     read = dict(inputs)
+    mask = next((key for key, rule in keys.items() if rule.role == "audio_mask"), None)  # what lengths sum
     for key, rule in keys.items():  # grids first: the seconds are counted against their grid's rows
         if rule.role == "grid" and (value := read.get(key)) is not None:
             read[key] = read_grid(key, value, tokens=tokens)
@@ -56,7 +57,7 @@ def read_media(inputs: Mapping[str, Any], keys: Mapping[str, MediaKey], *, token
             grids = read.get(rule.grid or "")
             read[key] = read_seconds(key, value, videos=None if grids is None else grids.shape[0], grid=rule.grid)
         elif role == "audio_lengths":
-            read[key] = read_audio_lengths(key, value, tokens=tokens)
+            read[key] = read_audio_lengths(key, value, tokens=tokens, mask=mask)
         else:
             read[key] = read_audio_mask(key, value)
     return read
@@ -168,27 +169,30 @@ def _numbers(key: str, value: Any, kinds: str, what: str) -> np.ndarray:
     return array
 
 
-def read_audio_lengths(key: str, value: Any, *, tokens: int | None = None) -> torch.Tensor | None:
+def read_audio_lengths(key: str, value: Any, *, tokens: int | None = None, mask: str | None = None,
+                       ) -> torch.Tensor | None:
     """Each audio's feature frames as a 1-D int64 tensor: integers, not negative and, with
-    ``tokens``, no more frames than the batch's tokens can stand for."""
+    ``tokens``, no more frames than the batch's tokens can stand for. ``mask``: the key of the
+    audio feature mask the lengths are the sums of, which the messages name."""
     if value is None:
         return None
+    summed = f"{mask}.sum(-1)" if mask else "feature frames per audio"
     if not isinstance(value, torch.Tensor):
-        value = torch.from_numpy(_numbers(key, value, "iu", "integer feature lengths (feature_attention_mask.sum(-1))"))
+        value = torch.from_numpy(_numbers(key, value, "iu", f"integer feature lengths ({summed})"))
     require_values(key, value)
     if value.dtype not in _INTEGERS:
         raise InvalidInputError(f"{key} must hold integer feature lengths, got {value.dtype}; "
-                                f"pass feature_attention_mask.sum(-1)")
+                                f"pass {summed if mask else 'the feature frames of each audio'}")
     host = value.detach().cpu().reshape(-1).numpy()  # (numpy: a tenth of torch's time on a few lengths)
     if host.size:
         low, high = float(host.min()), float(host.max())  # compared as floats: a uint64 cannot wrap
         if low < 0 or high > 2.0**62:
-            raise InvalidInputError(f"{key} (feature_attention_mask.sum(-1)) holds a negative or impossible length: "
+            raise InvalidInputError(f"{key} ({summed}) holds a negative or impossible length: "
                                     f"{host.tolist()}")
         if tokens is not None and high > FRAMES_PER_AUDIO_TOKEN * tokens + 4096:
             raise PlaceholderMismatchError(
                 f"{key} holds {int(high)} feature frames, more than the batch's {counted(tokens, 'token')} can "
-                f"stand for; pass the feature_attention_mask of these samples")
+                f"stand for; pass {f'the {mask}' if mask else 'the audio lengths'} of these samples")
     return value.reshape(-1).long()
 
 
@@ -209,7 +213,7 @@ def require_string_keys(where: str, inputs: Mapping[Any, Any]) -> None:
     for key in inputs:
         if not isinstance(key, str):
             raise InvalidInputError(f"{where} has the key {key!r} ({type(key).__name__}); keys must be strings "
-                                    f"naming a processor output or argument, such as 'image_grid_thw'")
+                                    f"naming a processor output or argument")
 
 
 def require_values(key: str, value: torch.Tensor) -> None:

@@ -46,7 +46,7 @@ def decoded_positions(prefill: torch.Tensor, generated: torch.Tensor | None, att
         plus the truncated delta of everything before their run, on every row. With ``deltas``,
         the truncated deltas, those of samples ending in a generated run being that run's.
     """
-    if prefill.device.type != "cpu":  # the work is on the host, where the kernels place Omni's positions too
+    if prefill.device.type != "cpu":  # the work is on the host, where the kernels place positions too
         def host(tensor: torch.Tensor | None) -> torch.Tensor | None:
             return None if tensor is None else tensor.cpu()
 

@@ -46,7 +46,7 @@ def alone(engine, sample):
 def test_each_packed_segment_holds_its_samples_positions(name):
     engine, samples = engine_and_samples(name)
     support = packed_row_support(engine)
-    if not support.exact:  # tests/models show that these models mix packed segments; AV-Clip has no config
+    if not support.exact:  # tests/models show that these models mix packed segments
         with pytest.raises(PackingUnsupportedError, match=re.escape(support.model)):
             PackedCollator(engine)
         return

@@ -14,7 +14,7 @@ from mmrope_core import (
     RopeEngine,
     hookimpl,
 )
-from mmrope_core.batching import GRID
+from mmrope_core.batching import GRID, IMAGE_GRID, VIDEO_GRID
 from mmrope_core.kernel import RopeKernel
 
 #: A clip family's keys, named as no shipped family names them.
@@ -136,6 +136,26 @@ def test_a_layout_checks_its_roles():
     assert both.media["clip_patches"] == GRID and not both.media["pixel_values"].common_batching
 
 
+def test_a_layout_says_which_media_item_each_key_holds_one_entry_of():
+    with pytest.raises(TypeError, match="medium must be one of"):
+        MediaKey(role="grid", medium="panel")
+    with pytest.raises(TypeError, match="holds one entry per audio: its medium is 'audio', not 'video'"):
+        MediaKey(role="audio_lengths", medium="video")
+    with pytest.raises(TypeError, match="counts the video items of 'clip_patches': its medium is 'video', not 'image'"):
+        BatchLayout(media={"clip_patches": VIDEO_GRID, "clip_timing": MediaKey(role="seconds", grid="clip_patches",
+                                                                               medium="image")})
+    layout = BatchLayout(media={**CLIP_KEYS, "clip_patches": VIDEO_GRID, "stills": IMAGE_GRID,
+                                "pixel_values": MediaKey(items_dim=1)})
+    assert {key: layout.medium_of(key) for key in (*layout.media, "undeclared")} == {
+        "clip_patches": "video", "clip_timing": "video", "clip_sound": "audio", "clip_sound_mask": "audio",
+        "stills": "image", "pixel_values": None, "undeclared": None}
+    assert BatchLayout(media=CLIP_KEYS).medium_of("clip_timing") is None  # its grid says none
+    assert MediaKey(role="grid", medium="image").common_batching  # the medium does not change how it is batched
+    merged = BatchLayout(media={"pixel_values": MediaKey(items_dim=1)}).with_media(
+        {"pixel_values": MediaKey(medium="image")})
+    assert merged.media["pixel_values"] == MediaKey(items_dim=1, medium="image")
+
+
 @pytest.mark.parametrize(("family", "keys"), [
     ("Qwen2.5-VL", {"image_grid_thw": "grid", "video_grid_thw": "grid", "second_per_grid_ts": "seconds"}),
     ("Qwen2-VL", {"image_grid_thw": "grid", "video_grid_thw": "grid"}),
@@ -156,7 +176,23 @@ def test_the_qwen_vl_plugin_declares_no_keys_for_a_model_type_another_plugin_bin
 
     processor, config = build("Qwen3-VL")  # Qwen3VLProcessor feeds Cosmos3-Omni too, bound by the transformers plugin
     assert mmrope_qwen_vl.batch_layout(processor, types.SimpleNamespace(model_type="cosmos3_omni")) is None
-    assert mmrope_qwen_vl.batch_layout(processor, config).media == {"image_grid_thw": GRID, "video_grid_thw": GRID}
+    assert mmrope_qwen_vl.batch_layout(processor, config).media == {"image_grid_thw": IMAGE_GRID,
+                                                                    "video_grid_thw": VIDEO_GRID}
+
+
+def test_the_transformers_plugin_declares_which_media_its_references_arguments_hold():
+    """transformers names its ``get_rope_index`` arguments by the media they hold one entry of
+    each: the plugin declares that, and the core never reads the names."""
+    from mmrope_transformers.bind import Bound
+
+    arguments = {"image_grid_thw", "video_grid_thw", "second_per_grids", "audio_seqlens", "images_per_sample",
+                 "downsample_mode", "target_sizes", "target_sizes_videos", "use_audio_in_video"}
+    layout = BatchLayout(media=Bound(frozenset(arguments)).media_keys)
+    assert {key: layout.medium_of(key) for key in sorted(arguments)} == {
+        "audio_seqlens": "audio", "downsample_mode": None, "image_grid_thw": "image", "images_per_sample": "image",
+        "second_per_grids": "video", "target_sizes": None, "target_sizes_videos": "video", "video_grid_thw": "video",
+        "use_audio_in_video": None}
+    assert layout.media["audio_seqlens"].role == "audio_lengths" and layout.media["images_per_sample"].role is None
 
 
 class FlawedKernel(RecordingKernel):

@@ -41,9 +41,10 @@ def get_rope_index_kwargs(processor: Any, multi_modal_inputs: Any) -> dict[str, 
 def batch_layout(processor: Any) -> Any:
     if type(processor).__name__ not in PROCESSOR_CLASSES:
         return None
-    from mmrope_core.batching import GRID, BatchLayout
+    from mmrope_core.batching import IMAGE_GRID, BatchLayout
 
-    return BatchLayout(media={"image_grid_thw": GRID})  # read and checked by the engine as (N, 3) grids
+    # read and checked by the engine as (N, 3) grids, one per image
+    return BatchLayout(media={"image_grid_thw": IMAGE_GRID})
 
 
 @hookimpl

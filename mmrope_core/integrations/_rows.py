@@ -1,6 +1,8 @@
 """A framework's padded batch computed row by row, each row as its sample alone, where the
 engine's kernel may number media across the batch (see :mod:`mmrope_core.independence`): the
-batch's ``get_rope_index`` arguments shared out among the rows by each row's media counts."""
+batch's ``get_rope_index`` arguments shared out among the rows by each row's media counts, each
+argument by the medium its plugin declares it holds one entry of each
+(:meth:`BatchLayout.medium_of <mmrope_core.BatchLayout.medium_of>`)."""
 
 from __future__ import annotations
 
@@ -9,21 +11,19 @@ from typing import Any
 
 import torch
 
-#: the medium whose items a ``get_rope_index`` argument holds one entry of each, by a part of its name
-_MEDIUM_OF = (("video", "video"), ("second_per_grid", "video"), ("image", "image"), ("audio", "audio"),
-              ("feature", "audio"))
-
 
 def each_row_alone(engine: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, kwargs: Mapping[str, Any],
                    counts: Sequence[Mapping[str, int]], generated_mask: torch.Tensor | None = None,
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """``engine.get_rope_index`` of each row alone, as one batch's ``(rows, B, L)`` positions and
     ``(B, 1)`` deltas. ``counts``: each row's items of each medium (``{"image": 2, "video": 0}``),
-    by which the arguments holding one entry per item are shared out; one holding an entry per row
-    goes to its row. Raises :class:`~mmrope_core.CollateError` for one it cannot share out."""
+    by which the arguments the engine's batch layout declares with a medium are shared out; an
+    undeclared tensor holding an entry per row goes to its row. Raises
+    :class:`~mmrope_core.CollateError` for one it cannot share out."""
+    layout = engine.batch_layout
     shares: list[dict[str, Any]] = [{} for _ in counts]
     for key, value in kwargs.items():
-        for row, share in enumerate(_shared_out(key, value, counts, input_ids.shape[0])):
+        for row, share in enumerate(_shared_out(key, value, layout, counts, tuple(input_ids.shape))):
             shares[row][key] = share
     positions, deltas = [], []
     for row, share in enumerate(shares):
@@ -35,20 +35,42 @@ def each_row_alone(engine: Any, input_ids: torch.Tensor, attention_mask: torch.T
     return torch.cat(positions, dim=1), torch.cat(deltas)
 
 
-def _shared_out(key: str, value: Any, counts: Sequence[Mapping[str, int]], rows: int) -> list[Any]:
-    from mmrope_core.errors import CollateError
+def _shared_out(key: str, value: Any, layout: Any, counts: Sequence[Mapping[str, int]], ids: tuple[int, ...],
+                ) -> list[Any]:
+    from mmrope_core.errors import CollateError, counted
 
+    rows = ids[0]
     if value is None or isinstance(value, (bool, int, float, str)):
         return [value] * rows
-    medium = next((medium for part, medium in _MEDIUM_OF if part in key), None)
+    medium, rule = layout.medium_of(key), layout.media.get(key)
+    why = ""
     if medium is not None:
         sizes = [row.get(medium, 0) for row in counts]
         if len(value) == sum(sizes):
             starts = [sum(sizes[:row]) for row in range(rows)]
             return [value[start:start + size] if size else None for start, size in zip(starts, sizes)]
+        why = f" for the batch's {counted(sum(sizes), medium)} (it holds one entry per {medium})"
+    elif rule is not None and rule.role is not None:  # a grid's rows are items, never batch rows
+        why = (f"; its plugin's batch_layout declares its role {rule.role!r} but not which media items it holds one "
+               f"entry of each: declare it as MediaKey(role={rule.role!r}, medium=...) (image, video or audio)")
     elif isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == rows:
-        return list(value.split(1))
+        unclear = _unclear_media(value, counts, ids)
+        if not unclear:
+            return list(value.split(1))
+        why = (f", one per batch row or one per {unclear} of its samples, and its plugin's batch_layout does not "
+               f"declare it: declare it as MediaKey(medium={unclear!r}) if it holds one entry per {unclear}")
     raise CollateError(
-        f"{key!r} holds {len(value) if hasattr(value, '__len__') else value!r} entries, which mmrope cannot share out "
-        f"among the batch's {rows} samples to compute each alone (the model numbers media across the batch); "
+        f"{key!r} holds {len(value) if hasattr(value, '__len__') else value!r} entries{why}, which mmrope cannot share "
+        f"out among the batch's {rows} samples to compute each alone (the model numbers media across the batch); "
         f"train with one sample a batch")
+
+
+def _unclear_media(value: torch.Tensor, counts: Sequence[Mapping[str, int]], ids: tuple[int, ...]) -> str | None:
+    """The medium an undeclared tensor of one entry per batch row may as well hold one entry per
+    item of: one the rows hold as many items of, but not one each; None where it holds an entry
+    per token (it is laid out as the ids) or no medium fits."""
+    if tuple(value.shape[:2]) == ids:
+        return None
+    return next((medium for medium in sorted({medium for row in counts for medium in row})
+                 if sum(row.get(medium, 0) for row in counts) == ids[0]
+                 and any(row.get(medium, 0) != 1 for row in counts)), None)

@@ -172,7 +172,7 @@ def _call_with_mmrope_positions(original: Callable[..., Any], collator: Any, fea
             support.require_lengths(torch.bincount(row)[1:].tolist(), "a neat_packing row")
     if packed and "image" in injected:  # the SFT collator then keeps the fake image's tokens (its own flag)
         batch["has_dummy_image"] = True
-    inputs = _inputs_without(batch, injected)
+    inputs = _inputs_without(batch, injected, engine.batch_layout)
     mm_processor_kwargs = {"use_audio_in_video": bool(getattr(collator.processor, "use_audio_in_video", False)),
                            **_settings["mm_processor_kwargs"]}
     if packed:
@@ -343,13 +343,21 @@ def _injected_media(collator: Any, features: list[dict[str, Any]]) -> set[str]:
     return injected
 
 
-def _inputs_without(batch: Mapping[str, Any], injected: set[str]) -> dict[str, Any]:
-    """The batch's media inputs, less the fake ones: their tokens are padding, they place nothing."""
+def _inputs_without(batch: Mapping[str, Any], injected: set[str], layout: Any) -> dict[str, Any]:
+    """The batch's media inputs, less the fake ones: their tokens are padding, they place nothing.
+    The fake image comes only to a batch without images or videos, the fake audio to one without
+    audios: every key the plugin declares holding images or videos (and its grids and seconds of
+    no declared medium), or audios, holds the fake ones' entries alone."""
     inputs = dict(batch)
+    media = {key: (rule.role, layout.medium_of(key)) for key, rule in layout.media.items()}
+    fake: set[str] = set()
     if "image" in injected:
-        inputs.pop("image_grid_thw", None)
+        fake |= {key for key, (role, medium) in media.items()
+                 if medium in ("image", "video") or (medium is None and role in ("grid", "seconds"))}
     if "audio" in injected:
-        inputs.pop("feature_attention_mask", None)
+        fake |= {key for key, (_, medium) in media.items() if medium == "audio"}
+    for key in fake:
+        inputs.pop(key, None)
     return inputs
 
 

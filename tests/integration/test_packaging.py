@@ -20,7 +20,7 @@ DISTRIBUTIONS = {
     "mmrope_qwen3_omni": ROOT / "mmrope_plugins" / "qwen3_omni",
     "mmrope_transformers": ROOT / "mmrope_plugins" / "transformers",
     "mmrope_paddleocr_vl": ROOT / "examples" / "third_party_plugin",
-    "mmrope_av_clip": ROOT / "examples" / "av_clip_plugin",
+    "mmrope_storyboard": ROOT / "examples" / "storyboard_plugin",
 }
 
 

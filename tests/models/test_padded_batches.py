@@ -84,7 +84,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import assert_loss_and_gradients, cases, names, tiny_model
+from tiny_models import assert_loss_and_gradients, cases, names, registered, tiny_model
 
 from mmrope_core import CollateError, PackingUnsupportedError, RopeEngine
 from mmrope_core.collators import PackedCollator, PaddedCollator
@@ -474,10 +474,20 @@ def samples_calls(name, processor):
 MEDIA = ("images", "videos", "audio")
 
 
+def media_arguments(tiny):
+    """The media arguments of the case's processor: transformers' :data:`MEDIA`; a model type a
+    plugin registers names its own, the named arguments of its processor's call beside ``text``
+    that default to None (Storyboard's ``boards``)."""
+    if not registered(tiny.config):
+        return MEDIA
+    parameters = inspect.signature(type(tiny.processor).__call__).parameters
+    return tuple(name for name, parameter in parameters.items() if name != "text" and parameter.default is None)
+
+
 def calls_of(tiny):
     """The processor calls of the case's samples, and one of text alone (the last sample)."""
     calls = [dict(call) for call in samples_calls(tiny.name, tiny.processor)]
-    rest = {key: value for key, value in calls[0].items() if key not in ("text", *MEDIA)}
+    rest = {key: value for key, value in calls[0].items() if key not in ("text", *media_arguments(tiny))}
     return [*calls, {**rest, "text": [TEXT]}]
 
 
@@ -541,14 +551,14 @@ def processor_batch(tiny, calls, side):
 
 
 def _processor_batch(tiny, calls, side):
-    media = {}
-    for kind in MEDIA:
+    media, kinds = {}, media_arguments(tiny)
+    for kind in kinds:
         if any(kind in call for call in calls):
             nested = any(isinstance(call.get(kind, [None])[0], list) for call in calls)
             media[kind] = ([call[kind][0] if kind in call else [] for call in calls] if nested
                            else [item for call in calls for item in call.get(kind, ())])
     texts = [text for call in calls for text in call["text"]]
-    rest = {key: value for key, value in calls[0].items() if key not in ("text", "return_tensors", *MEDIA)}
+    rest = {key: value for key, value in calls[0].items() if key not in ("text", "return_tensors", *kinds)}
     padding = {"padding": True, "padding_side": side}
     if tiny.config.model_type in PADS_ONLY_THE_TEXT:
         padding = {"text_kwargs": padding}

@@ -3,7 +3,9 @@
 For each example case of the installed plugins (the ``example_cases`` hook), :func:`tiny_model`
 builds the image-text-to-text (or multimodal LM) class that transformers' auto mappings give the
 case's config (for Omni, the thinker's), from the case's default config made tiny, so that the
-model runs its own forward on the case's samples exactly as the processor outputs them::
+model runs its own forward on the case's samples exactly as the processor outputs them. A model
+type that a plugin registers with transformers' auto classes (Storyboard's) is built the same
+way, from its registration: its config class, and its model with a language-model head::
 
     tiny = tiny_model("Qwen3.5")
     for sample in tiny.samples:
@@ -57,7 +59,7 @@ whose processor module imports torchvision for names the Pillow image processor'
 defines (Gemma4 in 5.10) build with those names taken from the Pillow module
 (:data:`TORCHVISION_FREE`).
 
-On one CPU thread (transformers 5.24, a shared 2-core machine), building all 34 cases takes about
+On one CPU thread (transformers 5.24, a shared 2-core machine), building all 35 cases takes about
 2 s after 3 s of imports and plugin loading, and a forward and backward pass of every sample
 about 2 s, half of it Aria's: its processor outputs 980x980 tiles (4900 patches an image), about
 0.5 s a sample; every other case takes under 0.1 s for all its samples together. These times
@@ -172,9 +174,7 @@ TORCHVISION_FREE = {
 }
 
 #: Example cases that cannot run their model's own forward offline: ``name -> why``.
-LEFT_OUT: dict[str, str] = {
-    "AV-Clip": "the example plugin's own audio-visual family (examples/av_clip_plugin): no transformers model computes it",
-}
+LEFT_OUT: dict[str, str] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,14 +301,26 @@ def _import_without_torchvision() -> None:
 
 def _model_class(config: Any) -> Any:
     """The image-text-to-text (or multimodal LM) class transformers maps ``config`` to; for a model
-    type mapped to a base model only (GLM-Image), the ``ForConditionalGeneration`` beside it."""
+    type mapped to a base model only (GLM-Image), the ``ForConditionalGeneration`` beside it. A
+    model type a plugin registers (:func:`registered`) is built as it registered it, with its head."""
     from transformers.models.auto import modeling_auto
 
     for mapping in (modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING, modeling_auto.MODEL_FOR_MULTIMODAL_LM_MAPPING):
         if type(config) in mapping:
             return _first(mapping[type(config)])
+    if registered(config):
+        raise LookupError(f"{config.model_type} is registered with transformers' AutoConfig, but no model of it with a "
+                          f"language-model head is (AutoModelForImageTextToText.register): the tests train its logits")
     base = _first(modeling_auto.MODEL_MAPPING[type(config)])
     return getattr(sys.modules[base.__module__], base.__name__.removesuffix("Model") + "ForConditionalGeneration")
+
+
+def registered(config: Any) -> bool:
+    """Whether ``config``'s model type is one a plugin registered with transformers' ``AutoConfig``
+    (Storyboard's), not one of transformers' own."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    return config.model_type not in CONFIG_MAPPING_NAMES
 
 
 def _first(found: Any) -> Any:

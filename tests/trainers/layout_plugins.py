@@ -5,12 +5,12 @@ a model that takes only its own rows of positions, a padding side the model gets
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from mmrope_core import PluginManager, RopeBinding, hookimpl
-from mmrope_core.batching import BatchLayout
+from mmrope_core.batching import COMMON, IMAGE_GRID, VIDEO_GRID, BatchLayout, MediaKey
 from mmrope_core.reference import ReferenceKernel
 
 
@@ -30,12 +30,16 @@ class NumberingReference(ReferenceKernel):
 
 class ThirdParty:
     """Binds Qwen2-VL's processor to a reference kernel (``numbering``: one that numbers images
-    across the batch) and declares ``layout`` as its model's batch layout."""
+    across the batch) and declares ``layout`` as its model's batch layout, with its media keys ``media``."""
+
+    #: Qwen2-VL's grids, one per image and one per video.
+    MEDIA: ClassVar[dict[str, MediaKey]] = {"image_grid_thw": IMAGE_GRID, "video_grid_thw": VIDEO_GRID}
 
     PROCESSOR_CLASSES = ("Qwen2VLProcessor",)
 
-    def __init__(self, *, numbering: bool = False, layout: BatchLayout | None = None) -> None:
-        self.numbering, self.layout = numbering, layout
+    def __init__(self, *, numbering: bool = False, layout: BatchLayout | None = None,
+                 media: dict[str, MediaKey] | None = None) -> None:
+        self.numbering, self.layout, self.media = numbering, layout, self.MEDIA if media is None else media
 
     @hookimpl
     def bind_rope_index(self, processor: Any, config: Any) -> RopeBinding | None:
@@ -66,7 +70,9 @@ class ThirdParty:
 
     @hookimpl
     def batch_layout(self, processor: Any, config: Any) -> BatchLayout | None:
-        return self.layout if type(processor).__name__ in self.PROCESSOR_CLASSES else None
+        if type(processor).__name__ not in self.PROCESSOR_CLASSES:
+            return None
+        return (self.layout or COMMON).with_media(self.media)
 
     @hookimpl
     def example_cases(self) -> list[Any]:

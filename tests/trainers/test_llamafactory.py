@@ -570,6 +570,20 @@ def test_a_reference_numbering_images_across_the_batch_gives_each_row_its_sample
     assert differs  # the batch as the reference computes it would have given a row other positions
 
 
+def test_a_grid_whose_medium_no_plugin_declares_is_refused_not_guessed_from_its_name(installed, monkeypatch):
+    """Rows computed alone share the batch's grids out by the media their plugin declares they
+    hold: a grid declared without it is refused, whatever its name says."""
+    from layout_plugins import ThirdParty, default_manager_with
+
+    from mmrope_core.batching import GRID
+    from mmrope_core.errors import CollateError
+
+    default_manager_with(monkeypatch, ThirdParty(numbering=True, media={"image_grid_thw": GRID}))
+    with pytest.raises(CollateError, match=r"'image_grid_thw' holds \d+ entries; its plugin's batch_layout declares "
+                                           r"its role 'grid' but not which media items"):
+        cases.collate(cases.collator("Qwen2-VL"), images_in_several_rows(seed=5))
+
+
 def test_a_model_taking_only_its_own_rows_gets_no_text_row(installed, monkeypatch):
     """A model whose rotary embedding reads only the kernel's rows (HunYuan-VL's) gets those."""
     from layout_plugins import ThirdParty, default_manager_with

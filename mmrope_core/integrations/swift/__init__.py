@@ -153,7 +153,8 @@ def position_ids(template: Any, inputs: Mapping[str, Any]) -> dict[str, Any]:
         mask = torch.ones_like(input_ids)
     mm_processor_kwargs = {"use_audio_in_video": bool(getattr(template, "use_audio_in_video", False)),
                            **_settings["mm_processor_kwargs"]}
-    media = {key: _tensor(value) if key in _TIMINGS else value for key, value in inputs.items()}
+    seconds = {key for key, rule in engine.batch_layout.media.items() if rule.role == "seconds"}
+    media = {key: _tensor(value) if key in seconds else value for key, value in inputs.items()}
     positions, _ = engine.get_rope_index(input_ids, mask, **engine.rope_index_kwargs(media, mm_processor_kwargs))
     return {"position_ids": template._concat_text_position_ids(positions)}  # ms-swift's own text row
 
@@ -180,11 +181,8 @@ def _follow_the_layout(engine: Any, template: Any, rows: int) -> None:
                            f"positions are computed alone, or with one sample a batch")
 
 
-#: per-video timings, which ms-swift gathers as Python lists
-_TIMINGS = ("second_per_grid_ts", "video_second_per_grid")
-
-
 def _tensor(value: Any) -> Any:
+    """Seconds per grid, which ms-swift gathers as a Python list, as the float32 tensor a processor gives."""
     import torch
 
     return torch.tensor(value, dtype=torch.float32) if isinstance(value, list) else value

@@ -48,7 +48,7 @@ def audio_window(family: Family, thinker: Any, rule: str | None) -> int:
 
 
 def audio_token_counts(family: Family, thinker: Any, rule: str | None, audio_seqlens: Any) -> torch.Tensor | None:
-    lengths = read_audio_lengths("audio_seqlens", audio_seqlens)
+    lengths = read_audio_lengths("audio_seqlens", audio_seqlens, mask="feature_attention_mask")
     if lengths is None:
         return None
     tokens: torch.Tensor = audio_media(family, audio_window(family, thinker, rule)).tokens(lengths)

@@ -10,13 +10,13 @@ import numpy as np
 import torch
 
 from mmrope_core import InvalidInputError
-from mmrope_core.batching import GRID, MediaKey
+from mmrope_core.batching import IMAGE_GRID, VIDEO_GRID, MediaKey
 from mmrope_core.media import read_seconds
 
 INPUT_KEYS = ("image_grid_thw", "video_grid_thw", "audio_seqlens", "second_per_grids", "use_audio_in_video")
 _SECONDS = MediaKey(role="seconds", grid="video_grid_thw")
 #: What the processor's outputs and the thinker's inputs hold, as the engine reads them.
-MEDIA_KEYS = {"image_grid_thw": GRID, "video_grid_thw": GRID, "second_per_grids": _SECONDS,
+MEDIA_KEYS = {"image_grid_thw": IMAGE_GRID, "video_grid_thw": VIDEO_GRID, "second_per_grids": _SECONDS,
               "video_second_per_grid": _SECONDS, "audio_seqlens": MediaKey(role="audio_lengths"),
               "feature_attention_mask": MediaKey(role="audio_mask")}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from mmrope_core.batching import GRID, MediaKey
+from mmrope_core.batching import IMAGE_GRID, VIDEO_GRID, MediaKey
 from mmrope_core.conventions import SGLANG_0_5_23, VLLM_0_33
 from mmrope_core.recognition import class_name_in
 from mmrope_core.temporal import TemporalRule
@@ -13,8 +13,9 @@ from mmrope_core.temporal import TemporalRule
 #: The processors' keys of the images' and videos' grids and of a timed video's seconds per grid.
 IMAGE_KEY, VIDEO_KEY, SECONDS_KEY = "image_grid_thw", "video_grid_thw", "second_per_grid_ts"
 
-#: What the family's media keys hold, as the engine reads them: its grids, and a timed family's seconds.
-MEDIA_KEYS = {IMAGE_KEY: GRID, VIDEO_KEY: GRID}
+#: What the family's media keys hold, as the engine reads them: its grids, one per image or video,
+#: and a timed family's seconds, one per video.
+MEDIA_KEYS = {IMAGE_KEY: IMAGE_GRID, VIDEO_KEY: VIDEO_GRID}
 TIMED_MEDIA_KEYS = {**MEDIA_KEYS, SECONDS_KEY: MediaKey(role="seconds", grid=VIDEO_KEY)}
 
 #: How transformers releases time videos: ``trunc(f * (tokens_per_second * s))`` in the seconds'

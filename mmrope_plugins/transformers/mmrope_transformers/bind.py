@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from mmrope_core import InvalidInputError, MediaKey, RopeBinding
-from mmrope_core.batching import GRID
+from mmrope_core.batching import GRID, IMAGE_GRID, VIDEO_GRID, Medium
 from mmrope_core.reference import ReferenceKernel
 
 from .fast import Candidate, candidates, probed_kernel
@@ -31,9 +31,14 @@ _TOKEN_ALIGNED = frozenset({"mm_token_type_ids", "token_type_ids"})
 _SECONDS = MediaKey(role="seconds", grid="video_grid_thw")
 #: What transformers' media inputs of positions hold, by their names in its processors and
 #: ``get_rope_index`` methods (and every name ending in ``_grid_thw``: a grid), as the engine reads them.
-MEDIA_KEYS = {"image_grid_thw": GRID, "video_grid_thw": GRID, "second_per_grid_ts": _SECONDS,
+MEDIA_KEYS = {"image_grid_thw": IMAGE_GRID, "video_grid_thw": VIDEO_GRID, "second_per_grid_ts": _SECONDS,
               "second_per_grids": _SECONDS, "video_second_per_grid": _SECONDS,
               "audio_seqlens": MediaKey(role="audio_lengths"), "feature_attention_mask": MediaKey(role="audio_mask")}
+#: The kind of media item an argument of transformers' ``get_rope_index`` methods holds one entry
+#: of each, by a part of the name transformers gives it (the first part found decides); switches
+#: (``use_audio_in_video``) hold none.
+MEDIUM_BY_NAME: tuple[tuple[str, Medium], ...] = (
+    ("video", "video"), ("second_per_grid", "video"), ("image", "image"), ("audio", "audio"), ("feature", "audio"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +61,15 @@ class Bound:
     def media_keys(self) -> dict[str, MediaKey]:
         """What the processor's outputs and the reference's arguments hold, as the engine reads them."""
         grids = sorted(key for key in self.rope_arguments | self.varlen_keys if key.endswith("_grid_thw"))
-        return {**MEDIA_KEYS, **dict.fromkeys(grids, GRID)}
+        keys = {**MEDIA_KEYS, **{key: GRID for key in grids if key not in MEDIA_KEYS}}
+        for key in sorted(self.rope_arguments | set(keys)):
+            if key.startswith("use_"):
+                continue
+            medium = next((medium for part, medium in MEDIUM_BY_NAME if part in key), None)
+            rule = keys.get(key, MediaKey())
+            if medium is not None and rule.medium is None:
+                keys[key] = dataclasses.replace(rule, medium=medium)
+        return keys
 
 
 _bound: weakref.WeakKeyDictionary[Any, Bound] = weakref.WeakKeyDictionary()

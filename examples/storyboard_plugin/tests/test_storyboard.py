@@ -1,0 +1,152 @@
+"""Storyboard against its model's own get_rope_index: generated samples of text and boards, batched
+with padding on either side and packed, through the engine, on the compiled loops and in numpy,
+and its reference implementation; its processor; packed rows at the tiny model; the conformance
+suite and ``mmrope verify``."""
+
+import random
+
+import importlib_metadata
+import numpy as np
+import pytest
+import torch
+
+from mmrope_core import PlaceholderMismatchError, PluginManager, RopeEngine, compiled
+from mmrope_core.collators import PackedCollator
+from mmrope_core.testing import assert_conforms
+from mmrope_core.tiny import padded_batch
+from mmrope_core.verify import verify
+from mmrope_storyboard import MEDIA_KEYS, TOKENS, StoryboardModel, board_batch, board_samples, build
+
+
+@pytest.fixture(scope="module")
+def manager():
+    return PluginManager(env={"MMROPE_LOAD_PLUGINS": "storyboard"})
+
+
+@pytest.fixture(scope="module")
+def engine(manager):
+    processor, config = build()
+    return RopeEngine.from_processor(processor, config, plugin_manager=manager)
+
+
+@pytest.fixture(scope="module")
+def model(engine):
+    torch.manual_seed(0)
+    return StoryboardModel(engine.config).eval()
+
+
+@pytest.fixture(scope="module")
+def ids(engine):
+    return engine.processor.tokenizer.convert_tokens_to_ids(list(TOKENS.values()))
+
+
+def test_it_is_an_installed_distribution_with_an_entry_point():
+    entry_points = {ep.name: ep for ep in importlib_metadata.entry_points(group="mmrope")}
+    assert entry_points["storyboard"].dist.metadata["Name"] == "mmrope-storyboard"
+
+
+def joined(samples):
+    """The samples' rows, and their media in one batch, in order."""
+    media = {key: torch.cat([sample[key] for sample in samples if key in sample]) for key in MEDIA_KEYS
+             if any(key in sample for sample in samples)}
+    return [sample["input_ids"][0].tolist() for sample in samples], media
+
+
+@pytest.mark.differential
+@pytest.mark.parametrize("loops", [
+    pytest.param("compiled", marks=pytest.mark.mmrope_applies(compiled.available(), "the compiled loops")), "numpy"])
+def test_positions_equal_the_models_own_get_rope_index(engine, model, loops, monkeypatch):
+    if loops == "numpy":
+        monkeypatch.setattr(compiled, "native", None)
+    rng = random.Random(f"storyboard {loops}")
+    for index in range(100):
+        rows, inputs = joined([board_batch(engine.processor, engine.config, rng) for _ in range(rng.randint(1, 4))])
+        input_ids, mask = padded_batch(rows, 0, left=rng.random() < 0.5)
+        want, want_deltas = model.get_rope_index(input_ids, attention_mask=mask, **inputs)
+        positions, deltas = engine.get_rope_index(input_ids, mask, **inputs)
+        valid = mask.bool()
+        assert torch.equal(positions[:, valid], want[:, valid]), f"batch {index}"
+        assert torch.equal(deltas.flatten(), want_deltas.flatten()), f"batch {index}"
+        packed = torch.tensor([[token for row in rows for token in row]])
+        bounds = torch.tensor([0, *np.cumsum([len(row) for row in rows])])
+        in_row, in_row_deltas = engine.get_rope_index(packed, cu_seqlens=bounds, **inputs)
+        assert torch.equal(in_row[:, 0], want[:, valid]), f"batch {index}"
+        assert torch.equal(in_row_deltas.flatten(), want_deltas.flatten()), f"batch {index}"
+
+
+def test_the_reference_implementation_is_the_models_own_and_refuses_as_the_kernel_does(engine, manager, ids):
+    reference = RopeEngine.from_processor(engine.processor, engine.config, plugin_manager=manager,
+                                          implementation="reference")
+    assert reference.implementation == "reference"
+    rng = random.Random("storyboard reference")
+    for _ in range(20):
+        rows, inputs = joined([board_batch(engine.processor, engine.config, rng) for _ in range(2)])
+        input_ids, mask = padded_batch(rows, 0, left=True)
+        positions, deltas = reference.get_rope_index(input_ids, mask, **inputs)
+        want, want_deltas = engine.get_rope_index(input_ids, mask, **inputs)
+        valid = mask.bool()
+        assert torch.equal(positions[:, valid], want[:, valid]) and torch.equal(deltas, want_deltas)
+    input_ids, media = truncated(engine, ids)
+    with pytest.raises(PlaceholderMismatchError, match="sample 0, board at token"):
+        reference.get_rope_index(input_ids, **media)
+
+
+def test_mmrope_verify_finds_the_fast_kernel_equal_to_the_reference(engine, manager):
+    report = verify(engine.processor, engine.config, samples=30, plugin_manager=manager)
+    assert report.fast_equal == 30 and report.implementation == "fast"
+
+
+def test_the_processor_lays_boards_out_as_the_model_reads_them(engine, model):
+    processor = engine.processor
+    for seed in range(6):
+        outputs = [processor(**sample) for sample in board_samples(processor, random.Random(seed))]
+        for side in ("left", "right"):
+            input_ids, mask, inputs = engine.batch(outputs, side)
+            kwargs = engine.rope_index_kwargs(inputs)
+            want, want_deltas = model.get_rope_index(input_ids, attention_mask=mask, **kwargs)
+            positions, deltas = engine.get_rope_index(input_ids, mask, **kwargs)
+            assert torch.equal(positions[:, mask.bool()], want[:, mask.bool()])
+            assert torch.equal(deltas.flatten(), want_deltas.flatten())
+
+
+def test_a_packed_row_trains_each_sample_as_it_is_alone(engine, model):
+    processor = engine.processor
+    samples = [processor(**sample) for sample in board_samples(processor, random.Random("packed"))]
+    batch = PackedCollator(engine)(samples)
+    assert batch["position_ids"].shape[0] == 4 and "attention_mask" not in batch
+    media_keys = ("pixel_values", *MEDIA_KEYS)
+    with torch.no_grad():
+        packed = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False,
+                       **{key: batch[key] for key in media_keys}).last_hidden_state
+        start = 0
+        for sample in samples:
+            alone = model(input_ids=sample["input_ids"], use_cache=False,
+                          **{key: sample[key] for key in media_keys}).last_hidden_state
+            end = start + alone.shape[1]
+            assert torch.allclose(packed[:, start:end], alone, atol=1e-5)
+            start = end
+        # the positions matter: the row counted on as text gives other states
+        plain = model(input_ids=batch["input_ids"], use_cache=False,
+                      position_ids=torch.arange(batch["input_ids"].shape[1])[None]).last_hidden_state
+    assert not torch.allclose(plain, packed, atol=1e-3)
+
+
+def truncated(engine, ids):
+    """A sample cut inside its first board: its end marker and what follows gone."""
+    rng = random.Random(3)
+    sample = board_batch(engine.processor, engine.config, rng)
+    while "panel_grid_thw" not in sample:
+        sample = board_batch(engine.processor, engine.config, rng)
+    row = sample["input_ids"][0].tolist()
+    media = {key: sample[key][:1] for key in MEDIA_KEYS}
+    return torch.tensor([row[: row.index(ids[1])]]), media
+
+
+def test_a_truncated_board_is_refused_by_name(engine, ids):
+    input_ids, media = truncated(engine, ids)
+    with pytest.raises(PlaceholderMismatchError, match="sample 0, board at token"):
+        engine.get_rope_index(input_ids, **media)
+
+
+def test_the_plugin_conforms():
+    assert_conforms("storyboard")
