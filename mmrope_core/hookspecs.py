@@ -53,7 +53,8 @@ def bind_rope_index(processor: Any, config: Any, options: Mapping[str, Any]) -> 
             if type(processor).__name__ != "MyVLProcessor":
                 return None
             from mmrope_core.mrope import MropeFamily, MropeKernel   # heavy imports inside the hook
-            family = MropeFamily("My-VL", spatial_merge_size=2, image_token_id=processor.image_token_id)
+            family = MropeFamily("My-VL", spatial_merge_size=2, image_token_id=processor.image_token_id,
+                                 image_key="image_grids")
             return RopeBinding("mrope", MropeKernel(family))
     """
 

@@ -8,7 +8,7 @@ import threading
 import types
 import warnings
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -53,11 +53,14 @@ def config_only_model(model_cls: type, config: Any, **attributes: Any) -> Any:
     return _ConfigOnlyModel(model_cls, config, **attributes)
 
 
-_probed: dict[Hashable, str | None] = {}
+_probed: dict[Hashable, Any] = {}
 _probed_lock = threading.Lock()
 
 
-def probe_once(key: Hashable, probe: Callable[[], str | None], *, fast: str) -> str | None:
+Found = TypeVar("Found")
+
+
+def probe_once(key: Hashable, probe: Callable[[], Found | None], *, fast: str) -> Found | None:
     """What ``probe()`` returns, worked out once per process for each ``key``: the rule under
     which a fast implementation equals the installed transformers' reference on probe batches,
     or None when none does. ``key`` names the plugin, the family and every config fact the answer

@@ -43,7 +43,8 @@ class ThirdPartyPlugin:
 
         from mmrope_core.mrope import MropeFamily
 
-        family = MropeFamily("Qwen2-VL", spatial_merge_size=2, image_token_id=processor.image_token_id)
+        family = MropeFamily("Qwen2-VL", spatial_merge_size=2, image_token_id=processor.image_token_id,
+                             image_key="image_grid_thw")
         kernel = self.kernel_class(Qwen2VLModel, config, token_types=family.token_types())
         kernel.image_token_id = processor.image_token_id
         return RopeBinding("mrope", kernel, "reference", "a third party's reference")

@@ -73,7 +73,7 @@ def generated(rng, mask_style):
         types = torch.cat([types, torch.zeros(1, length, dtype=types.dtype)])
     media = {kind: MediaGrids(torch.tensor(found)) for kind, found in grids.items() if found}
     if 2 in media:
-        media[2] = MediaGrids(media[2].grid_thw, torch.tensor([rng.choice((0.5, 1.0, 1.3, 2.0)) for _ in grids[2]]))
+        media[2] = MediaGrids(media[2].grid, torch.tensor([rng.choice((0.5, 1.0, 1.3, 2.0)) for _ in grids[2]]))
     return types, mask, media
 
 
@@ -228,12 +228,43 @@ def test_a_rollout_convention_is_the_variant_its_plugin_gives():
     the plugin built for it, and one offered without a variant is refused."""
     import dataclasses
 
-    from mmrope_core.mrope import MropeFamily, bind_mrope
+    from mmrope_core.mrope import MropeFamily, TemporalRule, bind_mrope
 
-    family = MropeFamily("My-VL", spatial_merge_size=2, image_token_id=5, video_token_id=6, tokens_per_second=2)
+    family = MropeFamily("My-VL", spatial_merge_size=2, image_token_id=5, video_token_id=6,
+                         temporal=TemporalRule(2, precision="seconds"), image_key="images", video_key="videos",
+                         seconds_key="seconds")
     with pytest.raises(TypeError, match=r"conventions \['vllm-0.33'\] of My-VL need their family in variants="):
         bind_mrope(family, None, {}, conventions=("transformers", "vllm-0.33"))
-    variant = dataclasses.replace(family, resume_past_frames=True, temporal_rule="float64")
+    variant = dataclasses.replace(family, resume_past_frames=True, temporal=TemporalRule(2, precision="float64"))
     binding = bind_mrope(family, None, {"convention": "vllm"}, conventions=("transformers", "vllm-0.33"),
                          variants={"vllm-0.33": variant})
     assert binding.kernel.family is variant
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["compiled call", "step by step"])
+def test_the_kernel_reads_the_keys_its_family_declares(fused):
+    """The core knows no key names: a family that calls its media otherwise is read, probed and
+    checked by those names, and its errors name them."""
+    import dataclasses
+
+    from mmrope_core.mrope import MropeFamily, MropeKernel, TemporalRule, probe_batches
+
+    ours = MropeFamily("My-VL", 2, 5, 6, temporal=TemporalRule(2, precision="seconds"), image_key="pictures",
+                       video_key="clips", seconds_key="clip_seconds")
+    processors = dataclasses.replace(ours, image_key="image_grid_thw", video_key="video_grid_thw",
+                                     seconds_key="second_per_grid_ts")
+    kernel, reference = MropeKernel(ours), MropeKernel(processors)
+    if not fused:
+        kernel._fused = None
+    assert kernel.input_keys == ("pictures", "clips", "clip_seconds")
+    ids = torch.tensor([[1, 5, 5, 5, 5, 2] + [6] * 8 + [3]])
+    images, videos, seconds = torch.tensor([[1, 4, 4]]), torch.tensor([[2, 4, 4]]), torch.tensor([0.7])
+    got = kernel.rope_index(ids, pictures=images, clips=videos, clip_seconds=seconds)
+    want = reference.rope_index(ids, image_grid_thw=images, video_grid_thw=videos, second_per_grid_ts=seconds)
+    assert all(torch.equal(a, b) for a, b in zip(got, want)) and got[0][0, 0, -2] > got[0][0, 0, 7]
+    assert set(next(probe_batches(ours))) == {"input_ids", "attention_mask", "pictures", "clips", "clip_seconds"}
+    assert isinstance(kernel.check(ids, pictures=images, clips=videos, clip_seconds=[0.7])["clip_seconds"], torch.Tensor)
+    with pytest.raises(PlaceholderMismatchError, match="has no image grid .pictures has 0 rows"):
+        kernel.rope_index(ids, image_grid_thw=images, clips=videos, clip_seconds=seconds)
+    with pytest.raises(PlaceholderMismatchError, match="clips has 2 rows"):
+        kernel.rope_index(ids, pictures=images, clips=torch.cat([videos, videos]), clip_seconds=seconds.repeat(2))

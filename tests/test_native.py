@@ -14,7 +14,7 @@ import torch
 from mmrope_core import InvalidInputError, _native, compiled
 from mmrope_core.inputs import _read_cpu_mask, _read_device_mask, as_batch
 from mmrope_core.arrays import change_points
-from mmrope_core.mrope import MropeFamily, MropeKernel, TokenTypeMap
+from mmrope_core.mrope import MropeFamily, MropeKernel, TemporalRule, TokenTypeMap
 from mmrope_core.mrope._positions import _coded, _compact, _in_segments, _small_int
 from mmrope_core.mrope._write import counted_on, written_from_runs
 from mmrope_core.mrope._runs import grids_of_runs, scan
@@ -307,26 +307,44 @@ def test_a_mask_value_is_named_where_it_first_occurs(four_threads):
 # -- the fused call: one compiled read of the token ids for the Qwen-style kernel -------------------
 
 IMAGE, VIDEO, BEGIN, END, PAD = 151655, 151656, 151652, 151653, 151643
+
+
+def timed(per_second, **rule):
+    """A rule at ``per_second``: by default in the seconds' dtype, as transformers forms it."""
+    return TemporalRule(per_second, **{"precision": "seconds", **rule})
+
+
+def keyed(*args, **kwargs):
+    """A family reading the processors' keys: its images', and where it has them its videos' and
+    their seconds'."""
+    video = len(args) > 3 or "video_markers" in kwargs
+    timed = video and kwargs.get("temporal") is not None
+    return MropeFamily(*args, **kwargs, image_key="image_grid_thw", video_key="video_grid_thw" if video else None,
+                       seconds_key="second_per_grid_ts" if timed else None)
+
+
 FAMILIES = {
-    "qwen2": MropeFamily("Qwen2-VL", 2, IMAGE, VIDEO),
-    "qwen2.5": MropeFamily("Qwen2.5-VL", 2, IMAGE, VIDEO, tokens_per_second=2.0),
-    "qwen2.5 int": MropeFamily("Qwen2.5-VL", 2, IMAGE, VIDEO, tokens_per_second=4),
-    "qwen2.5 odd rate": MropeFamily("Qwen2.5-VL", 2, IMAGE, VIDEO, tokens_per_second=1.3),
-    "qwen2.5 whole": MropeFamily("Qwen2.5-VL", 2, IMAGE, VIDEO, tokens_per_second=2.0, temporal_rule="whole_seconds"),
-    "qwen2.5 whole int": MropeFamily("Qwen2.5-VL", 2, IMAGE, VIDEO, tokens_per_second=4,
-                                     temporal_rule="whole_seconds"),
-    "qwen3": MropeFamily("Qwen3-VL", 2, IMAGE, VIDEO, per_frame_video=True),
-    "glm": MropeFamily("GLM-4V", 2, IMAGE, per_frame_video=True, video_markers=(BEGIN, END)),
-    "images only": MropeFamily("PaddleOCR-VL", 2, IMAGE),
+    "qwen2": keyed("Qwen2-VL", 2, IMAGE, VIDEO),
+    "qwen2.5": keyed("Qwen2.5-VL", 2, IMAGE, VIDEO, temporal=timed(2.0)),
+    "qwen2.5 int": keyed("Qwen2.5-VL", 2, IMAGE, VIDEO, temporal=timed(4)),
+    "qwen2.5 odd rate": keyed("Qwen2.5-VL", 2, IMAGE, VIDEO, temporal=timed(1.3)),
+    "qwen2.5 whole": keyed("Qwen2.5-VL", 2, IMAGE, VIDEO, temporal=timed(2.0, whole_seconds=True)),
+    "qwen2.5 whole int": keyed("Qwen2.5-VL", 2, IMAGE, VIDEO, temporal=timed(4, whole_seconds=True)),
+    "qwen3": keyed("Qwen3-VL", 2, IMAGE, VIDEO, per_frame_video=True),
+    "glm": keyed("GLM-4V", 2, IMAGE, per_frame_video=True, video_markers=(BEGIN, END)),
+    "images only": keyed("PaddleOCR-VL", 2, IMAGE),
     # vLLM's rules: text resumes past a video's last frame; temporal ids in float64
-    "qwen2 vllm": MropeFamily("Qwen2-VL", 2, IMAGE, VIDEO, resume_past_frames=True),
-    "qwen2.5 vllm": MropeFamily("Qwen2.5-VL", 2, IMAGE, VIDEO, tokens_per_second=2.0, temporal_rule="float64",
+    "qwen2 vllm": keyed("Qwen2-VL", 2, IMAGE, VIDEO, resume_past_frames=True),
+    "qwen2.5 vllm": keyed("Qwen2.5-VL", 2, IMAGE, VIDEO, temporal=timed(2.0, precision="float64"),
                                 resume_past_frames=True),
-    "qwen2.5 vllm odd rate": MropeFamily("Qwen2.5-VL", 2, IMAGE, VIDEO, tokens_per_second=1.3,
-                                         temporal_rule="float64", resume_past_frames=True),
-    # SGLang's: frame * seconds, then * tokens per second; the compiled call's scaled rule at a power of two
-    "qwen2.5 sglang": MropeFamily("Qwen2.5-VL", 2, IMAGE, VIDEO, tokens_per_second=2.0, temporal_rule="seconds_first",
+    "qwen2.5 vllm odd rate": keyed("Qwen2.5-VL", 2, IMAGE, VIDEO, temporal=timed(1.3, precision="float64"),
+                                         resume_past_frames=True),
+    # SGLang's: frame * seconds, then * tokens per second
+    "qwen2.5 sglang": keyed("Qwen2.5-VL", 2, IMAGE, VIDEO, temporal=timed(2.0, order="frame_first"),
                                   resume_past_frames=True),
+    "qwen2.5 sglang odd rate": keyed("Qwen2.5-VL", 2, IMAGE, VIDEO, temporal=timed(1.3, order="frame_first"),
+                                           resume_past_frames=True),
+    "float32 rule": keyed("My-VL", 2, IMAGE, VIDEO, temporal=timed(1.3, precision="float32")),
 }
 
 
@@ -391,7 +409,7 @@ def random_inputs(rng, family, *, ids_dtype=torch.int64, seconds_dtype=torch.flo
         inputs["image_grid_thw"] = torch.tensor(grids[0])
     if grids[1]:
         inputs["video_grid_thw"] = torch.tensor(grids[1])
-        if family.tokens_per_second is not None and rng.random() < 0.9:
+        if family.temporal is not None and rng.random() < 0.9:
             inputs["second_per_grid_ts"] = torch.tensor(seconds, dtype=seconds_dtype)
     return ids, mask, inputs
 
@@ -481,7 +499,7 @@ def test_glm_markers_are_counted_from_each_row_and_segment_start():
 def test_the_fused_call_hands_unusual_inputs_to_the_step_by_step_path(case):
     """Each is handed back: the step-by-step path then computes it, or raises its typed error."""
     image, video, pad = 1001, 1002, 1000  # ids that int16 holds
-    family = MropeFamily("Qwen2.5-VL", 2, image, video, tokens_per_second=2.0)
+    family = keyed("Qwen2.5-VL", 2, image, video, temporal=timed(2.0))
     ids = torch.tensor([[11, 12] + [image] * 4 + [13] + [video] * 8 + [14, pad]])
     mask = ids != pad
     inputs = {"image_grid_thw": torch.tensor([[1, 4, 4]]), "video_grid_thw": torch.tensor([[2, 4, 4]]),
@@ -576,7 +594,8 @@ def test_the_fused_call_shares_long_rows_among_threads(text_row):
 
 
 @compiled_only
-@pytest.mark.parametrize("name", ["qwen2.5", "qwen2.5 int", "qwen2.5 odd rate", "qwen2.5 whole", "qwen2.5 sglang"])
+@pytest.mark.parametrize("name", ["qwen2.5", "qwen2.5 int", "qwen2.5 odd rate", "qwen2.5 whole", "qwen2.5 sglang",
+                                  "qwen2.5 sglang odd rate", "float32 rule"])
 @pytest.mark.parametrize("seconds_dtype", [torch.float32, torch.float64])
 def test_the_fused_call_rounds_temporal_ids_in_the_scales_dtype(name, seconds_dtype):
     """Seconds per grid of real frame rates, where frame * scale truncates differently in float32
@@ -585,10 +604,10 @@ def test_the_fused_call_rounds_temporal_ids_in_the_scales_dtype(name, seconds_dt
     family = FAMILIES[name]
     seconds = [2 / fps for fps in range(1, 61)] + [0.7, 0.35, 1.3, 0.9, 2.2]  # two frames a grid
     frames = 16
-    scale = family.tokens_per_second * np.array(seconds, dtype=np.float32)
+    scale = family.temporal.per_second * np.array(seconds, dtype=np.float32)
     ids_32 = (np.arange(frames, dtype=np.float32)[:, None] * scale).astype(np.int64)
     ids_64 = (np.arange(frames, dtype=np.float64)[:, None] * scale.astype(np.float64)).astype(np.int64)
-    if family.temporal_rule == "scaled":  # (whole seconds: a float64 scale, or int64 for a whole rate)
+    if family.temporal == timed(family.temporal.per_second):  # (whole seconds: a float64 scale, or int64 for a whole rate)
         assert (ids_32 != ids_64).any(), "no scale here tells float32 from float64"
     row = [11] + [VIDEO] * (frames * 4) + [12]
     ids = torch.tensor([row] * len(seconds))

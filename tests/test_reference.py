@@ -60,22 +60,25 @@ def test_a_batched_kernel_that_disagrees_gives_way_to_the_reference_with_one_war
     import transformers
     from transformers.models.qwen2_5_vl import Qwen2_5_VLModel
 
-    from mmrope_core.mrope import MropeFamily, MropeKernel, fast_kernel
+    from mmrope_core.mrope import MropeFamily, MropeKernel, TemporalRule, fast_kernel
 
     config = transformers.AutoConfig.for_model("qwen2_5_vl")
     family = MropeFamily("Qwen2.5-VL", spatial_merge_size=2, image_token_id=5, video_token_id=6,
-                         tokens_per_second=config.vision_config.tokens_per_second)
+                         temporal=TemporalRule(config.vision_config.tokens_per_second, precision="seconds"),
+                         image_key="image_grid_thw", video_key="video_grid_thw", seconds_key="second_per_grid_ts")
+    # the forms transformers releases have taken: in the seconds' dtype, and with whole seconds first
+    rules = (TemporalRule(precision="seconds"), TemporalRule(precision="seconds", whole_seconds=True))
     reference = reference_module_kernel(Qwen2_5_VLModel, config, family)
-    assert fast_kernel(family, reference) is not None  # agrees under the rule of the installed transformers
+    assert fast_kernel(family, reference, rules) is not None  # agrees under the rule of the installed transformers
     original = reference.model.get_rope_index
     reference.model.get_rope_index = lambda **kw: (original(**kw)[0] + 1, original(**kw)[1])
     reference.__class__ = type("Changed", (type(reference),), {"probe_key": ("changed",)})
     with pytest.warns(RuntimeWarning, match=r"the batched Qwen2.5-VL kernel does not reproduce transformers .* the "
                                             r"reference implementation is used"):
-        assert fast_kernel(family, reference) is None
+        assert fast_kernel(family, reference, rules) is None
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert fast_kernel(family, reference) is None  # cached: no second warning
+        assert fast_kernel(family, reference, rules) is None  # cached: no second warning
     assert isinstance(MropeKernel(family), MropeKernel)
 
 
@@ -92,7 +95,7 @@ def test_a_reference_kernel_takes_what_the_method_names_and_its_token_types():
 
     from mmrope_core.mrope import MropeFamily
 
-    family = MropeFamily("Qwen2-VL", spatial_merge_size=2, image_token_id=5)
+    family = MropeFamily("Qwen2-VL", spatial_merge_size=2, image_token_id=5, image_key="image_grid_thw")
     kernel = reference_module_kernel(Qwen2VLModel, transformers.AutoConfig.for_model("qwen2_vl"), family)
     assert "second_per_grid_ts" not in kernel.takes and "mm_token_type_ids" in kernel.takes
     ids = torch.tensor([[1, 5, 5, 5, 5, 2]])

@@ -5,7 +5,7 @@ import torch
 
 from mmrope_core import RopeBinding
 from mmrope_core.kernel import RopeKernel
-from mmrope_core.mrope import MropeFamily
+from mmrope_core.mrope import MropeFamily, TemporalRule
 
 
 class Zeros(RopeKernel):
@@ -45,10 +45,13 @@ def test_the_default_four_rows_are_the_text_row_over_the_rope_index():
 @pytest.mark.parametrize("kwargs, message", [
     ({"name": ""}, "name must be a non-empty string"),
     ({"spatial_merge_size": 0}, "spatial_merge_size must be a positive int"),
-    ({"temporal_rule": "rounded"}, "temporal_rule must be one of"),
+    ({"temporal": "rounded"}, "temporal must be a truncating TemporalRule or None"),
     ({"video_markers": (1,)}, "video_markers must be a"),
     ({"image_token_id": -1}, "token ids must be non-negative ints"),
+    ({"image_key": ""}, "'My-VL' needs image_key, the input key of its media"),
+    ({"video_token_id": 6}, "'My-VL' needs video_key"),
+    ({"video_token_id": 6, "video_key": "videos", "temporal": TemporalRule(2)}, "'My-VL' needs seconds_key"),
 ])
 def test_a_malformed_family_is_refused_where_it_is_built(kwargs, message):
     with pytest.raises(TypeError, match=message):
-        MropeFamily(**{"name": "My-VL", "spatial_merge_size": 2, "image_token_id": 5, **kwargs})
+        MropeFamily(**{"name": "My-VL", "spatial_merge_size": 2, "image_token_id": 5, "image_key": "images", **kwargs})

@@ -23,7 +23,8 @@ def bind_rope_index(processor: Any, config: Any, options: Any) -> RopeBinding | 
 
     config = config if config is not None else AutoConfig.for_model("paddleocr_vl")
     family = MropeFamily("PaddleOCR-VL", spatial_merge_size=config.vision_config.spatial_merge_size,
-                         image_token_id=processor.image_token_id, image_token=processor.image_token)
+                         image_token_id=processor.image_token_id, image_token=processor.image_token,
+                         image_key="image_grid_thw")
     reference = ReferenceKernel(PaddleOCRVLModel, config, token_types=family.token_types(),
                                 check=MropeKernel(family).check)
     return bind_mrope(family, reference, options)

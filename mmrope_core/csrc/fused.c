@@ -1,6 +1,6 @@
 /* The run-based kernel's common case in one call (mrope_fused): the token ids are read once,
- * row by row, into each token's media type (up to MAX_MEDIA_TOKENS placeholder ids, or an image
- * token turned video between begin- and end-of-video markers), each sample's span of valid
+ * row by row, into each token's media type (up to MAX_MEDIA_TOKENS placeholder ids, or one
+ * placeholder whose type switches from 1 to 2 between begin and end markers), each sample's span of valid
  * tokens and the runs of equal media type inside it; the runs take their kinds' grids in order,
  * their temporal ids are worked out as numpy works them out, and rows.c writes the rows. What
  * does not fit the common case (mismatches, padding inside a sample, odd sizes or scales) is
@@ -20,8 +20,8 @@ typedef struct {
     const uint8_t *mask;  /* or NULL: every token valid */
     const int64_t *bounds;  /* or NULL; else one row of `segments` segments */
     Py_ssize_t segments;
-    int marked;  /* types: image tokens, video frames between markers */
-    int64_t image, opens, closes;
+    int switched;  /* types: one placeholder, 1 outside and 2 between begin and end markers */
+    int64_t placeholder, opens, closes;
     Py_ssize_t tokens;
     int64_t token[MAX_MEDIA_TOKENS];
     int8_t type[MAX_MEDIA_TOKENS];
@@ -41,7 +41,7 @@ fused_types(const FusedRead *r, Py_ssize_t b, int8_t *types)
     const Py_ssize_t length = r->length;
     const char *ids = r->ids + b * length * r->itemsize;
     const int wide = r->itemsize == 8;
-    if (!r->marked) {
+    if (!r->switched) {
         if (wide)
             type_rows_64((const int64_t *)ids, types, 0, length, r->token, r->type, r->tokens);
         else
@@ -50,15 +50,15 @@ fused_types(const FusedRead *r, Py_ssize_t b, int8_t *types)
     }
     const int8_t one = 1;
     if (wide)
-        type_rows_64((const int64_t *)ids, types, 0, length, &r->image, &one, 1);
+        type_rows_64((const int64_t *)ids, types, 0, length, &r->placeholder, &one, 1);
     else
-        type_rows_32((const int32_t *)ids, types, 0, length, &r->image, &one, 1);
+        type_rows_32((const int32_t *)ids, types, 0, length, &r->placeholder, &one, 1);
     if (!any_equal(ids, r->itemsize, length, r->opens))
-        return;  /* no video in this row */
+        return;  /* no begin marker in this row */
     const Py_ssize_t pieces = r->bounds ? r->segments : 1;
     for (Py_ssize_t k = 0; k < pieces; k++) {
         const Py_ssize_t begin = r->bounds ? r->bounds[k] : 0, end = r->bounds ? r->bounds[k + 1] : length;
-        marked_video(ids, r->itemsize, types, begin, end, r->opens, r->closes);
+        between_markers(ids, r->itemsize, types, begin, end, r->opens, r->closes);
     }
 }
 
@@ -101,27 +101,30 @@ fused_read_rows(void *argument)
 typedef struct {
     const void *seconds;  /* float32 or float64 per video by `seconds_size`; NULL: 1 (int64) each */
     Py_ssize_t seconds_size;
-    int whole_seconds, in_float64;  /* the temporal rule: seconds truncated first, or in float64 */
+    int frame_first, precision, whole_seconds;  /* the temporal rule's fields */
+    int of_seconds;  /* its precision is the seconds' dtype (else `precision`) */
     int past_frames;  /* text after a run resumes past its last frame too */
-    int given, per_second_is_int;  /* tokens per second given, as a Python int */
+    int given, per_second_is_int;  /* per_second given, as a Python int */
     double per_second;
 } FusedTiming;
 
-/* A timed video's temporal scale, in the dtype numpy gives `tokens_per_second * seconds` (the
- * seconds truncated first under the whole-seconds rule); -1 for one the step-by-step path works
- * out (and refuses where it must). */
+/* A timed video's temporal scale under the rule, in the arithmetic numpy gives it: with the
+ * precision of the seconds, float seconds keep theirs and whole seconds (none given, or truncated
+ * first) give int64 for a whole per_second, else float64 (float32 multiplying frame first); -1
+ * for one the step-by-step path works out (and refuses where it must). */
 static int
 fused_scale(const FusedTiming *t, Py_ssize_t video, TemporalScale *scale)
 {
-    TemporalRule rule = {t->per_second, 0, PRECISION_FLOAT64, 1, 0};
+    TemporalRule rule = {t->per_second, t->frame_first, t->precision, 1, t->whole_seconds};
     double seconds = 1.0;
     if (t->seconds)
         seconds = t->seconds_size == 4 ? (double)((const float *)t->seconds)[video] : ((const double *)t->seconds)[video];
-    if (!t->seconds || t->whole_seconds) {
-        rule.whole_seconds = 1;
-        rule.precision = t->per_second_is_int ? PRECISION_INT64 : PRECISION_FLOAT64;
-    } else if (t->seconds_size == 4 && !t->in_float64) {  /* float32 seconds stay float32, tokens_per_second too */
-        rule.precision = PRECISION_FLOAT32;
+    if (t->of_seconds) {
+        if (!t->seconds || t->whole_seconds)
+            rule.precision = t->per_second_is_int ? PRECISION_INT64
+                                                  : (t->frame_first ? PRECISION_FLOAT32 : PRECISION_FLOAT64);
+        else
+            rule.precision = t->seconds_size == 4 ? PRECISION_FLOAT32 : PRECISION_FLOAT64;
     }
     return temporal_scale(&rule, seconds, scale);
 }
@@ -214,20 +217,22 @@ fused_match(const Runs *runs, const FusedKind *kinds, Py_ssize_t kind_count, int
     return FUSED_WRITTEN;
 }
 
-/* The constants of a kernel: (tokens, types, markers, merge, kinds, per_second, rule, past_frames), the
- * rule 0 (scaled), 1 (whole seconds) or 2 (in float64). */
+/* The constants of a kernel: (tokens, types, markers, merge, kinds, per_second, frame_first, precision,
+ * whole_seconds, past_frames), the temporal rule's fields with its precision 0 (float32), 1 (float64)
+ * or 2 (the seconds' dtype). */
 static int
 fused_spec(PyObject *spec, FusedRead *read, int64_t *merge, FusedKind *kinds, Py_ssize_t *kind_count,
            FusedTiming *timing)
 {
     PyObject *tokens, *types, *markers, *kind_specs, *per_second;
     long long merge_value;
-    int rule, past_frames;
-    if (!PyArg_ParseTuple(spec, "O!O!OLO!Oip:mrope_fused spec", &PyTuple_Type, &tokens, &PyTuple_Type, &types,
-                          &markers, &merge_value, &PyTuple_Type, &kind_specs, &per_second, &rule, &past_frames))
+    int frame_first, precision, whole_seconds, past_frames;
+    if (!PyArg_ParseTuple(spec, "O!O!OLO!Opipp:mrope_fused spec", &PyTuple_Type, &tokens, &PyTuple_Type, &types,
+                          &markers, &merge_value, &PyTuple_Type, &kind_specs, &per_second, &frame_first, &precision,
+                          &whole_seconds, &past_frames))
         return -1;
-    if (rule < 0 || rule > 2) {
-        PyErr_SetString(PyExc_ValueError, "mrope_fused: the temporal rule is 0, 1 or 2");
+    if (precision < 0 || precision > 2) {
+        PyErr_SetString(PyExc_ValueError, "mrope_fused: the temporal precision is 0, 1 or 2");
         return -1;
     }
     *merge = merge_value;
@@ -245,9 +250,9 @@ fused_spec(PyObject *spec, FusedRead *read, int64_t *merge, FusedKind *kinds, Py
         if (!PyErr_Occurred() && (type < 1 || type > 127))
             PyErr_SetString(PyExc_ValueError, "mrope_fused: media types are 1 to 127");
     }
-    read->marked = markers != Py_None;
-    if (read->marked && !PyErr_Occurred())
-        PyArg_ParseTuple(markers, "LLL:mrope_fused markers", (long long *)&read->image, (long long *)&read->opens,
+    read->switched = markers != Py_None;
+    if (read->switched && !PyErr_Occurred())
+        PyArg_ParseTuple(markers, "LLL:mrope_fused markers", (long long *)&read->placeholder, (long long *)&read->opens,
                          (long long *)&read->closes);
     for (Py_ssize_t k = 0; k < *kind_count && !PyErr_Occurred(); k++) {
         if (PyArg_ParseTuple(PyTuple_GET_ITEM(kind_specs, k), "ipp:mrope_fused kind", &kinds[k].type,
@@ -255,8 +260,10 @@ fused_spec(PyObject *spec, FusedRead *read, int64_t *merge, FusedKind *kinds, Py
             (kinds[k].type < 1 || kinds[k].type > 127 || (kinds[k].timed && kinds[k].per_frame)))
             PyErr_SetString(PyExc_ValueError, "mrope_fused: kinds are types 1 to 127, timed or per frame");
     }
-    timing->whole_seconds = rule == 1;
-    timing->in_float64 = rule == 2;
+    timing->frame_first = frame_first;
+    timing->of_seconds = precision == 2;
+    timing->precision = precision == 1 ? PRECISION_FLOAT64 : PRECISION_FLOAT32;
+    timing->whole_seconds = whole_seconds;
     timing->past_frames = past_frames;
     timing->per_second_is_int = PyLong_CheckExact(per_second);
     timing->given = per_second != Py_None;
@@ -264,11 +271,11 @@ fused_spec(PyObject *spec, FusedRead *read, int64_t *merge, FusedKind *kinds, Py
         const long long whole = PyLong_AsLongLong(per_second);
         timing->per_second = (double)whole;
         if (!PyErr_Occurred() && (whole < -(1LL << 24) || whole > (1LL << 24)))
-            PyErr_SetString(PyExc_ValueError, "mrope_fused: tokens per second beyond 2**24");
+            PyErr_SetString(PyExc_ValueError, "mrope_fused: per_second beyond 2**24");
     } else if (PyFloat_CheckExact(per_second)) {
         timing->per_second = PyFloat_AS_DOUBLE(per_second);
     } else if (timing->given && !PyErr_Occurred()) {
-        PyErr_SetString(PyExc_ValueError, "mrope_fused: tokens per second is an int, a float or None");
+        PyErr_SetString(PyExc_ValueError, "mrope_fused: per_second is an int, a float or None");
     }
     return PyErr_Occurred() ? -1 : 0;
 }
@@ -281,12 +288,13 @@ const char mrope_fused_doc[] =
 "each sample's largest position + 1 - its tokens into `deltas` (int64 (S,), or None).\n"
 "`ids`: (B, L) integers of `itemsize` bytes (8 or 4); `mask`: bool (B, L) or None; `bounds`:\n"
 "None, or int64 (K + 1,) segment boundaries of one packed row (then the samples are its\n"
-"segments). `spec`: (tokens, types, markers, merge, kinds, tokens_per_second, rule, past_frames):\n"
-"token ids and their media types, or markers (image, video begin, video end) for video frames\n"
-"that are image tokens between markers; kinds ((type, per_frame, timed), ...) with `grids`, one\n"
+"segments). `spec`: (tokens, types, markers, merge, kinds, per_second, frame_first, precision,\n"
+"whole_seconds, past_frames):\n"
+"token ids and their media types, or (placeholder, begin, end) for one placeholder typed 1, and 2\n"
+"between begin and end markers; kinds ((type, per_frame, timed), ...) with `grids`, one\n"
 "int64 (N, 3) array or None each; `seconds` (float32 or float64 per video of the timed kind, or\n"
-"None: 1 each) scale its temporal ids as trunc(frame * tokens_per_second * seconds) in numpy's\n"
-"dtype. Returns 0 when written; 1 where runs and grids disagree, 2 for padding inside a sample,\n"
+"None: 1 each) scale its temporal ids by the temporal rule of the next four (per_second None:\n"
+"untimed; precision 0 float32, 1 float64, 2 the seconds' dtype), truncated. Returns 0 when written; 1 where runs and grids disagree, 2 for padding inside a sample,\n"
 "3 for anything else the step-by-step path handles (layout, bounds, scales).";
 
 PyObject *
@@ -358,7 +366,7 @@ mrope_fused(PyObject *module, PyObject *args)
                 goto done;
             }
             if (!timing.given) {
-                status = FUSED_UNUSUAL;  /* no tokens per second given */
+                status = FUSED_UNUSUAL;  /* no per_second given */
                 goto done;
             }
         }
@@ -366,7 +374,7 @@ mrope_fused(PyObject *module, PyObject *args)
     timing.seconds = held[V_SECONDS] ? views[V_SECONDS].buf : NULL;
     timing.seconds_size = held[V_SECONDS] ? views[V_SECONDS].itemsize : 0;
     if (itemsize == 4) {  /* int32 ids are compared with int32 tokens */
-        int64_t high = read.marked ? (read.image | read.opens | read.closes) : 0;
+        int64_t high = read.switched ? (read.placeholder | read.opens | read.closes) : 0;
         for (Py_ssize_t k = 0; k < read.tokens; k++)
             high |= read.token[k];
         if (high < 0 || high > INT32_MAX) {

@@ -87,8 +87,8 @@ void type_rows_32(const int32_t *ids, int8_t *types, Py_ssize_t first, Py_ssize_
                   const int8_t *type, Py_ssize_t count);
 int64_t count_token(const int64_t *ids, int64_t count, int64_t token);
 int any_equal(const char *ids, Py_ssize_t itemsize, Py_ssize_t count, int64_t value);
-void marked_video(const char *ids, Py_ssize_t itemsize, int8_t *types, Py_ssize_t begin, Py_ssize_t end,
-                  int64_t opens, int64_t closes);
+void between_markers(const char *ids, Py_ssize_t itemsize, int8_t *types, Py_ssize_t begin, Py_ssize_t end,
+                     int64_t opens, int64_t closes);
 PyObject *token_types(PyObject *module, PyObject *args);
 extern const char token_types_doc[];
 

@@ -125,9 +125,9 @@ NAME(const ID *restrict ids, Py_ssize_t count, int64_t value)                   
     return found;                                                                              \
 }
 
-/* An image token is a video frame's (2) where more begin than end markers precede it, itself
- * included, counting from `begin` (the row's or the segment's start). */
-#define MARKED_VIDEO(NAME, ID)                                                                 \
+/* A placeholder (any token typed 1 so far) switches to type 2 where more begin than end markers
+ * precede it, itself included, counting from `begin` (the row's or the segment's start). */
+#define BETWEEN_MARKERS(NAME, ID)                                                                 \
 static void                                                                                    \
 NAME(const ID *ids, int8_t *types, Py_ssize_t begin, Py_ssize_t end, int64_t opens, int64_t closes) \
 {                                                                                              \
@@ -141,8 +141,8 @@ NAME(const ID *ids, int8_t *types, Py_ssize_t begin, Py_ssize_t end, int64_t ope
 
 ANY_EQUAL(any_equal_64, int64_t)
 ANY_EQUAL(any_equal_32, int32_t)
-MARKED_VIDEO(marked_video_64, int64_t)
-MARKED_VIDEO(marked_video_32, int32_t)
+BETWEEN_MARKERS(between_markers_64, int64_t)
+BETWEEN_MARKERS(between_markers_32, int32_t)
 
 /* Whether any of `count` ids (of `itemsize` bytes: 8 or 4) is `value`. */
 int
@@ -153,11 +153,11 @@ any_equal(const char *ids, Py_ssize_t itemsize, Py_ssize_t count, int64_t value)
 }
 
 void
-marked_video(const char *ids, Py_ssize_t itemsize, int8_t *types, Py_ssize_t begin, Py_ssize_t end, int64_t opens,
-             int64_t closes)
+between_markers(const char *ids, Py_ssize_t itemsize, int8_t *types, Py_ssize_t begin, Py_ssize_t end, int64_t opens,
+                int64_t closes)
 {
     if (itemsize == 8)
-        marked_video_64((const int64_t *)ids, types, begin, end, opens, closes);
+        between_markers_64((const int64_t *)ids, types, begin, end, opens, closes);
     else
-        marked_video_32((const int32_t *)ids, types, begin, end, opens, closes);
+        between_markers_32((const int32_t *)ids, types, begin, end, opens, closes);
 }

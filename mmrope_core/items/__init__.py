@@ -16,9 +16,10 @@ Example (a video and its audio between two markers, merged by time)::
         kinds=(ItemKind("clip", key=(CLIP_START,), media=("video", "audio"), placeholders=(VIDEO, AUDIO),
                         closing=(CLIP_END,), interleave="time"),),
         temporal=TemporalRule(per_second=2.0))
-    kernel = ItemKernel(layout, {"video": ("video_grid_thw", "second_per_grids"), "audio": "audio_seqlens"})
+    kernel = ItemKernel(layout, {"video": ("clip_grids", "clip_seconds"), "audio": "sound_lengths"})
 """
 
+from ..temporal import TemporalRule
 from ._kernel import ItemKernel, host_batch, packed_segments
 from ._layout import ItemLayout
 from ._read import Found, Item
@@ -31,7 +32,6 @@ from ._spec import (
     GridMedia,
     ItemKind,
     SequenceMedia,
-    TemporalRule,
 )
 
 __all__ = [

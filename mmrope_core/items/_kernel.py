@@ -25,7 +25,7 @@ class ItemKernel(RopeKernel):
     :class:`ItemLayout`, on the compiled loops where they are loaded and in numpy elsewhere.
 
     ``keys`` name, for each medium of the layout, the keyword of :meth:`rope_index` that gives
-    it: ``{"video": ("video_grid_thw", "second_per_grids"), "audio": "audio_seqlens"}`` (a timed
+    it: ``{"video": ("clip_grids", "clip_seconds"), "audio": "sound_lengths"}`` (a timed
     grid medium: its grids' keyword and its seconds'). ``switches``: other keywords a family's
     reference takes, which :meth:`layout_for` reads. A family whose reference changes its layout
     with the inputs (no grids given, a flag) overrides :meth:`layout_for`; one with messages of
@@ -35,8 +35,8 @@ class ItemKernel(RopeKernel):
 
     Example::
 
-        kernel = ItemKernel(layout, {"video": ("video_grid_thw", "second_per_grids"), "audio": "audio_seqlens"})
-        positions, deltas = kernel.rope_index(input_ids, attention_mask, video_grid_thw=..., ...)
+        kernel = ItemKernel(layout, {"video": ("clip_grids", "clip_seconds"), "audio": "sound_lengths"})
+        positions, deltas = kernel.rope_index(input_ids, attention_mask, clip_grids=..., ...)
     """
 
     places_packed_rows = True

@@ -11,8 +11,9 @@ import numpy as np
 import torch
 
 from .. import compiled
+from ..temporal import TemporalRule
 from . import _decode, _place, _read
-from ._spec import FORMS, INTERLEAVES, MAX_KINDS, MAX_MEDIA, GridMedia, ItemKind, Media, SequenceMedia, TemporalRule
+from ._spec import FORMS, INTERLEAVES, MAX_KINDS, MAX_MEDIA, GridMedia, ItemKind, Media, SequenceMedia
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +68,9 @@ class ItemLayout:
                 raise ValueError(f"ItemKind {kind.name!r}: two media are a grid's then a sequence's, got {kind.media}")
         if not isinstance(self.temporal, TemporalRule):
             raise ValueError("ItemLayout.temporal must be a TemporalRule")
+        if self.temporal.precision == "seconds" or self.temporal.whole_seconds:
+            raise ValueError("ItemLayout.temporal computes in float32 or float64 from the seconds as given: "
+                             "precision='seconds' and whole_seconds=True are not for media items")
         if self.dtype not in (torch.int64, torch.float32):
             raise ValueError(f"ItemLayout.dtype must be torch.int64 or torch.float32, got {self.dtype}")
         if self.dtype == torch.int64 and not self.temporal.truncate:

@@ -4,7 +4,6 @@ Each checks itself when built, so a plugin's mistake shows where it is made."""
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Literal
 
 #: What placing a batch returns: placed, or why not (see :meth:`ItemLayout.place`).
@@ -93,32 +92,6 @@ class SequenceMedia:
 
 
 Media = GridMedia | SequenceMedia
-
-
-@dataclasses.dataclass(frozen=True)
-class TemporalRule:
-    """How a grid's frame ``f`` gets its temporal id from its seconds per grid ``s`` and the
-    positions per second ``p``: ``(f * s) * p`` (``order="frame_first"``) or ``f * (s * p)``
-    (``"scale_first"``), in float32 or float64, truncated toward zero or not. Each family's
-    reference fixes all four; untimed grids take ``s = 1``.
-
-    Example: ``TemporalRule(25.0, "frame_first", "float32", truncate=False)`` keeps fractions.
-    """
-
-    per_second: float = 1.0
-    order: Literal["frame_first", "scale_first"] = "scale_first"
-    precision: Literal["float32", "float64"] = "float64"
-    truncate: bool = True
-
-    def __post_init__(self) -> None:
-        if type(self.per_second) not in (int, float) or not (math.isfinite(self.per_second) and self.per_second >= 0):
-            raise ValueError(f"TemporalRule.per_second must be a finite number, not negative, got {self.per_second!r}")
-        if self.order not in ("frame_first", "scale_first"):
-            raise ValueError(f"TemporalRule.order must be 'frame_first' or 'scale_first', got {self.order!r}")
-        if self.precision not in ("float32", "float64"):
-            raise ValueError(f"TemporalRule.precision must be 'float32' or 'float64', got {self.precision!r}")
-        if not isinstance(self.truncate, bool):
-            raise ValueError("TemporalRule.truncate must be a bool")
 
 
 INTERLEAVES = {None: 0, "time": 1, "chunks": 2, "groups": 3}

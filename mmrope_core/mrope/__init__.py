@@ -1,10 +1,10 @@
-"""A batched M-RoPE kernel for Qwen-style layouts, for plugins to build on.
+"""A batched M-RoPE kernel for layouts of placeholder runs, for plugins to build on: a plugin
+describes its family as data (:class:`MropeFamily`: its placeholders, media keys and temporal rule).
 
 The sequence of a sample is cut into runs of equal token type (0 text, >0 a media kind).
 Media runs take the media's grids in order across the batch. Text tokens count up from where the
 previous run left off; a media run places its tokens on a ``(t, h, w)`` grid starting at the
-current position, and the text after it continues ``max(h, w) // merge`` past that start, the
-rule of transformers' Qwen2-VL family.
+current position, and the text after it continues ``max(h, w) // merge`` past that start.
 
 No Python loop runs over tokens, samples or media. Per token there are a few passes: the runs
 are read off the places where the token type changes, and the rows of positions are written.
@@ -18,20 +18,20 @@ sample even those cost more than the passes over its tokens, so on the CPU the c
 positions; whatever it does not take goes the step-by-step way.
 """
 
-from ._family import TEMPORAL_RULES, MropeFamily, TemporalRuleName
+from ..temporal import TemporalRule
+from ._family import MropeFamily
 from ._kernel import MropeKernel
-from ._media import MarkedVideoTypes, MediaGrids, MediaKind, TokenTypeMap
+from ._media import BetweenMarkersTypes, MediaGrids, MediaKind, TokenTypeMap
 from ._positions import check_placeholders, mrope_position_ids, mrope_positions
 from ._probe import bind_mrope, fast_kernel, probe_batches
 
 __all__ = [
-    "TEMPORAL_RULES",
-    "MarkedVideoTypes",
+    "BetweenMarkersTypes",
     "MediaGrids",
     "MediaKind",
     "MropeFamily",
     "MropeKernel",
-    "TemporalRuleName",
+    "TemporalRule",
     "TokenTypeMap",
     "bind_mrope",
     "check_placeholders",

@@ -10,7 +10,6 @@ raises its typed errors.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -18,14 +17,14 @@ import torch
 
 from ..compiled import native
 from ._family import MropeFamily
-from ._media import MarkedVideoTypes, MediaKind, TokenTypeMap
+from ._media import BetweenMarkersTypes, MediaKind, TokenTypeMap
 
 # what native.mrope_fused returns
 WRITTEN, MISMATCH, PADDING_INSIDE, UNUSUAL = range(4)
 
 _IDS = (torch.int64, torch.int32)
 _SECONDS = (torch.float32, torch.float64)
-_RULE_CODES = {"scaled": 0, "whole_seconds": 1, "float64": 2}  # the compiled call's
+_PRECISIONS = {"float32": 0, "float64": 1, "seconds": 2}  # the compiled call's
 
 
 class FusedPositions:
@@ -35,8 +34,7 @@ class FusedPositions:
     def __init__(self, family: MropeFamily, kinds: tuple[MediaKind, ...], token_types: Any) -> None:
         self.token_types = token_types
         self.spec = _spec(family, kinds, token_types)
-        self.has_video = family.has_video
-        self.timed = family.tokens_per_second is not None
+        self.keys = family.keys
 
     @classmethod
     def of(cls, family: MropeFamily, kinds: tuple[MediaKind, ...], token_types: Any) -> FusedPositions | None:
@@ -60,13 +58,14 @@ class FusedPositions:
                     and cu_seqlens.dim() == 1 and cu_seqlens.shape[0] >= 2 and cu_seqlens.is_contiguous()):
                 return None
             bounds = cu_seqlens.numpy()
-        images = _grid(inputs.get("image_grid_thw"))
-        videos = _grid(inputs.get("video_grid_thw")) if self.has_video else None
+        image_key, video_key, seconds_key = self.keys
+        images = _grid(inputs.get(image_key))
+        videos = _grid(inputs.get(video_key)) if video_key is not None else None
         if images is False or videos is False:
             return None
         seconds = None
-        if self.timed and videos is not None:
-            seconds = inputs.get("second_per_grid_ts")
+        if seconds_key is not None and videos is not None:
+            seconds = inputs.get(seconds_key)
             if seconds is not None:
                 if not (isinstance(seconds, torch.Tensor) and seconds.is_cpu and seconds.dtype in _SECONDS):
                     return None
@@ -77,7 +76,7 @@ class FusedPositions:
         deltas = None if text_row else np.empty((samples, 1), dtype=np.int64)
         status = native.mrope_fused(  # type: ignore[union-attr]
             out, deltas, text_row, input_ids.numpy(), input_ids.element_size(), batch, length,
-            None if mask is None else mask.numpy(), bounds, (images, videos) if self.has_video else (images,),
+            None if mask is None else mask.numpy(), bounds, (images,) if video_key is None else (images, videos),
             seconds, self.spec, torch.get_num_threads())
         if status != WRITTEN:
             return None
@@ -99,38 +98,33 @@ def _grid(value: Any) -> Any:
 
 
 def _spec(family: MropeFamily, kinds: tuple[MediaKind, ...], token_types: Any) -> tuple | None:
-    """The call's constants: the token types (as token ids and types, or GLM's markers), the
-    merge size, the kinds and the temporal rule; None where the call does not apply."""
+    """The call's constants: the token types (as token ids and types, or a placeholder between markers), the
+    merge size, the kinds and the temporal rule's fields; None where the call does not apply."""
     if type(token_types) is TokenTypeMap:
         if len(token_types.types) > native.MAX_MEDIA_TOKENS:  # type: ignore[union-attr]
             return None
         tokens, types, markers = tuple(token_types.types), tuple(token_types.types.values()), None
-    elif type(token_types) is MarkedVideoTypes:
+    elif type(token_types) is BetweenMarkersTypes:
         tokens, types = (), ()
-        markers = (token_types.image, token_types.video_begin, token_types.video_end)
+        markers = (token_types.token, token_types.begin, token_types.end)
         if not all(type(token) is int and 0 <= token < 2**63 for token in markers):
             return None
     else:
         return None
     if kinds != family.kinds:
         return None
-    per_second = family.tokens_per_second
+    rule = family.temporal
+    per_second = None if rule is None else rule.per_second
     # a scale numpy works out in float32 or float64 (or int64): a Python number of moderate size
-    if per_second is not None and not (type(per_second) in (int, float) and abs(per_second) < 2**24):
+    if per_second is not None and not abs(per_second) < 2**24:
         return None
     kind_specs = [(1, False, False)]
     if family.has_video:
-        kind_specs.append((2, family.per_frame_video, per_second is not None))
-        if family.per_frame_video and per_second is not None:
+        kind_specs.append((2, family.per_frame_video, rule is not None))
+        if family.per_frame_video and rule is not None:
             return None  # the step-by-step path decides what such a family means
-    rule = _RULE_CODES.get(family.temporal_rule)
-    if family.temporal_rule == "seconds_first" and (per_second is None or _power_of_two(per_second)):
-        rule = _RULE_CODES["scaled"]  # multiplying by a power of two is exact: both orders round alike
     if rule is None:
-        return None
-    return (tokens, types, markers, family.spatial_merge_size, tuple(kind_specs), per_second, rule,
-            family.resume_past_frames)
-
-
-def _power_of_two(value: float) -> bool:
-    return value > 0 and math.frexp(value)[0] == 0.5
+        return (tokens, types, markers, family.spatial_merge_size, tuple(kind_specs), None, False, 0, False,
+                family.resume_past_frames)
+    return (tokens, types, markers, family.spatial_merge_size, tuple(kind_specs), per_second,
+            rule.order == "frame_first", _PRECISIONS[rule.precision], rule.whole_seconds, family.resume_past_frames)

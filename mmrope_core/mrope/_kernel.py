@@ -8,32 +8,32 @@ import torch
 
 from ..kernel import RopeKernel
 from ..media import read_grid
-from ._family import MropeFamily, seconds_per_grid
+from ._family import MropeFamily
 from ._fused import FusedPositions
 from ._media import MediaGrids
 from ._positions import check_placeholders, mrope_position_ids, mrope_positions
 
 
 class MropeKernel(RopeKernel):
-    """Positions of a Qwen-style family without a loop over tokens, samples or media, equal to
-    the family's ``get_rope_index``; places packed rows where their segments lie.
+    """Positions of a family of placeholder runs without a loop over tokens, samples or media,
+    equal to the family's reference; places packed rows where their segments lie.
 
-    Takes the inputs of the family's reference: ``image_grid_thw``, ``video_grid_thw`` and, for
-    families that time their videos, ``second_per_grid_ts``. Other keys are ignored, as the
-    reference ignores them.
+    Takes the media keys the family declares (:attr:`MropeFamily.input_keys`): its images' and
+    videos' grids and, for families that time their videos, their seconds. Other keys are
+    ignored, as the reference ignores them.
 
     Example::
 
-        family = MropeFamily("My-VL", spatial_merge_size=2, image_token_id=151655)
-        positions, deltas = MropeKernel(family).rope_index(input_ids, attention_mask, image_grid_thw=grids)
+        family = MropeFamily("My-VL", spatial_merge_size=2, image_token_id=151655, image_key="pictures")
+        positions, deltas = MropeKernel(family).rope_index(input_ids, attention_mask, pictures=grids)
     """
 
     places_packed_rows = True
     samples_independent = True  # every row computed alike: the conformance suite holds it to that
-    input_keys = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
 
     def __init__(self, family: MropeFamily) -> None:
         self.family = family
+        self.input_keys = family.input_keys
         self.kinds = family.kinds
         self.token_types = family.token_types()
         # a subclass that reads its inputs its own way takes the step-by-step path
@@ -41,7 +41,8 @@ class MropeKernel(RopeKernel):
         self._fused = FusedPositions.of(family, self.kinds, self.token_types) if own_reading else None
 
     def __repr__(self) -> str:
-        return f"MropeKernel({self.family.name}, temporal rule {self.family.temporal_rule!r})"
+        timed = f", temporal ids {self.family.temporal}" if self.family.temporal is not None else ""
+        return f"MropeKernel({self.family.name}{timed})"
 
     def rope_index(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                    cu_seqlens: torch.Tensor | None = None, **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,39 +77,44 @@ class MropeKernel(RopeKernel):
     def check(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
               **inputs: Any) -> dict[str, Any]:
         """Raise the errors :meth:`rope_index` raises for these inputs, computing nothing, and
-        return them as the family's reference takes them (``second_per_grid_ts`` as a tensor):
+        return them as the family's reference takes them (the seconds as a tensor):
         the ``check`` of a :class:`~mmrope_core.reference.ReferenceKernel`, so that bad inputs
         get typed errors instead of a crash inside the reference."""
         types, media = self._read(input_ids, None, **inputs)
         check_placeholders(types, _bool(attention_mask), self.kinds, media,
                            spatial_merge_size=self.family.spatial_merge_size)
-        videos = inputs.get("video_grid_thw")
-        if self.family.tokens_per_second is not None and videos is not None:
-            inputs["second_per_grid_ts"], _ = seconds_per_grid(inputs.get("second_per_grid_ts"), videos.shape[0])
+        _, video_key, seconds_key = self.family.keys
+        videos = inputs.get(video_key) if video_key is not None and seconds_key is not None else None
+        if videos is not None:
+            assert seconds_key is not None
+            inputs[seconds_key], _ = self.family.seconds_per_grid(inputs.get(seconds_key), videos.shape[0])
         return inputs
 
-    def media(self, image_grid_thw: Any = None, video_grid_thw: Any = None,
-              second_per_grid_ts: Any = None) -> dict[int, MediaGrids | None]:
-        """Each media type's grids (videos split into frames for per-frame families) and scales."""
-        images = read_grid("image_grid_thw", image_grid_thw)
-        videos = read_grid("video_grid_thw", video_grid_thw) if self.family.has_video else None
+    def media(self, images: Any = None, videos: Any = None, seconds: Any = None) -> dict[int, MediaGrids | None]:
+        """Each media type's grids (videos split into frames for per-frame families) and scales,
+        from the values of the family's image, video and seconds keys."""
+        family = self.family
+        image_key, video_key, _ = family.keys
+        images = read_grid(image_key, images)
+        videos = read_grid(video_key, videos) if video_key is not None else None
         scale = None
-        if videos is not None and self.family.tokens_per_second is not None:
-            _, seconds = seconds_per_grid(second_per_grid_ts, videos.shape[0])
-            scale = self.family.temporal_scale(seconds)
+        if videos is not None and family.temporal is not None:
+            _, host_seconds = family.seconds_per_grid(seconds, videos.shape[0])
+            scale = family.temporal_scale(host_seconds)
         if videos is not None and self.family.per_frame_video:
             videos = torch.repeat_interleave(videos, videos[:, 0], dim=0)
             videos[:, 0] = 1
         return {1: MediaGrids(images) if images is not None else None,
                 2: MediaGrids(videos, scale) if videos is not None else None}
 
-    def _read(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor | None, image_grid_thw: Any = None,
-              video_grid_thw: Any = None, second_per_grid_ts: Any = None,
-              **ignored: Any) -> tuple[torch.Tensor, dict[int, MediaGrids | None]]:
+    def _read(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor | None,
+              **inputs: Any) -> tuple[torch.Tensor, dict[int, MediaGrids | None]]:
         # sizes bounded by the batch before anything is sized from them, for kernels called directly
         tokens = input_ids.numel()
-        media = self.media(read_grid("image_grid_thw", image_grid_thw, tokens=tokens),
-                           read_grid("video_grid_thw", video_grid_thw, tokens=tokens), second_per_grid_ts)
+        image_key, video_key, seconds_key = self.family.keys
+        videos = None if video_key is None else read_grid(video_key, inputs.get(video_key), tokens=tokens)
+        media = self.media(read_grid(image_key, inputs.get(image_key), tokens=tokens), videos,
+                           None if seconds_key is None else inputs.get(seconds_key))
         return self.token_types(input_ids, cu_seqlens), media
 
 

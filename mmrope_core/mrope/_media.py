@@ -33,13 +33,13 @@ class MediaGrids:
     """The grids of one media kind for a batch, in order of appearance.
 
     Attributes:
-        grid_thw: ``(N, 3)`` integer tensor of ``(t, h, w)`` patch counts before merging.
+        grid: ``(N, 3)`` integer tensor of ``(t, h, w)`` patch counts before merging.
         temporal_scale: optional ``(N,)`` tensor or numpy array; temporal ids become
             ``trunc(frame * scale)``, computed in the dtype torch gives int64 frame numbers times
             the scale, exactly as the reference does. None means ``frame``.
     """
 
-    grid_thw: torch.Tensor
+    grid: torch.Tensor
     temporal_scale: torch.Tensor | np.ndarray | None = None
 
 
@@ -47,7 +47,7 @@ class TokenTypeMap:
     """Builds ``mm_token_type_ids`` from ``input_ids``: each listed token id becomes its media
     type, every other token 0 (text). Returns int8, the dtype :func:`mrope_positions` works in.
 
-    Example: ``TokenTypeMap({processor.image_token_id: 1, processor.video_token_id: 2})``.
+    Example: ``TokenTypeMap({image_token_id: 1, video_token_id: 2})``.
     """
 
     def __init__(self, types: Mapping[int, int]) -> None:
@@ -103,34 +103,33 @@ class TokenTypeMap:
 _NATIVE_IDS = (torch.int64, torch.int32)
 
 
-class MarkedVideoTypes:
-    """Token types of families whose videos reuse the image token between begin- and
-    end-of-video markers (GLM-4V): an image token is a video token (2) where more begin markers
-    than end markers precede it in its row, the processor's own rule; other image tokens are 1.
-    With ``cu_seqlens`` the markers are counted from each segment's first token, so a marker a
-    segment leaves open does not turn the next segment's images into video. Returns int8."""
+class BetweenMarkersTypes:
+    """Token types of one placeholder whose type switches with marker tokens: ``token`` is type 2
+    where more ``begin`` than ``end`` markers precede it in its row, else type 1; other tokens
+    are 0. With ``cu_seqlens`` the markers are counted from each segment's first token, so a
+    marker a segment leaves open does not switch the next segment's placeholders. Returns int8."""
 
-    def __init__(self, image: int, video_begin: int, video_end: int) -> None:
-        self.image, self.video_begin, self.video_end = image, video_begin, video_end
+    def __init__(self, token: int, begin: int, end: int) -> None:
+        self.token, self.begin, self.end = token, begin, end
 
     def __call__(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
         if input_ids.device.type == "cpu":  # numpy compares several times faster than torch here
             ids = input_ids.numpy()
-            image, opened = ids == self.image, ids == self.video_begin
-            if not opened.any():  # no video: every image token is an image
-                return torch.from_numpy(image.view(np.int8))
-            markers_np = opened.view(np.int8) - (ids == self.video_end).view(np.int8)
-            image_t, markers = torch.from_numpy(image), torch.from_numpy(markers_np)
+            found, opened = ids == self.token, ids == self.begin
+            if not opened.any():  # no marker opens: every placeholder is type 1
+                return torch.from_numpy(found.view(np.int8))
+            markers_np = opened.view(np.int8) - (ids == self.end).view(np.int8)
+            placeholders, markers = torch.from_numpy(found), torch.from_numpy(markers_np)
         else:
-            image_t = input_ids == self.image
-            markers = (input_ids == self.video_begin).to(torch.int8) - (input_ids == self.video_end).to(torch.int8)
-        open_videos = markers.cumsum(dim=1)  # one cumsum of the difference, not one per marker
+            placeholders = input_ids == self.token
+            markers = (input_ids == self.begin).to(torch.int8) - (input_ids == self.end).to(torch.int8)
+        open_markers = markers.cumsum(dim=1)  # one cumsum of the difference, not one per marker
         if cu_seqlens is not None:
-            open_videos = _from_each_segment_start(open_videos, cu_seqlens)
-        return image_t.view(torch.int8) + (image_t & (open_videos > 0)).view(torch.int8)
+            open_markers = _from_each_segment_start(open_markers, cu_seqlens)
+        return placeholders.view(torch.int8) + (placeholders & (open_markers > 0)).view(torch.int8)
 
     def __repr__(self) -> str:
-        return f"MarkedVideoTypes(image={self.image}, video_begin={self.video_begin}, video_end={self.video_end})"
+        return f"BetweenMarkersTypes(token={self.token}, begin={self.begin}, end={self.end})"
 
 
 def _from_each_segment_start(counts: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:

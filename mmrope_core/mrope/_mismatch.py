@@ -53,7 +53,7 @@ def _check_grid(
     merge: int,
 ) -> torch.Tensor:
     """The grid rows for ``runs``, after checking that every run has one and that sizes agree."""
-    grid = media.grid_thw if media is not None else None
+    grid = media.grid if media is not None else None
     count = 0 if grid is None else grid.shape[0]
     if grid is not None:
         if grid.dim() != 2 or grid.shape[1] != 3:

@@ -34,7 +34,7 @@ def mrope_positions(
     positions restart at 0 in every segment, deltas are ``(K, 1)``, and sample k in errors is
     segment k. Raises :class:`~mmrope_core.PlaceholderMismatchError` naming the sample when
     placeholder runs and grids disagree in number or size, or a run crosses a segment boundary.
-    With ``resume_past_frames`` (vLLM's rule), the text after a run resumes past its last
+    With ``resume_past_frames`` (a rollout engine's rule), the text after a run resumes past its last
     frame's temporal id too, where that is further than ``max(h, w)``.
     """
     positions, deltas = _computed(token_types, attention_mask, kinds, grids, spatial_merge_size, text_row=False,

@@ -13,40 +13,41 @@ from ..conventions import TRANSFORMERS, asked, convention, described
 from ..errors import InvalidInputError, UnknownConventionError
 from ..kernel import RopeKernel
 from ..reference import kernels_agree, probe_once
+from ..temporal import TemporalRule
 from ..tiny import padded_batch
 from ..types import RopeBinding
-from ._family import TEMPORAL_RULES, MropeFamily, TemporalRuleName
+from ._family import MropeFamily
 from ._kernel import MropeKernel
 
 
 def fast_kernel(family: MropeFamily, reference: RopeKernel,
-                rules: Sequence[TemporalRuleName] | None = None) -> MropeKernel | None:
+                rules: Sequence[TemporalRule] | None = None) -> MropeKernel | None:
     """The batched kernel of ``family`` if it equals ``reference`` on :func:`probe_batches`, under
     the family's temporal rule or, for families that time their videos, one of ``rules`` (the
-    rules the family's releases have followed, named by its plugin; None: every rule of
-    :data:`TEMPORAL_RULES`). None, with one warning per process, when no rule does: the caller
-    then binds ``reference``.
+    rules the family's releases have followed, named by its plugin, each taken at the family's
+    ``per_second``). None, with one warning per process, when no rule does: the caller then binds
+    ``reference``.
 
     Example::
 
-        reference = ReferenceKernel(Qwen2VLModel, config, token_types=family.token_types())
+        reference = ReferenceKernel(MyVLModel, config, token_types=family.token_types())
         kernel = fast_kernel(family, reference) or reference
     """
-    others = tuple(TEMPORAL_RULES if rules is None else rules)
-    tried: list[TemporalRuleName] = (list(dict.fromkeys((family.temporal_rule, *others)))  # type: ignore[arg-type]
-                                     if family.tokens_per_second else ["scaled"])
+    own = family.temporal
+    tried: list[TemporalRule | None] = [own] if own is None else list(dict.fromkeys(
+        (own, *(dataclasses.replace(rule, per_second=own.per_second) for rule in rules or ()))))
 
-    def probe() -> TemporalRuleName | None:
+    def probe() -> int | None:  # the index of the rule that agrees
         batches = list(probe_batches(family))
-        for rule in tried:
-            if kernels_agree(MropeKernel(dataclasses.replace(family, temporal_rule=rule)), reference, batches):
-                return rule
+        for index, rule in enumerate(tried):
+            if kernels_agree(MropeKernel(dataclasses.replace(family, temporal=rule)), reference, batches):
+                return index
         return None
 
-    key = ("mrope", dataclasses.replace(family, temporal_rule="scaled"), tuple(tried),
+    key = ("mrope", dataclasses.replace(family, temporal=None), tuple(tried),
            getattr(reference, "probe_key", type(reference)))
-    rule = probe_once(key, probe, fast=f"the batched {family.name} kernel")
-    return None if rule is None else MropeKernel(dataclasses.replace(family, temporal_rule=rule))  # type: ignore[arg-type]
+    index = probe_once(key, probe, fast=f"the batched {family.name} kernel")
+    return None if index is None else MropeKernel(dataclasses.replace(family, temporal=tried[index]))
 
 
 def probe_batches(family: MropeFamily) -> Iterator[dict[str, Any]]:
@@ -70,11 +71,13 @@ def probe_batches(family: MropeFamily) -> Iterator[dict[str, Any]]:
     rows = [row + [text] * 3, row + [text] * 2]
     for left in (False, True):
         ids, mask = padded_batch(rows, text, left=left, mask_dtype=torch.bool)
-        batch: dict[str, Any] = {"input_ids": ids, "attention_mask": mask, "image_grid_thw": torch.tensor([image, image])}
-        if family.has_video:
-            batch["video_grid_thw"] = torch.tensor([video, video])
-            if family.tokens_per_second is not None:
-                batch["second_per_grid_ts"] = torch.tensor([0.5, 1.3])
+        batch: dict[str, Any] = {"input_ids": ids, "attention_mask": mask,
+                                 family.image_key: torch.tensor([image, image])}
+        _, video_key, seconds_key = family.keys
+        if video_key is not None:
+            batch[video_key] = torch.tensor([video, video])
+        if seconds_key is not None:
+            batch[seconds_key] = torch.tensor([0.5, 1.3])
         yield batch
 
 
@@ -84,8 +87,8 @@ IMPLEMENTATIONS = ("fast", "reference")
 def bind_mrope(family: MropeFamily, reference: RopeKernel, options: Mapping[str, Any],
                conventions: Collection[str] = (TRANSFORMERS,), *,
                variants: Mapping[str, MropeFamily] | None = None,
-               rules: Sequence[TemporalRuleName] | None = None) -> RopeBinding:
-    """The binding of a Qwen-style family, for ``bind_rope_index``: the batched kernel, or the
+               rules: Sequence[TemporalRule] | None = None) -> RopeBinding:
+    """The binding of a family of placeholder runs, for ``bind_rope_index``: the batched kernel, or the
     ``reference`` kernel where ``options`` ask for ``implementation="reference"`` or where the
     batched kernel does not reproduce the installed transformers (see :func:`fast_kernel`, which
     tries ``rules``).
@@ -93,12 +96,13 @@ def bind_mrope(family: MropeFamily, reference: RopeKernel, options: Mapping[str,
     ``conventions`` are the position conventions the family offers (``options["convention"]``
     chooses; see :mod:`mmrope_core.conventions`). Each one other than ``transformers`` names in
     ``variants`` the family as that convention computes it (e.g. ``resume_past_frames`` and a
-    ``temporal_rule`` of its own), built by the plugin; the batched kernel computes it, and no
+    ``temporal`` rule of its own), built by the plugin; the batched kernel computes it, and no
     reference does, so ``implementation`` must be ``"fast"``.
 
     Example::
 
-        family = MropeFamily("My-VL", spatial_merge_size=2, image_token_id=processor.image_token_id)
+        family = MropeFamily("My-VL", spatial_merge_size=2, image_token_id=processor.image_token_id,
+                             image_key="image_grids")
         reference = ReferenceKernel(MyVLModel, config, token_types=family.token_types(),
                                     check=MropeKernel(family).check)
         return bind_mrope(family, reference, options)
@@ -126,5 +130,5 @@ def bind_mrope(family: MropeFamily, reference: RopeKernel, options: Mapping[str,
     if kernel is None:
         return RopeBinding("mrope", reference, "reference",
                            f"{family.name}, transformers reference (the batched kernel disagrees with this transformers)")
-    rule = f" ({kernel.family.temporal_rule} temporal rule)" if kernel.family.tokens_per_second is not None else ""
+    rule = f" (temporal ids {kernel.family.temporal})" if kernel.family.temporal is not None else ""
     return RopeBinding("mrope", kernel, "fast", f"{family.name}, batched kernel{rule}")

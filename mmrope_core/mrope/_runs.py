@@ -106,18 +106,18 @@ def grids_of_runs(runs: Runs, kinds: Sequence[MediaKind], grids: Mapping[int, Me
     """The runs of each kind take that kind's grids in order. None when they do not fit (in
     number or size, or a grid is malformed); :func:`~._mismatch.match` says how."""
     counts = np.bincount(runs.type).tolist()
-    given = []  # (grid_thw, temporal_scale) of each kind with grids, by type id
+    given = []  # (grid, temporal_scale) of each kind with grids, by type id
     for kind in sorted(kinds, key=_type_id):
         media = grids.get(kind.type_id)
-        grid_thw = None if media is None else media.grid_thw
-        number = 0 if grid_thw is None else grid_thw.shape[0]
+        sizes = None if media is None else media.grid
+        number = 0 if sizes is None else sizes.shape[0]
         if (counts[kind.type_id] if kind.type_id < len(counts) else 0) != number:
             return None
         if number:
-            assert media is not None and grid_thw is not None
-            if grid_thw.dim() != 2 or grid_thw.shape[1] != 3:
+            assert media is not None and sizes is not None
+            if sizes.dim() != 2 or sizes.shape[1] != 3:
                 return None
-            given.append((numpy(grid_thw), media.temporal_scale))
+            given.append((numpy(sizes), media.temporal_scale))
     if runs.count != sum(grid.shape[0] for grid, _ in given):  # runs of a type no kind places
         return None
     if not given:

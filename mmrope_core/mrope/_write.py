@@ -42,7 +42,7 @@ class RunLayout:
         for kind_runs, scale in scaled:
             last_frame[kind_runs] = _temporal(last_frame[kind_runs], scale)
         extent = np.maximum(height, width)  # the text after a run continues max(h, w) after its start
-        if resume_past_frames:  # or past its last frame, where that is further (vLLM's rule)
+        if resume_past_frames:  # or past its last frame, where that is further (a rollout engine's rule)
             extent = np.maximum(extent, last_frame + 1)
         first, last = spans.first[runs.row], spans.last[runs.row]
         gain = extent - runs.length

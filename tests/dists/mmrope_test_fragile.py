@@ -57,7 +57,8 @@ def bind_rope_index(processor, config, options):
     if type(processor).__name__ != "Qwen2VLProcessor":
         return None
     family = MropeFamily("Qwen2-VL", spatial_merge_size=2, image_token_id=processor.image_token_id,
-                         video_token_id=processor.video_token_id)
+                         video_token_id=processor.video_token_id, image_key="image_grid_thw",
+                         video_key="video_grid_thw")
     if options.get("implementation") == "reference":  # the flawless kernel, for the fuzzer to compare with
         return RopeBinding(kind="mrope", kernel=MropeKernel(family), implementation="reference")
     if options.get("convention", "transformers") == "vllm":  # the same positions: there is no video here

@@ -50,7 +50,8 @@ class ThirdParty:
         from mmrope_core.mrope import MropeFamily
 
         family = MropeFamily("Qwen2-VL", spatial_merge_size=2, image_token_id=processor.image_token_id,
-                             video_token_id=processor.video_token_id)
+                             video_token_id=processor.video_token_id, image_key="image_grid_thw",
+                             video_key="video_grid_thw")
         kernel = (NumberingReference if self.numbering else ReferenceKernel)(
             Qwen2VLModel, config, token_types=family.token_types())
         kernel.image_token_id = processor.image_token_id

@@ -3,23 +3,25 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mmrope_core.batching import IMAGE_GRID, VIDEO_GRID, MediaKey
 from mmrope_core.conventions import SGLANG_0_5_23, VLLM_0_33
 from mmrope_core.recognition import class_name_in
+from mmrope_core.temporal import TemporalRule
 
-if TYPE_CHECKING:  # the kernel (torch) is imported only when binding, so discovery stays cheap
-    from mmrope_core.mrope import TemporalRuleName
+#: The processors' keys of the images' and videos' grids and of a timed video's seconds per grid.
+IMAGE_KEY, VIDEO_KEY, SECONDS_KEY = "image_grid_thw", "video_grid_thw", "second_per_grid_ts"
 
 #: What the family's media keys hold, as the engine reads them: its grids, one per image or video,
 #: and a timed family's seconds, one per video.
-MEDIA_KEYS = {"image_grid_thw": IMAGE_GRID, "video_grid_thw": VIDEO_GRID}
-TIMED_MEDIA_KEYS = {**MEDIA_KEYS, "second_per_grid_ts": MediaKey(role="seconds", grid="video_grid_thw")}
+MEDIA_KEYS = {IMAGE_KEY: IMAGE_GRID, VIDEO_KEY: VIDEO_GRID}
+TIMED_MEDIA_KEYS = {**MEDIA_KEYS, SECONDS_KEY: MediaKey(role="seconds", grid=VIDEO_KEY)}
 
-#: The temporal rules transformers releases follow for timed videos: ``scaled`` (>= 5.11) and
-#: ``whole_seconds`` (5.10 truncates the seconds first); the probe tries them in this order.
-TRANSFORMERS_RULES: tuple[TemporalRuleName, ...] = ("scaled", "whole_seconds")
+#: How transformers releases time videos: ``trunc(f * (tokens_per_second * s))`` in the seconds'
+#: dtype (>= 5.11), and the same with the seconds truncated first (5.10); the probe tries them in
+#: this order, each at the config's ``tokens_per_second``.
+TRANSFORMERS_RULES = (TemporalRule(precision="seconds"), TemporalRule(precision="seconds", whole_seconds=True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,18 +30,22 @@ class RolloutRule:
 
     Attributes:
         resume_past_frames: the text after a run resumes one past its largest position on any axis.
-        temporal_rule: how a timed video's temporal ids are formed.
+        temporal: how a timed video's temporal ids are formed (taken at the config's
+            ``tokens_per_second``).
     """
 
     resume_past_frames: bool
-    temporal_rule: TemporalRuleName
+    temporal: TemporalRule
 
 
 #: The rollout engines' rules for every family here (Qwen3-VL's and GLM's equal transformers' but
 #: for resuming; SGLang runs Qwen3.5 by Qwen3-VL's rules, GLM-4.6V by GLM-4V's).
 ROLLOUT_RULES: dict[str, RolloutRule] = {
-    VLLM_0_33: RolloutRule(resume_past_frames=True, temporal_rule="float64"),
-    SGLANG_0_5_23: RolloutRule(resume_past_frames=True, temporal_rule="seconds_first"),
+    # vLLM multiplies in float64 whatever the seconds' dtype
+    VLLM_0_33: RolloutRule(resume_past_frames=True, temporal=TemporalRule(precision="float64")),
+    # SGLang multiplies each frame number by the seconds first, then by tokens_per_second
+    SGLANG_0_5_23: RolloutRule(resume_past_frames=True,
+                               temporal=TemporalRule(order="frame_first", precision="seconds")),
 }
 
 

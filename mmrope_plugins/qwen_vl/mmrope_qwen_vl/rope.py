@@ -12,8 +12,9 @@ from mmrope_core import InvalidInputError, RopeBinding
 from mmrope_core.conventions import TRANSFORMERS
 from mmrope_core.mrope import MropeFamily, MropeKernel, bind_mrope
 from mmrope_core.reference import ReferenceKernel
+from mmrope_core.temporal import TemporalRule
 
-from .families import ROLLOUT_RULES, TRANSFORMERS_RULES, Family
+from .families import IMAGE_KEY, ROLLOUT_RULES, SECONDS_KEY, TRANSFORMERS_RULES, VIDEO_KEY, Family
 
 
 def bind(family: Family, processor: Any, config: Any, options: Mapping[str, Any]) -> RopeBinding:
@@ -30,10 +31,11 @@ def bind(family: Family, processor: Any, config: Any, options: Mapping[str, Any]
 def rollout_variants(described: MropeFamily) -> dict[str, MropeFamily]:
     """The family as each rollout engine computes it (see :data:`.families.ROLLOUT_RULES`); the
     temporal rule matters only where videos are timed."""
+    timed = described.temporal
     return {
         name: dataclasses.replace(
             described, resume_past_frames=rule.resume_past_frames,
-            temporal_rule=rule.temporal_rule if described.tokens_per_second is not None else described.temporal_rule,
+            temporal=None if timed is None else dataclasses.replace(rule.temporal, per_second=timed.per_second),
         )
         for name, rule in ROLLOUT_RULES.items()
     }
@@ -43,6 +45,7 @@ def describe(family: Family, processor: Any, config: Any) -> MropeFamily:
     """What the batched kernel needs to know of this processor and config."""
     vision = config.vision_config
     markers = (processor.video_start_id, processor.video_end_id) if family.video_inside_markers else None
+    temporal = _timed(vision) if family.timed_video else None
     return MropeFamily(
         family.name,
         spatial_merge_size=int(vision.spatial_merge_size),
@@ -50,10 +53,20 @@ def describe(family: Family, processor: Any, config: Any) -> MropeFamily:
         video_token_id=None if markers else processor.video_token_id,
         image_token=processor.image_token,
         video_token=processor.video_token,
-        tokens_per_second=getattr(vision, "tokens_per_second", None) if family.timed_video else None,
+        temporal=temporal,
         per_frame_video=family.per_frame_video,
         video_markers=markers,
+        image_key=IMAGE_KEY,
+        video_key=VIDEO_KEY,
+        seconds_key=SECONDS_KEY if temporal is not None else None,
     )
+
+
+def _timed(vision: Any) -> TemporalRule | None:
+    """The rule of transformers' latest release at the config's ``tokens_per_second`` (the probe
+    tries the others), or None where the config has none."""
+    per_second = getattr(vision, "tokens_per_second", None)
+    return None if per_second is None else dataclasses.replace(TRANSFORMERS_RULES[0], per_second=per_second)
 
 
 def _resolve_config(family: Family, processor: Any, config: Any) -> Any:

@@ -90,7 +90,7 @@ def _scales_in_float32():
     """Whether the installed transformers' Qwen2.5-VL scales frames in float32 (5.10 truncates
     whole seconds instead)."""
     return getattr(engines("Qwen2.5-VL")[1].binding.kernel, "family", None) is not None and \
-        engines("Qwen2.5-VL")[1].binding.kernel.family.temporal_rule == "scaled"
+        not engines("Qwen2.5-VL")[1].binding.kernel.family.temporal.whole_seconds
 
 
 @pytest.mark.mmrope_applies(_scales_in_float32(), "a transformers that scales Qwen2.5-VL's frames in float32")

@@ -147,7 +147,7 @@ def _mrope(processor: Any, decision: Decision, implementation: str) -> tuple[Rop
         return RopeBinding("mrope", reference, "reference",
                            f"{model_type}: transformers reference {method} ({why})"), reference
     candidate, kernel = found
-    timed = f", {kernel.family.temporal_rule} temporal rule" if kernel.family.tokens_per_second is not None else ""
+    timed = f", temporal ids {kernel.family.temporal}" if kernel.family.temporal is not None else ""
     return RopeBinding("mrope", kernel, "fast",
                        f"{model_type}: batched kernel ({candidate.layout}{timed}), equal to {method} on probe "
                        f"inputs"), reference

@@ -10,9 +10,10 @@ the reference on probe batches is bound.
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import Any, get_args
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,7 +23,7 @@ from mmrope_core.mrope import (
     MediaKind,
     MropeFamily,
     MropeKernel,
-    TemporalRuleName,
+    TemporalRule,
     check_placeholders,
     mrope_position_ids,
     mrope_positions,
@@ -31,6 +32,19 @@ from mmrope_core.mrope import (
 from mmrope_core.reference import kernels_agree, probe_once
 
 from .reference import media_token_ids
+
+#: The keys of the images' and videos' grids and of the videos' seconds, as the model classes'
+#: ``get_rope_index`` name them.
+IMAGE_KEY, VIDEO_KEY, SECONDS_KEY = "image_grid_thw", "video_grid_thw", "second_per_grid_ts"
+
+#: The ways timed videos' temporal ids have been formed, tried in this order: in the seconds'
+#: dtype, with the seconds truncated first, in float64, and frame number times seconds first.
+TEMPORAL_RULES = (
+    TemporalRule(precision="seconds"),
+    TemporalRule(precision="seconds", whole_seconds=True),
+    TemporalRule(precision="float64"),
+    TemporalRule(order="frame_first", precision="seconds"),
+)
 
 
 class TemporalMergeKernel(MropeKernel):
@@ -45,12 +59,11 @@ class TemporalMergeKernel(MropeKernel):
     def __repr__(self) -> str:
         return f"TemporalMergeKernel({self.family.name}, {self.temporal_merge_size} frames merged)"
 
-    def media(self, image_grid_thw: Any = None, video_grid_thw: Any = None,
-              second_per_grid_ts: Any = None) -> dict[int, MediaGrids | None]:
-        if isinstance(video_grid_thw, torch.Tensor) and video_grid_thw.dim() == 2 and video_grid_thw.shape[1] == 3:
-            video_grid_thw = video_grid_thw.clone()
-            video_grid_thw[:, 0] = torch.div(video_grid_thw[:, 0], self.temporal_merge_size, rounding_mode="floor")
-        return super().media(image_grid_thw, video_grid_thw, second_per_grid_ts)
+    def media(self, images: Any = None, videos: Any = None, seconds: Any = None) -> dict[int, MediaGrids | None]:
+        if isinstance(videos, torch.Tensor) and videos.dim() == 2 and videos.shape[1] == 3:
+            videos = videos.clone()
+            videos[:, 0] = torch.div(videos[:, 0], self.temporal_merge_size, rounding_mode="floor")
+        return super().media(images, videos, seconds)
 
 
 class NewlineColumnKernel(MropeKernel):
@@ -92,15 +105,14 @@ class NewlineColumnKernel(MropeKernel):
         return inputs
 
     def _frames(self, input_ids: torch.Tensor, mask: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
-                image_grid_thw: Any = None, video_grid_thw: Any = None,
-                **ignored: Any) -> tuple[torch.Tensor, dict[int, MediaGrids | None]]:
-        merge = self.family.spatial_merge_size
+                **inputs: Any) -> tuple[torch.Tensor, dict[int, MediaGrids | None]]:
+        merge, (image_key, video_key, _) = self.family.spatial_merge_size, self.family.keys
         types = self.token_types(input_ids, cu_seqlens)
-        media: dict[int, MediaGrids | None] = {1: self.media(_wider(image_grid_thw, merge))[1], 2: None, 3: None}
-        videos = self.media(None, video_grid_thw)[2] if self.family.video_token_id is not None else None
-        if videos is None or videos.grid_thw.shape[0] == 0:
+        media: dict[int, MediaGrids | None] = {1: self.media(_wider(inputs.get(image_key), merge))[1], 2: None, 3: None}
+        videos = self.media(None, inputs.get(video_key))[2] if video_key is not None else None
+        if videos is None or videos.grid.shape[0] == 0:
             return types, media
-        grids = videos.grid_thw
+        grids = videos.grid
         frames = _wider(torch.repeat_interleave(grids, grids[:, 0], dim=0), merge)
         frames[:, 0] = 1
         odd = torch.cat([torch.arange(int(count)) % 2 == 1 for count in grids[:, 0].tolist()])
@@ -154,17 +166,21 @@ class Candidate:
     temporal_merge_size: int = 1
     newline_column: bool = False
 
-    def kernel(self, temporal_rule: TemporalRuleName | None = None) -> MropeKernel:
-        family = self.family if temporal_rule is None else dataclasses.replace(self.family, temporal_rule=temporal_rule)
+    def kernel(self, temporal: TemporalRule | None = None) -> MropeKernel:
+        family = self.family if temporal is None else dataclasses.replace(self.family, temporal=temporal)
         if self.newline_column:
             return NewlineColumnKernel(family)
         if self.temporal_merge_size > 1:
             return TemporalMergeKernel(family, self.temporal_merge_size)
         return MropeKernel(family)
 
-    def rules(self) -> list[TemporalRuleName]:
-        """The temporal rules to try: for timed videos every rule (they changed between releases)."""
-        return list(get_args(TemporalRuleName)) if self.family.tokens_per_second is not None else ["scaled"]
+    def rules(self) -> list[TemporalRule | None]:
+        """The temporal rules to try: for timed videos every rule of :data:`TEMPORAL_RULES` (they
+        changed between releases), at the config's ``tokens_per_second``."""
+        timed = self.family.temporal
+        if timed is None:
+            return [None]
+        return [dataclasses.replace(rule, per_second=timed.per_second) for rule in TEMPORAL_RULES]
 
     def batches(self) -> Iterator[dict[str, Any]]:
         """Probe batches laid out for this candidate; merged videos get ``t * merge`` frames (and
@@ -172,13 +188,13 @@ class Candidate:
         merge = self.family.spatial_merge_size
         for index, batch in enumerate(probe_batches(self.family)):
             if self.newline_column:  # the probe's runs (6 image tokens, 3 frames of 4) with a newline column
-                batch["image_grid_thw"] = torch.tensor([[1, 2 * merge, 2 * merge]] * 2)
-                if "video_grid_thw" in batch:
-                    batch["video_grid_thw"] = torch.tensor([[3, 2 * merge, merge]] * 2)
-            if self.temporal_merge_size > 1 and "video_grid_thw" in batch:
-                grids = batch["video_grid_thw"].clone()
+                batch[IMAGE_KEY] = torch.tensor([[1, 2 * merge, 2 * merge]] * 2)
+                if VIDEO_KEY in batch:
+                    batch[VIDEO_KEY] = torch.tensor([[3, 2 * merge, merge]] * 2)
+            if self.temporal_merge_size > 1 and VIDEO_KEY in batch:
+                grids = batch[VIDEO_KEY].clone()
                 grids[:, 0] = grids[:, 0] * self.temporal_merge_size + index % 2
-                batch["video_grid_thw"] = grids
+                batch[VIDEO_KEY] = grids
             yield batch
 
 
@@ -196,16 +212,22 @@ def candidates(name: str, processor: Any, config: Any) -> tuple[list[Candidate],
     image, video = images[0], (videos[0] if videos else None)
     seconds = getattr(vision, "tokens_per_second", None)
     seconds = seconds if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) else None
+    if seconds is not None and not 0 < seconds < math.inf:
+        seconds = None  # no rule times videos by it
+    timed = TemporalRule(seconds, precision="seconds") if seconds else None
     base = MropeFamily(name, spatial_merge_size=merge, image_token_id=image, video_token_id=video,
                        image_token=str(getattr(processor, "image_token", "image placeholder")),
-                       video_token=str(getattr(processor, "video_token", None) or "video placeholder"))
-    out = [Candidate("Qwen2-VL runs", dataclasses.replace(base, tokens_per_second=seconds) if seconds else base)]
+                       video_token=str(getattr(processor, "video_token", None) or "video placeholder"),
+                       image_key=IMAGE_KEY, video_key=None if video is None else VIDEO_KEY)
+    out = [Candidate("Qwen2-VL runs", base if timed is None or video is None else
+                     dataclasses.replace(base, temporal=timed, seconds_key=SECONDS_KEY))]
     if video is not None:
         out.append(Candidate("Qwen3-VL frames", dataclasses.replace(base, per_frame_video=True)))
     markers = getattr(processor, "video_start_id", None), getattr(processor, "video_end_id", None)
     if all(isinstance(marker, int) for marker in markers):
         out.append(Candidate("GLM-4V video markers", dataclasses.replace(
-            base, video_token_id=None, per_frame_video=True, video_markers=markers)))  # type: ignore[arg-type]
+            base, video_token_id=None, per_frame_video=True, video_markers=markers,  # type: ignore[arg-type]
+            video_key=VIDEO_KEY)))
     merged = getattr(vision, "temporal_merge_size", None)
     if video is not None and isinstance(merged, int) and merged > 1:
         out.append(Candidate(f"videos merged {merged} frames to one", base, merged))
@@ -224,9 +246,9 @@ def probed_kernel(key: Any, options: Sequence[Candidate], reference: Any, token_
             if not token_types_agree(candidate.family):
                 continue
             batches = list(candidate.batches())
-            for rule in candidate.rules():
+            for number, rule in enumerate(candidate.rules()):
                 if kernels_agree(candidate.kernel(rule), reference, batches):
-                    return f"{index}:{rule}"
+                    return f"{index}:{number}"
         if options:
             why = (f"follows none of the batched kernel's layouts on probe inputs (tried: "
                    f"{', '.join(candidate.layout for candidate in options)})")
@@ -239,6 +261,6 @@ def probed_kernel(key: Any, options: Sequence[Candidate], reference: Any, token_
     answer = probe_once(key, probe, fast=f"the batched kernel of {what}")
     if not answer:
         return None
-    index, rule = answer.split(":")
+    index, number = answer.split(":")
     candidate = options[int(index)]
-    return candidate, candidate.kernel(next(known for known in candidate.rules() if known == rule))
+    return candidate, candidate.kernel(candidate.rules()[int(number)])
