@@ -53,7 +53,8 @@ class PanelsPlugin:
         from mmrope_core.mrope import MropeFamily
 
         family = MropeFamily("Panels", spatial_merge_size=2, image_token_id=processor.image_token_id,
-                             video_token_id=processor.video_token_id)
+                             video_token_id=processor.video_token_id, image_key="panel_grid",
+                             video_key="shot_grid")
         kernel = PanelReference(Qwen2_5_VLModel, config, token_types=family.token_types())
         kernel.media_ids = (processor.image_token_id, processor.video_token_id)
         kernel.samples_independent = False
