@@ -189,10 +189,10 @@ def test_the_transformers_plugin_declares_which_media_its_references_arguments_h
                  "downsample_mode", "target_sizes", "target_sizes_videos", "use_audio_in_video"}
     layout = BatchLayout(media=Bound(frozenset(arguments)).media_keys)
     assert {key: layout.medium_of(key) for key in sorted(arguments)} == {
-        "audio_seqlens": "audio", "downsample_mode": None, "image_grid_thw": "image", "images_per_sample": "image",
-        "second_per_grids": "video", "target_sizes": None, "target_sizes_videos": "video", "video_grid_thw": "video",
+        "audio_seqlens": "audio", "downsample_mode": None, "image_grid_thw": "image", "images_per_sample": None,
+        "second_per_grids": "video", "target_sizes": "image", "target_sizes_videos": "video", "video_grid_thw": "video",
         "use_audio_in_video": None}
-    assert layout.media["audio_seqlens"].role == "audio_lengths" and layout.media["images_per_sample"].role is None
+    assert layout.media["audio_seqlens"].role == "audio_lengths" and "images_per_sample" not in layout.media
 
 
 class FlawedKernel(RecordingKernel):

@@ -127,8 +127,8 @@ def test_a_grid_whose_medium_is_not_declared_is_refused_not_guessed(built):
     engine = engine_of(built, {**PANEL_KEYS, "panel_grid": MediaKey(role="grid")})
     ids, panels, _ = sample(processor, config, [("panel", (1, 4, 4))])
     input_ids = torch.tensor([ids, ids])
-    with pytest.raises(CollateError, match="'panel_grid' holds 2 entries; its plugin's batch_layout declares its role "
-                                           r"'grid' but not which media items .*MediaKey\(role='grid', medium=\.\.\.\)"):
+    with pytest.raises(CollateError, match=r"cannot share 'panel_grid' out.*it holds 2 entries; its plugin's batch_layout "
+                                           r"does not say which media items .*for 'panel_grid'\)"):
         each_row_alone(engine, input_ids, torch.ones_like(input_ids), {"panel_grid": torch.tensor(panels * 2)},
                        [{"image": 1}, {"image": 1}])
 
@@ -140,8 +140,20 @@ def test_an_undeclared_key_as_long_as_the_rows_and_the_images_is_refused(built):
     engine = engine_of(built, PANEL_KEYS)
     ids, panels, _ = sample(processor, config, [("panel", (1, 4, 4)), ("panel", (1, 4, 4))])
     input_ids = torch.tensor([ids, ids])
-    with pytest.raises(CollateError, match=r"'extra' holds 2 entries, one per batch row or one per image of its "
-                                           r"samples.*MediaKey\(medium='image'\)"):
+    with pytest.raises(CollateError, match=r"cannot share 'extra' out.*it holds 2 entries, one per batch row or one "
+                                           r"per image of its samples.*MediaKey\(medium='image'\)"):
         each_row_alone(engine, input_ids, torch.ones_like(input_ids),
                        {"panel_grid": torch.tensor(panels), "extra": torch.zeros(2, 3)},
                        [{"image": 2}, {"image": 0}])
+
+
+def test_seconds_whose_grid_declares_no_medium_point_at_the_grid(built):
+    """Seconds count their grid's items: the fix asked for is the grid's declaration."""
+    processor, config = built
+    engine = engine_of(built, {**PANEL_KEYS, "shot_grid": MediaKey(role="grid")})
+    ids, _, _ = sample(processor, config, [("shot", (2, 4, 4))])
+    input_ids = torch.tensor([ids, ids])
+    with pytest.raises(CollateError, match=r"cannot share 'shot_seconds' out.*MediaKey\(role='grid', medium=.*for "
+                                           r"'shot_grid'\)"):
+        each_row_alone(engine, input_ids, torch.ones_like(input_ids), {"shot_seconds": torch.tensor([0.5, 1.0])},
+                       [{"video": 1}, {"video": 1}])

@@ -51,18 +51,19 @@ def _shared_out(key: str, value: Any, layout: Any, counts: Sequence[Mapping[str,
             return [value[start:start + size] if size else None for start, size in zip(starts, sizes)]
         why = f" for the batch's {counted(sum(sizes), medium)} (it holds one entry per {medium})"
     elif rule is not None and rule.role is not None:  # a grid's rows are items, never batch rows
-        why = (f"; its plugin's batch_layout declares its role {rule.role!r} but not which media items it holds one "
-               f"entry of each: declare it as MediaKey(role={rule.role!r}, medium=...) (image, video or audio)")
+        declared = rule.grid if rule.role == "seconds" and rule.grid is not None else key
+        why = (f"; its plugin's batch_layout does not say which media items it holds one entry of each (its plugin "
+               f"can: MediaKey(role='grid', medium='image', 'video' or 'audio') for {declared!r})")
     elif isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == rows:
         unclear = _unclear_media(value, counts, ids)
         if not unclear:
             return list(value.split(1))
         why = (f", one per batch row or one per {unclear} of its samples, and its plugin's batch_layout does not "
-               f"declare it: declare it as MediaKey(medium={unclear!r}) if it holds one entry per {unclear}")
+               f"say which (its plugin can: MediaKey(medium={unclear!r}) if it holds one entry per {unclear})")
+    entries = len(value) if hasattr(value, "__len__") else value
     raise CollateError(
-        f"{key!r} holds {len(value) if hasattr(value, '__len__') else value!r} entries{why}, which mmrope cannot share "
-        f"out among the batch's {rows} samples to compute each alone (the model numbers media across the batch); "
-        f"train with one sample a batch")
+        f"mmrope cannot share {key!r} out among the batch's {rows} samples to compute each alone (the model numbers "
+        f"media across the batch): it holds {entries!r} entries{why}; train with one sample a batch")
 
 
 def _unclear_media(value: torch.Tensor, counts: Sequence[Mapping[str, int]], ids: tuple[int, ...]) -> str | None:

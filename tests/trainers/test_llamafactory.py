@@ -579,8 +579,8 @@ def test_a_grid_whose_medium_no_plugin_declares_is_refused_not_guessed_from_its_
     from mmrope_core.errors import CollateError
 
     default_manager_with(monkeypatch, ThirdParty(numbering=True, media={"image_grid_thw": GRID}))
-    with pytest.raises(CollateError, match=r"'image_grid_thw' holds \d+ entries; its plugin's batch_layout declares "
-                                           r"its role 'grid' but not which media items"):
+    with pytest.raises(CollateError, match=r"cannot share 'image_grid_thw' out.*it holds \d+ entries; its plugin's "
+                                           r"batch_layout does not say which media items"):
         cases.collate(cases.collator("Qwen2-VL"), images_in_several_rows(seed=5))
 
 

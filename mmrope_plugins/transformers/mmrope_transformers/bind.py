@@ -35,10 +35,12 @@ MEDIA_KEYS = {"image_grid_thw": IMAGE_GRID, "video_grid_thw": VIDEO_GRID, "secon
               "second_per_grids": _SECONDS, "video_second_per_grid": _SECONDS,
               "audio_seqlens": MediaKey(role="audio_lengths"), "feature_attention_mask": MediaKey(role="audio_mask")}
 #: The kind of media item an argument of transformers' ``get_rope_index`` methods holds one entry
-#: of each, by a part of the name transformers gives it (the first part found decides); switches
-#: (``use_audio_in_video``) hold none.
-MEDIUM_BY_NAME: tuple[tuple[str, Medium], ...] = (
-    ("video", "video"), ("second_per_grid", "video"), ("image", "image"), ("audio", "audio"), ("feature", "audio"))
+#: of each (MiniCPM-V names its grids ``target_sizes``); the others (``images_per_sample``, one
+#: value a sample, and switches such as ``downsample_mode``) hold none.
+MEDIUM_OF_ARGUMENT: dict[str, Medium] = {
+    "image_grid_thw": "image", "target_sizes": "image", "video_grid_thw": "video", "target_sizes_videos": "video",
+    "second_per_grid_ts": "video", "second_per_grids": "video", "video_second_per_grid": "video",
+    "audio_seqlens": "audio", "feature_attention_mask": "audio"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,9 +65,7 @@ class Bound:
         grids = sorted(key for key in self.rope_arguments | self.varlen_keys if key.endswith("_grid_thw"))
         keys = {**MEDIA_KEYS, **{key: GRID for key in grids if key not in MEDIA_KEYS}}
         for key in sorted(self.rope_arguments | set(keys)):
-            if key.startswith("use_"):
-                continue
-            medium = next((medium for part, medium in MEDIUM_BY_NAME if part in key), None)
+            medium = MEDIUM_OF_ARGUMENT.get(key)
             rule = keys.get(key, MediaKey())
             if medium is not None and rule.medium is None:
                 keys[key] = dataclasses.replace(rule, medium=medium)
