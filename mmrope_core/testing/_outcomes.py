@@ -94,10 +94,10 @@ def _timed_media(case: Case) -> bool:
         return value is not None and (len(value) > 0 if isinstance(value, (list, tuple, np.ndarray)) else
                                       not isinstance(value, torch.Tensor) or value.numel() > 0)
 
-    # audio keys and the grids that seconds count, by their declared roles; by name too the video
+    # audio keys and the grids that seconds or stamps count, by their declared roles; by name too the video
     # grids of layouts that declare no seconds, and audio features, which hold no role
     timed = {key for key, rule in case.media.items() if rule.role in ("audio_lengths", "audio_mask")}
-    timed |= {rule.grid for rule in case.media.values() if rule.role == "seconds"}
+    timed |= {rule.grid for rule in case.media.values() if rule.role in ("seconds", "stamps")}
     return (any(present(key) for key in sorted(timed | {"video_grid_thw", "input_features"}))
             or bool(inputs.get("use_audio_in_video")) or bool(case.options.get("use_audio_in_video")))
 
