@@ -39,7 +39,7 @@ def stamped_kernel(rule, **options):
         media=(GridMedia("panels", MERGE, stamped=True), SequenceMedia("sound")),
         kinds=(ItemKind("panels", (OPEN,), ("panels",), (PANEL,), (CLOSE,)),
                ItemKind("clip", (OPEN_CLIP,), ("panels", "sound"), (PANEL, SOUND), (CLOSE_CLIP,), interleave="time")),
-        temporal=rule, padding=options.pop("padding", 0))
+        temporal=rule, padding=options.pop("padding", 0), dtype=options.pop("dtype", torch.int64))
     return ItemKernel(layout, KEYS, **options)
 
 
@@ -144,20 +144,28 @@ def test_stamped_frames_are_placed_as_the_reference_places_them(loops, seed, mon
 
 
 @compiled_only
+@pytest.mark.parametrize("interleave", ["time", "chunks", "groups"])
 @pytest.mark.parametrize("seed", range(4))
-def test_the_compiled_loops_place_stamped_frames_as_numpy_does(seed):
-    """Generated batches, some with stamps corrupted, and runs of generated tokens decoded."""
-    rng = random.Random(100 + seed)
+def test_the_compiled_loops_place_stamped_frames_as_numpy_does(seed, interleave):
+    """Generated batches, some with stamps corrupted, in int64 with runs of generated tokens
+    decoded, or in float32 keeping fractions; sounds merged by time, chunks or groups."""
+    rng = random.Random(f"{seed} {interleave}")
+    float32 = seed % 2 == 1
     rule = RULES[seed % len(RULES)]
+    rule = TemporalRule(rule.per_second * 1.37, rule.order, rule.precision, truncate=False) if float32 else rule
     samples = [reference_sample(rng, rule) for _ in range(rng.randint(1, 5))]
     media = batch_media(samples)
-    layout = stamped_kernel(rule).layout
+    layout = stamped_kernel(rule, dtype=torch.float32 if float32 else torch.int64).layout
+    clip = ItemKind("clip", (OPEN_CLIP,), ("panels", "sound"), (PANEL, SOUND), (CLOSE_CLIP,), interleave=interleave,
+                    chunk=0 if interleave == "time" else rng.randint(1, 5))
+    layout = layout.replace(kinds=(layout.kinds[0], clip))
     length = max(len(sample[0]) for sample in samples)
     ids = np.zeros((len(samples), length), np.int64)
     mask = np.zeros_like(ids, dtype=bool)
     for row, sample in enumerate(samples):
         ids[row, : len(sample[0])], mask[row, : len(sample[0])] = sample[0], True
-    generated = mask & (np.arange(length) >= np.maximum(mask.sum(1, keepdims=True) - 2, 1))
+    generated = None if float32 else mask & (np.arange(length) >= np.maximum(mask.sum(1, keepdims=True) - 2, 1))
+    dtype = np.float32 if float32 else np.int64
     stamps = media["panel_times"].numpy()
     for corrupt in (None, -1.0, np.nan, np.inf, "fall"):
         given, frames = stamps.copy(), media["panel_grid_thw"][:, 0].tolist()
@@ -169,7 +177,7 @@ def test_the_compiled_loops_place_stamped_frames_as_numpy_does(seed):
         refused = not np.array_equal(given, stamps, equal_nan=True)
         results = []
         for native in (compiled.native, None):
-            out, deltas = np.empty((3, *ids.shape), np.int64), np.empty((len(samples), 1), np.int64)
+            out, deltas = np.empty((3, *ids.shape), dtype), np.empty((len(samples), 1), dtype)
             arguments = (out, False, ids, mask, None, None, (media["panel_grid_thw"].numpy(),
                          media["sound_lengths"].numpy()), (given, None), deltas, layout.enabled())
             saved, compiled.native = compiled.native, native
