@@ -1,5 +1,5 @@
 """How a model takes a batch, as its plugin declares it: what its media keys hold (grids,
-seconds, audio lengths, audio masks), the keys its processor batches in its own way, the padding
+seconds, time stamps, audio lengths, audio masks), the keys its processor batches in its own way, the padding
 side the model itself gets wrong, the rows of positions it reads.
 
 A plugin returns a :class:`BatchLayout` from the ``batch_layout`` hook. The engine reads and
@@ -30,8 +30,10 @@ if TYPE_CHECKING:
 #: ``empty_item(shape, dtype)``: the value of the item slots a sample does not fill.
 EmptyItem = Callable[[tuple[int, ...], Any], Any]
 #: What a media key holds, as the engine reads it (see :mod:`mmrope_core.media`).
-Role = Literal["grid", "seconds", "audio_lengths", "audio_mask"]
-ROLES: tuple[Role, ...] = ("grid", "seconds", "audio_lengths", "audio_mask")
+Role = Literal["grid", "seconds", "stamps", "audio_lengths", "audio_mask"]
+ROLES: tuple[Role, ...] = ("grid", "seconds", "stamps", "audio_lengths", "audio_mask")
+#: Roles that count the rows of a grid key.
+_GRID_COUNTS = ("seconds", "stamps")
 #: The kinds of media item a trainer counts in a sample, of which a key may hold one entry each.
 Medium = Literal["image", "video", "audio"]
 MEDIA: tuple[Medium, ...] = ("image", "video", "audio")
@@ -48,14 +50,17 @@ class MediaKey:
         role: what the key holds, read and checked by the engine before any hook or kernel sees
             it: ``"grid"``, ``(N, 3)`` positive ``(t, h, w)`` patch counts that fit the batch's
             tokens; ``"seconds"``, seconds per grid, one per row of the key ``grid`` names;
+            ``"stamps"``, a time stamp per frame of those grids (seconds from its grid's start, not
+            decreasing within a grid), grid after grid;
             ``"audio_lengths"``, feature frames per audio; ``"audio_mask"``, an
             ``(audios, frames)`` feature mask. None: the engine passes the key on unread.
-        grid: for ``role="seconds"``, the grid key (declared with ``role="grid"``) whose rows
-            the values count: one value per video of ``"video_grid_thw"``.
+        grid: for ``role="seconds"`` or ``"stamps"``, the grid key (declared with ``role="grid"``)
+            whose rows the values count: one value per video of ``"video_grid_thw"``, or one per
+            frame of its videos.
         medium: the kind of media item the key holds one entry (row) of each, in the samples'
             order: ``"image"``, ``"video"`` or ``"audio"``. A trainer's padded batch is shared
             out among its rows by it, where each row is computed as its sample alone. A
-            ``"seconds"`` key counts its grid's items, an ``"audio_lengths"`` or
+            ``"seconds"`` or ``"stamps"`` key counts its grid's items (or their frames), an ``"audio_lengths"`` or
             ``"audio_mask"`` key one entry per audio: they need none.
         join: ``"rows"``: each sample's tensor is one or more rows, concatenated on dim 0;
             ``"last"``: each sample's ``(1, ..., W_i)`` is joined on the last dim into one
@@ -106,9 +111,9 @@ class MediaKey:
     def __post_init__(self) -> None:
         if self.role is not None and self.role not in ROLES:
             raise TypeError(f"MediaKey.role must be one of {ROLES} or None, got {self.role!r}")
-        if (self.role == "seconds") != (self.grid is not None) or not isinstance(self.grid, (str, type(None))):
-            raise TypeError("MediaKey(role='seconds') needs grid, the name of the grid key whose rows it counts; "
-                            "other roles take no grid")
+        if (self.role in _GRID_COUNTS) != (self.grid is not None) or not isinstance(self.grid, (str, type(None))):
+            raise TypeError(f"MediaKey(role={self.role if self.role in _GRID_COUNTS else 'seconds'!r}) needs grid, "
+                            f"the name of the grid key whose rows it counts; other roles take no grid")
         if self.medium is not None and self.medium not in MEDIA:
             raise TypeError(f"MediaKey.medium must be one of {MEDIA} or None, got {self.medium!r}")
         if self.role in _AUDIO_ROLES and self.medium not in (None, "audio"):

@@ -1,4 +1,5 @@
-"""Reading the caller's media arrays: grids, seconds per grid, audio lengths and audio masks.
+"""Reading the caller's media arrays: grids, seconds per grid, time stamps per frame, audio
+lengths and audio masks.
 
 A plugin declares what each of its family's media keys holds (a :class:`~mmrope_core.MediaKey`
 ``role`` in its ``batch_layout``); the engine reads every key so declared before a plugin's hook
@@ -56,6 +57,9 @@ def read_media(inputs: Mapping[str, Any], keys: Mapping[str, MediaKey], *, token
         if role == "seconds":
             grids = read.get(rule.grid or "")
             read[key] = read_seconds(key, value, videos=None if grids is None else grids.shape[0], grid=rule.grid)
+        elif role == "stamps":
+            grids = read.get(rule.grid or "")
+            read[key] = read_stamps(key, value, frames=None if grids is None else grids[:, 0].tolist(), grid=rule.grid)
         elif role == "audio_lengths":
             read[key] = read_audio_lengths(key, value, tokens=tokens, mask=mask)
         else:
@@ -156,6 +160,49 @@ def _check_seconds(key: str, seconds: np.ndarray, videos: int | None, grid: str 
         if high > MAX_SECONDS_PER_GRID:
             raise InvalidInputError(f"{key} holds {high:g} seconds per grid: temporal positions that far do not "
                                     f"fit int64. Pass the processor's timing (seconds per grid of frames)")
+
+
+def read_stamps(key: str, value: Any, *, frames: list[int] | None = None, grid: str | None = None,
+                ) -> torch.Tensor | None:
+    """Time stamps of stamped grids' frames, in seconds from each grid's start, grid after grid:
+    finite, from 0 to :data:`MAX_SECONDS_PER_GRID`, not decreasing within a grid, and, where
+    ``frames`` (each grid's frames: the first column of the key ``grid``) is given, one a frame
+    (without it, where each grid's begin is unknown, their order is not checked).
+    A tensor keeps its dtype; a list or number becomes float32."""
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        require_values(key, value)
+        if value.dtype not in _REALS:
+            raise InvalidInputError(f"{key} must hold real numbers (a time stamp in seconds per frame), got "
+                                    f"{value.dtype}; pass the processor's output")
+        stamps = value.reshape(-1)
+        host = stamps.detach().cpu().to(torch.float64).numpy()
+    elif isinstance(value, (list, tuple, int, float, np.ndarray, np.number)) and not isinstance(value, bool):
+        host = _numbers(key, value, "iuf", "time stamps in seconds, one per frame").astype(np.float64).reshape(-1)
+        stamps = torch.from_numpy(host.astype(np.float32))
+    else:
+        raise InvalidInputError(f"{key} must be a tensor or list of time stamps in seconds, one per frame, got "
+                                f"{type(value).__name__}; pass the processor's output")
+    where = f" of {grid}" if grid else ""
+    if frames is not None and host.size != sum(frames):
+        raise InvalidInputError(f"{key} has {counted(host.size, 'time stamp')} for the {counted(sum(frames), 'frame')}"
+                                f" of the {counted(len(frames), 'grid')}{where}; pass one time stamp per frame, grid "
+                                f"after grid")
+    bad = ~((host >= 0) & (host <= MAX_SECONDS_PER_GRID))  # NaN fails both
+    grid_of = np.repeat(np.arange(len(frames)), frames) if frames is not None else np.zeros(host.size, np.int64)
+    falls = np.flatnonzero((np.diff(host) < 0) & (grid_of[1:] == grid_of[:-1]) & (frames is not None))
+    if bad.any() or falls.size:
+        frame = int(np.flatnonzero(bad)[0]) if bad.any() else int(falls[0]) + 1
+        item, value = int(grid_of[frame]), float(host[frame])
+        first = int(np.searchsorted(grid_of, item))
+        what = ("is negative" if value < 0 else "is not finite" if not np.isfinite(value) else
+                f"lies beyond {MAX_SECONDS_PER_GRID:g} seconds" if bad[frame] else
+                f"comes before the frame before it ({float(host[frame - 1])!r})")
+        raise InvalidInputError(f"{key} (grid {item}{where}, frame {frame - first}): the time stamp {value!r} {what}; "
+                                f"each grid's stamps are seconds from its start, finite, not negative and not "
+                                f"decreasing: pass the processor's time stamps")
+    return stamps
 
 
 def _numbers(key: str, value: Any, kinds: str, what: str) -> np.ndarray:

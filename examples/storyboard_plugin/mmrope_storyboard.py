@@ -1,6 +1,6 @@
 """mmrope plugin for Storyboard, a family of its own: a board is a series of panels, each shown
-for some seconds, with its narration, between two markers; the panels of each second come first,
-then that second's narration.
+for as long as the story needs (a time stamp per panel), with its narration, between two
+markers; the panels of each second come first, then that second's narration.
 
 The family's rule is written as data for mmrope's media-item primitives
 (:mod:`mmrope_core.items`); no code of mmrope knows it. The definition is
@@ -29,8 +29,8 @@ TOKENS = {"board_token": "<|board|>", "board_end_token": "<|/board|>", "panel_to
 MERGE, PATCH = 2, 14  # a panel's token: 2 x 2 patches of 14 pixels
 MEL_HOP, MELS_PER_TOKEN = 160, 50  # 16 kHz samples a mel frame, mel frames a narration token: half a second
 PER_SECOND = 2  # temporal positions a second: one a narration token
-KEYS = {"panels": ("panel_grid_thw", "seconds_per_panel"), "narration": "narration_lengths"}
-MEDIA_KEYS = ("panel_grid_thw", "seconds_per_panel", "narration_lengths")
+KEYS = {"panels": ("panel_grid_thw", "panel_times"), "narration": "narration_lengths"}
+MEDIA_KEYS = ("panel_grid_thw", "panel_times", "narration_lengths")
 
 
 class StoryboardConfig(Qwen2VLTextConfig):
@@ -63,7 +63,7 @@ class StoryboardModel(Qwen2VLTextModel):
 
     def forward(self, input_ids: Any = None, attention_mask: Any = None, position_ids: Any = None,
                 inputs_embeds: Any = None, pixel_values: Any = None, panel_grid_thw: Any = None,
-                seconds_per_panel: Any = None, narration_lengths: Any = None, **kwargs: Any) -> Any:
+                panel_times: Any = None, narration_lengths: Any = None, **kwargs: Any) -> Any:
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
             if pixel_values is not None:  # a panel token's merged patches are consecutive rows
@@ -71,20 +71,21 @@ class StoryboardModel(Qwen2VLTextModel):
                 where = (input_ids == self.config.panel_token_id)[..., None].expand_as(inputs_embeds)
                 inputs_embeds = inputs_embeds.masked_scatter(where, self.panel_projection(panels))
         if position_ids is None and input_ids is not None:
-            position_ids, _ = self.get_rope_index(input_ids, panel_grid_thw, seconds_per_panel, narration_lengths,
+            position_ids, _ = self.get_rope_index(input_ids, panel_grid_thw, panel_times, narration_lengths,
                                                   attention_mask)
         return super().forward(attention_mask=attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
                                **kwargs)
 
-    def get_rope_index(self, input_ids: Any, panel_grid_thw: Any = None, seconds_per_panel: Any = None,
+    def get_rope_index(self, input_ids: Any, panel_grid_thw: Any = None, panel_times: Any = None,
                        narration_lengths: Any = None, attention_mask: Any = None) -> tuple[Any, Any]:
         """Positions ``(3, B, L)`` (1 at padding) and each sample's delta: text and markers count
         on; a board's placeholders, whichever tokens hold them, take :func:`board_positions` from
-        one past its marker; its end marker one past the board's largest position."""
+        one past its marker; its end marker one past the board's largest position. ``panel_times``:
+        each panel's time stamp, board after board."""
         config = self.config
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
         positions = torch.ones(3, *input_ids.shape, dtype=torch.long, device=input_ids.device)
-        deltas, board = [], 0
+        deltas, board, shown = [], 0, 0
         for sample in range(input_ids.shape[0]):
             row, placed, following = input_ids[sample][mask[sample].bool()].tolist(), [], 0
             block: Iterator[tuple[int, int, int]] = iter(())
@@ -95,9 +96,10 @@ class StoryboardModel(Qwen2VLTextModel):
                 elif token == config.board_token_id:
                     placed.append((following,) * 3)
                     opened = len(placed)
-                    block = iter(board_positions(panel_grid_thw[board].tolist(), float(seconds_per_panel[board]),
-                                                 int(narration_lengths[board]), following + 1))
-                    board += 1
+                    grid = panel_grid_thw[board].tolist()
+                    times = [float(time) for time in panel_times[shown : shown + grid[0]]]
+                    block = iter(board_positions(grid, times, int(narration_lengths[board]), following + 1))
+                    board, shown = board + 1, shown + grid[0]
                 elif token == config.board_end_token_id:
                     largest = max(max(position) for position in placed[opened:])
                     placed.append((largest + 1,) * 3)
@@ -142,7 +144,7 @@ def layout(processor: Any) -> Any:
     # grouped by second: panels whose temporal id // 2 agree, then the next two narration tokens
     board = ItemKind("board", key=(start,), media=("panels", "narration"), placeholders=(panel, narration),
                      closing=(end,), interleave="groups", chunk=PER_SECOND)
-    return ItemLayout(media=(GridMedia("panels", MERGE, timed=True),
+    return ItemLayout(media=(GridMedia("panels", MERGE, stamped=True),
                              SequenceMedia("narration", steps=((1, MELS_PER_TOKEN),))),
                       kinds=(board,), temporal=TemporalRule(float(PER_SECOND), "scale_first", "float64"), padding=1)
 
@@ -184,9 +186,9 @@ def batch_layout(processor: Any) -> Any:
         return None
     from mmrope_core.batching import VIDEO_GRID, BatchLayout, MediaKey
 
-    # a board's panels are a video's frames: one grid and one seconds value a board
+    # a board's panels are a video's frames: one grid a board, one time stamp a panel
     return BatchLayout(media={"panel_grid_thw": VIDEO_GRID,
-                              "seconds_per_panel": MediaKey(role="seconds", grid="panel_grid_thw"),
+                              "panel_times": MediaKey(role="stamps", grid="panel_grid_thw"),
                               "narration_lengths": MediaKey(role="audio_lengths")})
 
 
@@ -202,11 +204,11 @@ def example_cases() -> list[ExampleCase]:
 
 # -- the family's processor, and a tiny one built offline for `mmrope check` and the tests --------
 
-def board_tokens(grid: Sequence[int], seconds: float, mels: int, panel: int, narration: int) -> list[int]:
+def board_tokens(grid: Sequence[int], times: Sequence[float], mels: int, panel: int, narration: int) -> list[int]:
     """A board's placeholders as the model reads them: each second's panels, then its narration."""
     per_panel = grid[1] * grid[2] // MERGE**2
     said, total, tokens = 0, (mels - 1) // MELS_PER_TOKEN + 1, []
-    groups = [int(index * (seconds * PER_SECOND)) // PER_SECOND for index in range(grid[0])]
+    groups = [int(time * PER_SECOND) // PER_SECOND for time in times]
     for index in range(grid[0]):
         tokens += [panel] * per_panel
         if index + 1 == grid[0] or groups[index + 1] != groups[index]:
@@ -216,26 +218,28 @@ def board_tokens(grid: Sequence[int], seconds: float, mels: int, panel: int, nar
     return tokens + [narration] * (total - said)
 
 
-def board_positions(grid: Sequence[int], seconds: float, mels: int, start: int) -> list[tuple[int, int, int]]:
+def board_positions(grid: Sequence[int], times: Sequence[float], mels: int, start: int) -> list[tuple[int, int, int]]:
     """A board's placeholders' positions in the order :func:`board_tokens` lays them out: panel
-    ``f``'s tokens at ``(start + trunc(f * seconds * 2), start + line, start + column)``,
+    ``f``'s tokens at ``(start + trunc(times[f] * 2), start + line, start + column)``,
     narration token ``i`` at ``start + i``."""
     lines, columns = grid[1] // MERGE, grid[2] // MERGE
-    panels = iter([(start + int(panel * (seconds * PER_SECOND)), start + line, start + column)
-                   for panel in range(grid[0]) for line in range(lines) for column in range(columns)])
+    panels = iter([(start + int(time * PER_SECOND), start + line, start + column)
+                   for time in times for line in range(lines) for column in range(columns)])
     narration = itertools.count(start)
-    return [next(panels) if token == 0 else (next(narration),) * 3 for token in board_tokens(grid, seconds, mels, 0, 1)]
+    return [next(panels) if token == 0 else (next(narration),) * 3 for token in board_tokens(grid, times, mels, 0, 1)]
 
 
 class StoryboardProcessor(ProcessorMixin):
     """Text with a ``<|board|>`` where each board goes; a board is its panels (``(H, W, 3)``
-    arrays of one size), shown ``seconds`` each, and its narration (16 kHz samples). A batch of
-    texts is padded on ``padding_side`` (default the tokenizer's)."""
+    arrays of one size), the seconds each is shown (one number a panel), and its narration
+    (16 kHz samples). Each panel's time stamp is the seconds shown before it in its board
+    (``panel_times``, board after board). A batch of texts is padded on ``padding_side``
+    (default the tokenizer's)."""
 
     def __init__(self, image_processor: Any = None, tokenizer: Any = None, **kwargs: Any) -> None:
         super().__init__(image_processor, tokenizer, **kwargs)
 
-    def __call__(self, text: list[str], boards: list[tuple[list[Any], float, Any]] | None = None,
+    def __call__(self, text: list[str], boards: list[tuple[list[Any], Sequence[float], Any]] | None = None,
                  return_tensors: str = "pt", **kwargs: Any) -> Any:
         import numpy as np
         from transformers import BatchFeature
@@ -243,7 +247,7 @@ class StoryboardProcessor(ProcessorMixin):
         from mmrope_core.tiny import padded_batch
 
         start, end, panel, narration = self.tokenizer.convert_tokens_to_ids(list(TOKENS.values()))
-        grids, seconds, mels, pixels, rows = [], [], [], [], []
+        grids, times, mels, pixels, rows = [], [], [], [], []
         pending = iter(boards or ())
         for line in text:
             pieces = line.split(TOKENS["board_token"])
@@ -254,13 +258,18 @@ class StoryboardProcessor(ProcessorMixin):
                     raise ValueError(f"the texts hold more {TOKENS['board_token']} markers than the {len(boards or ())} "
                                      f"boards given; give one board a marker")
                 panels, shown, waveform = board
+                seconds = np.asarray(shown, dtype=np.float64).reshape(-1)
+                if len(seconds) != len(panels) or not (np.isfinite(seconds).all() and (seconds >= 0).all()):
+                    raise ValueError(f"a board shows each of its {len(panels)} panels for some seconds, one finite "
+                                     f"number from 0 a panel; got {seconds.tolist()}")
                 images = self.image_processor(images=list(panels), return_tensors="pt")
                 _, height, width = images["image_grid_thw"][0].tolist()
                 grids.append((len(panels), height, width))
-                seconds.append(float(np.float32(shown)))
+                stamps = np.concatenate([[0.0], np.cumsum(seconds)[:-1]]).astype(np.float32).tolist()
+                times += stamps
                 mels.append(max(1, len(waveform) // MEL_HOP))
                 pixels.append(images["pixel_values"])
-                row += [start, *board_tokens(grids[-1], seconds[-1], mels[-1], panel, narration), end]
+                row += [start, *board_tokens(grids[-1], stamps, mels[-1], panel, narration), end]
                 row += self.tokenizer(piece, add_special_tokens=False)["input_ids"]
             rows.append(row)
         side = kwargs.get("padding_side", self.tokenizer.padding_side)
@@ -268,7 +277,7 @@ class StoryboardProcessor(ProcessorMixin):
         data: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
         if grids:
             data.update(pixel_values=torch.cat(pixels), panel_grid_thw=torch.tensor(grids),
-                        seconds_per_panel=torch.tensor(seconds, dtype=torch.float32),
+                        panel_times=torch.tensor(times, dtype=torch.float32),
                         narration_lengths=torch.tensor(mels))
         return BatchFeature(data, tensor_type=return_tensors)
 
@@ -304,16 +313,16 @@ def board_samples(processor: Any, rng: Any) -> list[dict[str, Any]]:
         for _ in range(count):
             side = (28 * rng.randint(1, 3), 28 * rng.randint(1, 3))
             panels = [np.full((*side, 3), 255 * index // 5, np.uint8) for index in range(rng.randint(1, 5))]
-            boards.append((panels, rng.choice((0.25, 0.5, 1.0, 1.5, 3.0)),
-                           np.zeros(rng.randint(MEL_HOP, 4 * 16000), np.float32)))
+            shown = [rng.choice((0.0, 0.25, 0.5, 1.0, 1.5, 3.0)) for _ in panels]
+            boards.append((panels, shown, np.zeros(rng.randint(MEL_HOP, 4 * 16000), np.float32)))
         text = " ".join([filler_text(rng, 3)] + [f"{TOKENS['board_token']} {filler_text(rng, 2)}" for _ in boards])
         samples.append({"text": [text], "boards": boards, "return_tensors": "pt"})
     return samples
 
 
 def board_batch(processor: Any, config: Any, rng: Any) -> dict[str, Any]:
-    """One sample of text and up to three boards of random grids, pace and narration, laid out as
-    the processor lays it out: ``input_ids``, ``attention_mask`` and the media keys."""
+    """One sample of text and up to three boards of random grids, panels' times and narration,
+    laid out as the processor lays it out: ``input_ids``, ``attention_mask`` and the media keys."""
     import numpy as np
 
     from mmrope_core.tiny import filler_text
@@ -326,14 +335,15 @@ def board_batch(processor: Any, config: Any, rng: Any) -> dict[str, Any]:
     row, boards = text(least=1), []
     for _ in range(rng.randint(0, 3)):
         grid = (rng.randint(1, 6), MERGE * rng.randint(1, 3), MERGE * rng.randint(1, 3))
-        seconds = float(np.float32(rng.choice((0.25, 0.5, 1.0, 2 / 3, 1.3, rng.uniform(0.1, 3)))))
+        shown = [rng.choice((0.0, 0.25, 0.5, 1.0, 2 / 3, 1.3, rng.uniform(0.1, 3))) for _ in range(grid[0] - 1)]
+        times = np.concatenate([[0.0], np.cumsum(shown)]).astype(np.float32).tolist()
         mels = rng.randint(1, 12 * MELS_PER_TOKEN)
-        boards.append((grid, seconds, mels))
-        row += [start, *board_tokens(grid, seconds, mels, panel, narration), end, *text()]
+        boards.append((grid, times, mels))
+        row += [start, *board_tokens(grid, times, mels, panel, narration), end, *text()]
     ids = torch.tensor([row])
     batch: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     if boards:
         batch.update(panel_grid_thw=torch.tensor([grid for grid, _, _ in boards]),
-                     seconds_per_panel=torch.tensor([seconds for _, seconds, _ in boards], dtype=torch.float32),
+                     panel_times=torch.tensor([time for _, times, _ in boards for time in times], dtype=torch.float32),
                      narration_lengths=torch.tensor([mels for _, _, mels in boards]))
     return batch

@@ -7,7 +7,21 @@
 /* mmrope_core.media.MAX_SECONDS_PER_GRID: temporal ids of any grid a row holds fit int64. */
 #define MAX_SECONDS 1048576.0
 
-/* Grids, seconds and sequence lengths the positions can be computed from. */
+/* Time stamps of `grids` stamped grids, grid i's from first[i] to first[i + 1]: each finite,
+ * from 0 to MAX_SECONDS, none below the one before in its grid. */
+static int
+stamps_fit(const float *stamps, const int64_t *first, Py_ssize_t grids)
+{
+    if (first == NULL)  /* grids without frames: refused as grids */
+        return 0;
+    for (Py_ssize_t i = 0; i < grids; i++)
+        for (int64_t f = first[i]; f < first[i + 1]; f++)
+            if (!(stamps[f] >= 0 && stamps[f] <= MAX_SECONDS) || (f > first[i] && stamps[f] < stamps[f - 1]))
+                return 0;
+    return 1;
+}
+
+/* Grids, seconds, stamps and sequence lengths the positions can be computed from. */
 int
 items_media_fit(const ItemRead *r)
 {
@@ -30,14 +44,20 @@ items_media_fit(const ItemRead *r)
                     return 0;
             }
         }
+        if (medium->stamped && r->given[m] && !stamps_fit(r->seconds[m], r->stamp_first[m], r->given[m]))
+            return 0;
     }
     return 1;
 }
 
+/* Grid `index` of `medium`'s temporal scale, and its stamps (`*stamps`, NULL for a grid not
+ * stamped). */
 int
-items_scale(const ItemRead *r, int medium, int64_t index, TemporalScale *scale)
+items_scale(const ItemRead *r, int medium, int64_t index, TemporalScale *scale, const float **stamps)
 {
-    const double seconds = r->layout->medium[medium].timed ? (double)r->seconds[medium][index] : 1.0;
+    const MediumSpec *spec = &r->layout->medium[medium];
+    *stamps = spec->stamped ? r->seconds[medium] + r->stamp_first[medium][index] : NULL;
+    const double seconds = spec->timed ? (double)r->seconds[medium][index] : 1.0;
     return temporal_scale(&r->layout->temporal, seconds, scale);
 }
 
@@ -55,13 +75,18 @@ media_tokens(const ItemRead *r, int m, int64_t index)
 static int
 temporal_fits(const ItemRead *r, int m, int64_t index)
 {
-    const double seconds = r->layout->medium[m].timed ? (double)r->seconds[m][index] : 1.0;
-    if ((double)r->media[m][3 * index] * seconds * r->layout->temporal.per_second < 1e18)  /* far within */
+    const int64_t frames = r->media[m][3 * index];
+    const MediumSpec *spec = &r->layout->medium[m];
+    const double seconds = spec->timed ? (double)r->seconds[m][index] : 1.0;
+    const double span = spec->stamped ? (double)r->seconds[m][r->stamp_first[m][index] + frames - 1]  /* the last */
+                                      : (double)frames * seconds;
+    if (span * r->layout->temporal.per_second < 1e18)  /* far within */
         return 1;
     TemporalScale scale;
-    if (items_scale(r, m, index, &scale) < 0)
+    const float *stamps;
+    if (items_scale(r, m, index, &scale, &stamps) < 0)
         return 0;
-    const double last = temporal_position(&scale, r->media[m][3 * index] - 1);
+    const double last = stamps ? temporal_stamped(&scale, stamps[frames - 1]) : temporal_position(&scale, frames - 1);
     return isfinite(last) && fabs(last) < 4611686018427387904.0;
 }
 

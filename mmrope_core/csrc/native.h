@@ -154,6 +154,18 @@ temporal_position(const TemporalScale *s, int64_t frame)
     return (double)(int64_t)value;
 }
 
+/* A stamped frame's temporal id: the rule applied to its time stamp as to `frame * seconds`
+ * (float32 or float64 rules), truncated as temporal_position truncates. */
+static inline double
+temporal_stamped(const TemporalScale *s, float stamp)
+{
+    const double value = s->precision == PRECISION_FLOAT32 ? (double)(stamp * s->per_second32)
+                                                           : (double)stamp * s->per_second64;
+    if (!s->truncate || !(value > -9.2e18 && value < 9.2e18))
+        return value;
+    return (double)(int64_t)value;
+}
+
 /* ---- media: the tokens a grid or a sequence of frames takes --------------------------------- */
 
 #define MAX_STEPS 4
@@ -271,13 +283,14 @@ typedef struct {
     TemporalScale scale;
     double start;
     int64_t pattern;  /* where its first frame's height and width rows were written, or -1 */
+    const float *stamps;  /* a stamped grid's time stamps, one a frame; NULL: frames scaled by `scale` */
 } GridBlock;
 
 /* Frame `frame`'s temporal id, counted from the grid's start. */
 static inline double
 grid_temporal(const GridBlock *g, int64_t frame)
 {
-    return temporal_position(&g->scale, frame);
+    return g->stamps ? temporal_stamped(&g->scale, g->stamps[frame]) : temporal_position(&g->scale, frame);
 }
 
 /* Its largest position on any axis (it includes its last token). */
@@ -336,6 +349,7 @@ typedef struct {
     int type;
     int64_t merge;
     int timed;
+    int stamped;  /* a time stamp per frame given (in `seconds`, grid after grid) */
     SequenceRule rule;
 } MediumSpec;
 
@@ -388,7 +402,8 @@ typedef struct {
     uint32_t enabled;  /* kinds that may occur; another kind's key is a mismatch */
     const int64_t *media[MAX_LAYOUT_MEDIA];  /* grids (N, 3) or lengths (N,) */
     Py_ssize_t given[MAX_LAYOUT_MEDIA];
-    const float *seconds[MAX_LAYOUT_MEDIA];  /* timed grids' seconds */
+    const float *seconds[MAX_LAYOUT_MEDIA];  /* timed grids' seconds, stamped grids' stamps */
+    int64_t *stamp_first[MAX_LAYOUT_MEDIA];  /* stamped grids: where each grid's stamps begin */
     Item *items;
     Py_ssize_t capacity;
     Py_ssize_t *first_item;  /* the items of sample s: first_item[s] to first_item[s + 1] */
@@ -400,7 +415,7 @@ ItemLayout *layout_of(PyObject *capsule);
 int items_media(ItemRead *read, PyObject *media, PyObject *seconds);
 int items_media_fit(const ItemRead *read);
 int items_read(ItemRead *read);
-int items_scale(const ItemRead *read, int medium, int64_t index, TemporalScale *scale);
+int items_scale(const ItemRead *read, int medium, int64_t index, TemporalScale *scale, const float **stamps);
 
 /* ---- decode.c: generated tokens where a rollout engine decodes them ------------------------ */
 

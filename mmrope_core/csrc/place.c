@@ -32,14 +32,14 @@ medium_of(PyObject *spec, MediumSpec *medium)
 {
     PyObject *steps;
     long long merge, window, per_window;
-    if (!PyArg_ParseTuple(spec, "iLpO!LL:compile_layout medium", &medium->type, &merge, &medium->timed, &PyTuple_Type,
-                          &steps, &window, &per_window))
+    if (!PyArg_ParseTuple(spec, "iLpO!LL|p:compile_layout medium", &medium->type, &merge, &medium->timed,
+                          &PyTuple_Type, &steps, &window, &per_window, &medium->stamped))
         return -1;
     medium->merge = merge, medium->rule.window = window, medium->rule.per_window = per_window;
     medium->rule.steps = (int)PyTuple_GET_SIZE(steps);
     int fits = (medium->type == MEDIA_GRID || medium->type == MEDIA_SEQUENCE) && merge >= 1 && merge <= (1 << 20) &&
                medium->rule.steps <= MAX_STEPS && window >= 0 && window <= (1 << 20) && per_window >= 0 &&
-               per_window <= 64 * window;
+               per_window <= 64 * window && !(medium->stamped && (medium->timed || medium->type != MEDIA_GRID));
     for (int k = 0; fits && k < medium->rule.steps; k++) {
         long long drop, stride;
         if (!PyArg_ParseTuple(PyTuple_GET_ITEM(steps, k), "LL:compile_layout step", &drop, &stride))
@@ -104,7 +104,8 @@ layout_free(PyObject *capsule)
 const char compile_layout_doc[] =
 "compile_layout(media, kinds, temporal, values) -> capsule\n\n"
 "A layout of media items, checked once, for place_items and find_items.\n"
-"media: ((type 0 grid / 1 sequence, merge, timed, steps ((drop, stride), ...), window, per_window), ...);\n"
+"media: ((type 0 grid / 1 sequence, merge, timed, steps ((drop, stride), ...), window, per_window,\n"
+"        stamped), ...);\n"
 "kinds: ((key, opening, media, placeholders, closing, first or None, share_markers, lead,\n"
 "        interleave 0 none / 1 time / 2 chunks / 3 groups, chunk, resume_after_last, exclusive), ...);\n"
 "temporal: (per_second, frame_first, precision 0 float32 / 1 float64, truncate);\n"
@@ -183,6 +184,8 @@ static void
 reading_release(Reading *c)
 {
     PyMem_RawFree(c->spans);
+    for (int m = 0; m < MAX_LAYOUT_MEDIA; m++)
+        PyMem_RawFree(c->read.stamp_first[m]);
     PyMem_RawFree(c->read.items);
     PyMem_RawFree(c->read.first_item);
     for (int k = 0; k < 4 + 2 * MAX_LAYOUT_MEDIA; k++)
@@ -197,6 +200,40 @@ hold(Reading *c, int k, PyObject *object, Py_ssize_t itemsize, const char *name)
         return -1;
     c->held[k] = 1;
     return 0;
+}
+
+/* Stamped medium `m`'s stamps held, and where each grid's begin: 1; 0 for stamps that are not one
+ * a frame of its grids; -1 with an exception set. Grids without frames leave `stamp_first` NULL
+ * (items_media_fit refuses them). */
+static int
+hold_stamps(Reading *c, int m, PyObject *stamps)
+{
+    ItemRead *r = &c->read;
+    const Py_ssize_t grids = r->given[m];
+    if (stamps == Py_None)
+        return 0;
+    if (hold(c, R_MEDIA + MAX_LAYOUT_MEDIA + m, stamps, 4, "stamps") < 0)
+        return -1;
+    r->seconds[m] = c->view[R_MEDIA + MAX_LAYOUT_MEDIA + m].buf;
+    int64_t frames = 0;
+    for (Py_ssize_t i = 0; i < grids; i++) {
+        const int64_t t = r->media[m][3 * i];
+        if (t < 1)
+            return 1;
+        if (__builtin_add_overflow(frames, t, &frames))
+            return 0;
+    }
+    if (frames != c->view[R_MEDIA + MAX_LAYOUT_MEDIA + m].len / 4)
+        return 0;
+    int64_t *first = r->stamp_first[m] = PyMem_RawMalloc((size_t)(grids + 1) * sizeof(int64_t));
+    if (!first) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    first[0] = 0;
+    for (Py_ssize_t i = 0; i < grids; i++)
+        first[i + 1] = first[i] + r->media[m][3 * i];
+    return 1;
 }
 
 /* The call's ids, samples and media acquired and checked, then its items read: a status, or -1
@@ -239,6 +276,8 @@ reading(Reading *c, const ItemLayout *l, PyObject *ids, Py_ssize_t batch, Py_ssi
                 fits = c->view[R_MEDIA + MAX_LAYOUT_MEDIA + m].len / 4 == r->given[m];
             r->seconds[m] = fits ? c->view[R_MEDIA + MAX_LAYOUT_MEDIA + m].buf : NULL;
         }
+        if (l->medium[m].stamped && r->given[m] && (fits = hold_stamps(c, m, given_seconds)) < 0)
+            return -1;
     }
     if (!fits) {
         PyErr_Format(PyExc_ValueError, "items: sizes do not fit a batch of %zd x %zd", batch, length);
@@ -355,8 +394,8 @@ place_media(const Placing *p, const Item *item, char *const row[3], int64_t at, 
         return *block = values_add(form, (double)(tokens - 1), start);
     }
     const int64_t *grid = p->read->media[first] + 3 * item->media[0], merge = l->medium[first].merge;
-    GridBlock g = {grid[0], grid[1] / merge, grid[2] / merge, {0}, start, -1};
-    items_scale(p->read, first, item->media[0], &g.scale);  /* the reading checked it */
+    GridBlock g = {grid[0], grid[1] / merge, grid[2] / merge, {0}, start, -1, NULL};
+    items_scale(p->read, first, item->media[0], &g.scale, &g.stamps);  /* the reading checked it */
     *block = grid_largest(form, &g);
     if (kind->media_count == 1) {
         grid_range(form, row, at, &g, 0, g.frames * g.height * g.width);
@@ -538,7 +577,8 @@ const char place_items_doc[] =
 "tokens into `deltas` (same dtype). `ids`: int64 (B, L). Samples: `first` (flat index) and\n"
 "`count` (int64), covering the rows back to back; or, both None, one per row: its valid tokens\n"
 "in `mask` (bool, or None: all). `media`: per medium, int64 (N, 3) grids or (N,) lengths, or\n"
-"None; `seconds`: per timed medium, float32 (N,) seconds per grid, else None. `enabled`: a bit\n"
+"None; `seconds`: per timed medium, float32 (N,) seconds per grid, per stamped medium float32\n"
+"time stamps, one a frame, grid after grid, else None. `enabled`: a bit\n"
 "per kind that may occur. `generated`: None, or bool (B, L), 1 where a rollout engine generated\n"
 "the token (int64 forms only): each run of them at its index in the sample plus the delta of\n"
 "what precedes it; a sample ending in one has that delta. Returns 0 when written; 1 where\n"

@@ -22,8 +22,13 @@ def each_row_alone(engine: Any, input_ids: torch.Tensor, attention_mask: torch.T
     :class:`~mmrope_core.CollateError` for one it cannot share out."""
     layout = engine.batch_layout
     shares: list[dict[str, Any]] = [{} for _ in counts]
+    stamped = {key: rule.grid for key, rule in layout.media.items() if rule.role == "stamps" and key in kwargs}
     for key, value in kwargs.items():
-        for row, share in enumerate(_shared_out(key, value, layout, counts, tuple(input_ids.shape))):
+        if key not in stamped:
+            for row, share in enumerate(_shared_out(key, value, layout, counts, tuple(input_ids.shape))):
+                shares[row][key] = share
+    for key, grid in stamped.items():  # a time stamp per frame: each row takes its grids' frames' stamps
+        for row, share in enumerate(_stamps_shared_out(key, kwargs[key], [share.get(grid) for share in shares])):
             shares[row][key] = share
     positions, deltas = [], []
     for row, share in enumerate(shares):
@@ -64,6 +69,20 @@ def _shared_out(key: str, value: Any, layout: Any, counts: Sequence[Mapping[str,
     raise CollateError(
         f"mmrope cannot share {key!r} out among the batch's {rows} samples to compute each alone (the model numbers "
         f"media across the batch): it holds {entries!r} entries{why}; train with one sample a batch")
+
+
+def _stamps_shared_out(key: str, value: Any, grids: Sequence[Any]) -> list[Any]:
+    from mmrope_core.errors import CollateError, counted
+
+    if value is None:
+        return [None] * len(grids)
+    frames = [0 if grid is None else int(torch.as_tensor(grid)[:, 0].sum()) for grid in grids]
+    if len(value) != sum(frames):
+        raise CollateError(f"{key!r} holds {len(value)} time stamps for the batch's {counted(sum(frames), 'frame')} "
+                           f"(one per frame of its grids), which mmrope cannot share out among the batch's samples "
+                           f"to compute each alone; pass the processor's time stamps")
+    starts = [sum(frames[:row]) for row in range(len(frames))]
+    return [value[start:start + size] if size else None for start, size in zip(starts, frames)]
 
 
 def _unclear_media(value: torch.Tensor, counts: Sequence[Mapping[str, int]], ids: tuple[int, ...]) -> str | None:

@@ -353,7 +353,7 @@ def _inputs_without(batch: Mapping[str, Any], injected: set[str], layout: Any) -
     fake: set[str] = set()
     if "image" in injected:
         fake |= {key for key, (role, medium) in media.items()
-                 if medium in ("image", "video") or (medium is None and role in ("grid", "seconds"))}
+                 if medium in ("image", "video") or (medium is None and role in ("grid", "seconds", "stamps"))}
     if "audio" in injected:
         fake |= {key for key, (_, medium) in media.items() if medium == "audio"}
     for key in fake:

@@ -12,7 +12,7 @@ import torch
 from ..errors import InvalidInputError, PlaceholderMismatchError, SegmentCutError, counted
 from ..inputs import read_generated_mask
 from ..kernel import RopeKernel
-from ..media import read_audio_lengths, read_grid, read_seconds
+from ..media import read_audio_lengths, read_grid, read_seconds, read_stamps
 from ._layout import ItemLayout
 from ._read import cut_by
 from ._spec import BAD_MEDIA, EMPTY_SAMPLE, PADDING_INSIDE, PLACED, GridMedia
@@ -26,7 +26,8 @@ class ItemKernel(RopeKernel):
 
     ``keys`` name, for each medium of the layout, the keyword of :meth:`rope_index` that gives
     it: ``{"video": ("clip_grids", "clip_seconds"), "audio": "sound_lengths"}`` (a timed
-    grid medium: its grids' keyword and its seconds'). ``switches``: other keywords a family's
+    grid medium: its grids' keyword and its seconds'; a stamped one: its grids' and its time
+    stamps', one a frame, grid after grid). ``switches``: other keywords a family's
     reference takes, which :meth:`layout_for` reads. A family whose reference changes its layout
     with the inputs (no grids given, a flag) overrides :meth:`layout_for`; one with messages of
     its own overrides :meth:`explain`. ``reads_generated_mask``: :meth:`rope_index` and
@@ -52,16 +53,19 @@ class ItemKernel(RopeKernel):
         self.reads_generated_mask = reads_generated_mask
         self.position_dtype = layout.out_dtype if position_dtype is None else position_dtype
         self._media: list[tuple[bool, str, str | None, str]] = []
+        self._stamped = frozenset(medium.name for medium in layout.media
+                                  if isinstance(medium, GridMedia) and medium.stamped)
         for medium in layout.media:
             given = keys.get(medium.name)
-            timed = isinstance(medium, GridMedia) and medium.timed
+            timed = isinstance(medium, GridMedia) and (medium.timed or medium.stamped)
             if isinstance(given, str) and not timed:
                 key, seconds_key = given, None
             elif isinstance(given, (tuple, list)) and len(given) == 2 and timed:
                 key, seconds_key = given
             else:
+                what = "time stamps" if medium.name in self._stamped else "seconds per grid"
                 raise ValueError(f"ItemKernel keys must give the keyword of medium {medium.name!r}"
-                                 f"{' and of its seconds per grid, as a pair' if timed else ''}")
+                                 f"{f' and of its {what}, as a pair' if timed else ''}")
             self._media.append((isinstance(medium, GridMedia), key, seconds_key, medium.name))
         self.keys = tuple(name for _, key, seconds_key, _ in self._media for name in (key, seconds_key) if name)
         self.keys += tuple(switches)
@@ -105,8 +109,9 @@ class ItemKernel(RopeKernel):
         return positions, deltas
 
     def media_arrays(self, inputs: Mapping[str, Any]) -> tuple[Arrays, Arrays]:
-        """Each medium's grids or lengths, and each timed grid medium's seconds, as host arrays.
-        Values are not checked here: what the layout cannot place, :meth:`refuse` reads again."""
+        """Each medium's grids or lengths, and each timed grid medium's seconds (a stamped one's
+        time stamps), as host arrays. Values are not checked here: what the layout cannot place,
+        :meth:`refuse` reads again."""
         media: list[np.ndarray | None] = []
         seconds: list[np.ndarray | None] = []
         for grid, key, seconds_key, name in self._media:
@@ -114,7 +119,9 @@ class ItemKernel(RopeKernel):
             given = None
             if value is not None:
                 value = _grid(key, value) if grid else _host(torch.as_tensor(value), torch.int64)
-                if seconds_key is not None:
+                if seconds_key is not None and name in self._stamped:
+                    given = _stamps(seconds_key, inputs.get(seconds_key), name, key, value)
+                elif seconds_key is not None:
                     given = _seconds(seconds_key, inputs.get(seconds_key), name, key, len(value))
             media.append(value)
             seconds.append(given)
@@ -164,11 +171,13 @@ class ItemKernel(RopeKernel):
         """Raise the typed error that says why ``layout`` refuses a batch: a segment boundary that
         cuts an item (:class:`~mmrope_core.SegmentCutError`), else what :meth:`explain` raises,
         else what the layout's reading finds."""
-        for grid, key, seconds_key, _ in self._media:  # what a cheap reading let through, read for its message
+        for grid, key, seconds_key, name in self._media:  # what a cheap reading let through, read for its message
             value = inputs.get(key)
             if grid and value is not None:
                 read_grid(key, value)
-                if seconds_key is not None:
+                if seconds_key is not None and name in self._stamped:
+                    read_stamps(seconds_key, inputs.get(seconds_key), frames=_grid(key, value)[:, 0].tolist(), grid=key)
+                elif seconds_key is not None:
                     read_seconds(seconds_key, inputs.get(seconds_key), videos=len(value), grid=key)
             elif value is not None:
                 read_audio_lengths(key, value)
@@ -250,6 +259,21 @@ def _seconds(key: str, value: Any, medium: str, grid_key: str, grids: int) -> np
     if value.numel() != grids:
         raise InvalidInputError(f"{key} has {counted(value.numel(), 'value')} for {counted(grids, medium)} in "
                                 f"{grid_key}; pass one value per {medium}")
+    return _host(value.reshape(-1), torch.float32)
+
+
+def _stamps(key: str, value: Any, medium: str, grid_key: str, grids: np.ndarray) -> np.ndarray:
+    """A stamped medium's time stamps as float32, one a frame of its grids (whose sizes are read
+    first where they cannot count the stamps)."""
+    if value is None:
+        raise InvalidInputError(f"{medium}s need {key} (a time stamp per frame), one per frame of the grids in "
+                                f"{grid_key}")
+    frames = grids[:, 0].tolist()
+    if not (isinstance(value, torch.Tensor) and value.dtype.is_floating_point and value.numel() == sum(frames)
+            and value.device.type != "meta"):
+        if min(frames, default=1) < 1:
+            read_grid(grid_key, torch.from_numpy(grids))  # raises for the grid first
+        value = read_stamps(key, value, frames=frames, grid=grid_key)  # raises, or converts a list
     return _host(value.reshape(-1), torch.float32)
 
 

@@ -139,7 +139,8 @@ class ItemLayout:
                 sample per row.
             media: per medium, in :attr:`media`'s order: int64 ``(N, 3)`` grids or ``(N,)``
                 sequence lengths, or None.
-            seconds: per medium: float32 ``(N,)`` seconds per grid of a timed grid medium, else None.
+            seconds: per medium: float32 ``(N,)`` seconds per grid of a timed grid medium, float32
+                time stamps of a stamped one (one a frame, grid after grid), else None.
             deltas: written, ``(S,)`` in :attr:`out_dtype`: each sample's largest position + 1 - its tokens.
             enabled: the kinds that may occur (:meth:`enabled`).
             threads: at most this many threads share the work.
@@ -200,7 +201,8 @@ class ItemLayout:
         media = tuple((int(isinstance(m, SequenceMedia)), m.merge if isinstance(m, GridMedia) else 1,
                        isinstance(m, GridMedia) and m.timed, m.steps if isinstance(m, SequenceMedia) else (),
                        m.window if isinstance(m, SequenceMedia) else 0,
-                       m.per_window if isinstance(m, SequenceMedia) else 0) for m in self.media)
+                       m.per_window if isinstance(m, SequenceMedia) else 0,
+                       isinstance(m, GridMedia) and m.stamped) for m in self.media)
         names = [medium.name for medium in self.media]
         specs = []
         for kind in self.kinds:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._read import Reading, grid_seconds, read, temporal
+from ._read import Reading, grid_temporal, read, stamp_starts
 from ._spec import PLACED, GridMedia, SequenceMedia
 
 if TYPE_CHECKING:
@@ -39,12 +39,11 @@ class _Values:
 class _Grid:
     """A grid placed from ``start``: its tokens' three rows, and its frames' temporal ids."""
 
-    def __init__(self, values: _Values, layout: ItemLayout, grid: np.ndarray, merge: int, seconds: float,
-                 start: float) -> None:
+    def __init__(self, values: _Values, grid: np.ndarray, merge: int, temporal: np.ndarray, start: float) -> None:
         self.frames, self.height, self.width = int(grid[0]), int(grid[1]) // merge, int(grid[2]) // merge
         self.per_frame = self.height * self.width
         self.values, self.start = values, start
-        self.temporal = temporal(layout, seconds, np.arange(self.frames, dtype=np.int64))
+        self.temporal = temporal
         times = values.added(self.temporal, start)
         lines = values.added(np.arange(self.height, dtype=np.int64), start)
         columns = values.ramp(self.width, 0, start)
@@ -135,6 +134,7 @@ class _Placer:
         self.layout, self.media, self.seconds = layout, media, seconds
         self.values = _Values(layout.float32)
         self.names = [medium.name for medium in layout.media]
+        self.starts = stamp_starts(media)
 
     def markers(self, out: Sequence[np.ndarray], at: int, n: int, share: bool, closing: bool, cursor: float,
                 largest: float) -> tuple[float, float]:
@@ -161,8 +161,10 @@ class _Placer:
             block = add(tokens[0] - 1, start)
             return block, block
         assert isinstance(medium, GridMedia)
-        g = _Grid(self.values, self.layout, self.media[m][item.media], medium.merge,
-                  grid_seconds(self.layout, m, item.media, self.seconds), start)
+        grid = self.media[m][item.media]
+        frames = np.arange(int(grid[0]), dtype=np.int64)
+        g = _Grid(self.values, grid, medium.merge,
+                  grid_temporal(self.layout, m, item.media, self.media, self.seconds, self.starts, frames), start)
         block = g.largest()
         if len(kind.media) == 1:
             g.write(out, at, 0, g.frames * g.per_frame)

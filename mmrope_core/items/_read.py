@@ -75,9 +75,37 @@ def temporal(layout: ItemLayout, seconds: float, frames: np.ndarray) -> np.ndarr
     return values
 
 
-def grid_seconds(layout: ItemLayout, medium: int, index: int, seconds: Sequence[np.ndarray | None]) -> float:
-    given = seconds[medium]
-    return float(given[index]) if layout.media[medium].timed and given is not None else 1.0  # type: ignore[union-attr]
+def stamped_temporal(layout: ItemLayout, stamps: np.ndarray) -> np.ndarray:
+    """Stamped frames' temporal ids (float64 values): the rule applied to each stamp as to
+    ``frame * seconds``, as ``temporal_stamped`` (native.h) computes them."""
+    rule = layout.temporal
+    if rule.precision == "float32":
+        values = (stamps.astype(np.float32) * np.float32(rule.per_second)).astype(np.float64)
+    else:
+        values = stamps.astype(np.float32).astype(np.float64) * float(rule.per_second)
+    if rule.truncate:
+        with np.errstate(invalid="ignore"):
+            values = np.trunc(values)
+    return values
+
+
+def stamp_starts(media: Sequence[np.ndarray | None]) -> list[np.ndarray | None]:
+    """Per grid medium, where each grid's stamps begin (its frames summed before it), and where
+    the last ends; None for sequences."""
+    return [None if values is None or values.ndim != 2 else np.concatenate([[0], np.cumsum(values[:, 0])])
+            for values in media]
+
+
+def grid_temporal(layout: ItemLayout, medium: int, index: int, media: Sequence[Any], seconds: Sequence[Any],
+                  starts: Sequence[np.ndarray | None], frames: np.ndarray) -> np.ndarray:
+    """The temporal ids of ``frames`` of grid ``index`` of ``medium``: by its stamps, its seconds
+    per grid or one second."""
+    spec, given = layout.media[medium], seconds[medium]
+    if isinstance(spec, GridMedia) and spec.stamped:
+        first = int(starts[medium][index])  # type: ignore[index]
+        return stamped_temporal(layout, given[first + frames])
+    timed = isinstance(spec, GridMedia) and spec.timed and given is not None
+    return temporal(layout, float(given[index]) if timed else 1.0, frames)
 
 
 def media_problem(layout: ItemLayout, media: Sequence[np.ndarray | None], seconds: Sequence[np.ndarray | None]) -> str:
@@ -97,6 +125,26 @@ def media_problem(layout: ItemLayout, media: Sequence[np.ndarray | None], second
             assert given is not None
             if not (np.isfinite(given).all() and (given >= 0).all() and (given <= MAX_SECONDS).all()):
                 return f"{medium.name} seconds per grid must be finite, from 0 to 2**20, got {given.tolist()}"
+        if medium.stamped and len(values):
+            given = seconds[m]
+            assert given is not None  # the sizes were checked
+            problem = _stamps_problem(medium.name, values[:, 0], given)
+            if problem:
+                return problem
+    return ""
+
+
+def _stamps_problem(name: str, frames: np.ndarray, stamps: np.ndarray) -> str:
+    """What is wrong with stamped grids' stamps (one a frame, grid after grid), or ""."""
+    bad = ~((stamps >= 0) & (stamps <= MAX_SECONDS))
+    grid_of = np.repeat(np.arange(len(frames)), frames)
+    steps = np.diff(stamps) < 0
+    falls = np.flatnonzero(steps & (grid_of[1:] == grid_of[:-1]))
+    if bad.any() or falls.size:
+        frame = int(np.flatnonzero(bad)[0]) if bad.any() else int(falls[0]) + 1
+        return (f"{name} time stamps must be finite, from 0 to 2**20 seconds and not decreasing within a grid; "
+                f"{name} {int(grid_of[frame])} has {float(stamps[frame])!r} at its frame "
+                f"{frame - int(np.searchsorted(grid_of, grid_of[frame]))}")
     return ""
 
 
@@ -109,6 +157,9 @@ def _sizes(layout: ItemLayout, ids: np.ndarray, mask: Any, first: Any, count: An
     for medium, values, given in zip(layout.media, media, seconds):
         if fits and isinstance(medium, GridMedia) and medium.timed and values is not None and len(values):
             fits = given is not None and given.shape == (len(values),)
+        if fits and isinstance(medium, GridMedia) and medium.stamped and values is not None and len(values):
+            frames = values[:, 0].tolist()  # Python ints: a sum that cannot wrap
+            fits = given is not None and given.ndim == 1 and (min(frames) < 1 or sum(frames) == given.shape[0])
     if not fits:
         raise ValueError(f"items: sizes do not fit a batch of {batch} x {length}")
 
@@ -168,6 +219,7 @@ class _Reader:
                  explain: bool) -> None:
         self.layout, self.media, self.seconds, self.enabled, self.explain = layout, media, seconds, enabled, explain
         self.given = [0 if values is None else len(values) for values in media]
+        self.starts = stamp_starts(media)
         self.used = [0] * len(media)
         self.names = [medium.name for medium in layout.media]
         self.keys = np.array(sorted({kind.key[0] for kind in layout.kinds}), dtype=np.int64)
@@ -292,8 +344,8 @@ class _Reader:
 
     def temporal_fits(self, m: int, index: int) -> bool:
         frames = int(self.media[m][index][0])
-        last = float(temporal(self.layout, grid_seconds(self.layout, m, index, self.seconds),
-                              np.array([frames - 1]))[0])
+        last = float(grid_temporal(self.layout, m, index, self.media, self.seconds, self.starts,
+                                   np.array([frames - 1]))[0])
         return math.isfinite(last) and abs(last) < _BEYOND
 
     def leftover(self, samples: int) -> Found | None:

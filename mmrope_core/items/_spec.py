@@ -33,19 +33,26 @@ class GridMedia:
         merge: patches merged per side.
         timed: each grid comes with its seconds per grid, which scale its temporal ids (see
             :class:`TemporalRule`); untimed grids count one second each.
+        stamped: each frame comes with its own time stamp, in seconds from its grid's start (not
+            decreasing within a grid): frame ``f`` takes the rule applied to its stamp, as
+            if the stamp were ``f * seconds``. A grid is timed or stamped, not both.
     """
 
     name: str
     merge: int = 1
     timed: bool = False
+    stamped: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"GridMedia.name must be a non-empty string, got {self.name!r}")
         if type(self.merge) is not int or not 1 <= self.merge <= _LIMIT:
             raise ValueError(f"GridMedia {self.name!r}: merge must be an int from 1 to 2**20, got {self.merge!r}")
-        if not isinstance(self.timed, bool):
-            raise ValueError(f"GridMedia {self.name!r}: timed must be a bool")
+        if not isinstance(self.timed, bool) or not isinstance(self.stamped, bool):
+            raise ValueError(f"GridMedia {self.name!r}: timed and stamped must be bools")
+        if self.timed and self.stamped:
+            raise ValueError(f"GridMedia {self.name!r}: a grid is timed (seconds per grid) or stamped (a time stamp "
+                             f"per frame), not both")
 
 
 @dataclasses.dataclass(frozen=True)

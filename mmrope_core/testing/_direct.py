@@ -76,17 +76,17 @@ class ModelPositions:
     def forward_arguments(self, multi_modal_inputs: Mapping[str, Any],
                           mm_processor_kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
         """What the model's forward passes its ``get_rope_index`` from the processor's outputs: a
-        seconds argument it takes under another name than the processor's (as Qwen-Omni's
-        ``video_second_per_grid`` for ``second_per_grids``), and audio lengths counted from the
-        audio mask, each matched by its declared role."""
+        seconds (or time stamps) argument it takes under another name than the processor's (as
+        Qwen-Omni's ``video_second_per_grid`` for ``second_per_grids``), and audio lengths counted
+        from the audio mask, each matched by its declared role."""
         arguments = dict(mm_processor_kwargs or {})
         arguments.update(multi_modal_inputs)
         for name in sorted(self.takes - set(multi_modal_inputs)):
             wanted = self.media.get(name)
-            if wanted is None or wanted.role != "seconds":
+            if wanted is None or wanted.role not in ("seconds", "stamps"):
                 continue
             for key, rule in self.media.items():
-                if key in multi_modal_inputs and rule.role == "seconds" and rule.grid == wanted.grid:
+                if key in multi_modal_inputs and rule.role == wanted.role and rule.grid == wanted.grid:
                     arguments[name] = multi_modal_inputs[key]
         masks = [key for key, rule in self.media.items()
                  if rule.role == "audio_mask" and multi_modal_inputs.get(key) is not None]

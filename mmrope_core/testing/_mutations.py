@@ -71,6 +71,8 @@ def applicable(case: Case) -> list[Callable[[Case, Any], str]]:
         found += [_grid_value, _grid_value, _grid_dtype, _grid_shape, _grid_container, _grid_meta, _grid_dropped]
     if declared(case, "seconds"):
         found += [_seconds_value, _seconds_form]
+    if declared(case, "stamps"):
+        found += [_stamps_value, _stamps_form]
     if declared(case, "audio_mask"):
         found += [_audio_mask]
     if declared(case, "audio_lengths"):
@@ -158,6 +160,33 @@ def _seconds_form(case: Case, choices: Any) -> str:
     case.inputs[key] = {"str": "2", "list": seconds.tolist(), "one more": torch.cat((seconds.reshape(-1),
                         seconds.reshape(-1)[:1] + 1)), "complex": seconds.to(torch.complex64),
                         "int": seconds.long(), "meta": seconds.to("meta")}[form]
+    return f"{key} as {form}"
+
+
+def _stamps_value(case: Case, choices: Any) -> str:
+    """A frame's time stamp out of range, or before the one before it."""
+    key = one_of(choices, declared(case, "stamps"))
+    stamps = torch.as_tensor(case.inputs[key]).to(torch.float64).reshape(-1).clone()
+    if stamps.numel() == 0:
+        raise ValueError("no stamp to change")
+    frame = choices.integer(0, stamps.numel() - 1)
+    value = choices.choice((*_SECONDS, "earlier"))
+    if value == "earlier":  # within a grid, or at one's first frame: placed or refused as the reference is
+        stamps[frame] = stamps[frame - 1] - 0.5 if frame else -0.5
+    else:
+        stamps[frame] = value
+    case.inputs[key] = stamps if value != "earlier" and abs(value) >= 2.0**100 else stamps.to(torch.float32)
+    return f"{key}[{frame}] holds {value}"
+
+
+def _stamps_form(case: Case, choices: Any) -> str:
+    key = one_of(choices, declared(case, "stamps"))
+    stamps = torch.as_tensor(case.inputs[key])
+    form = choices.choice(("str", "list", "one more", "one fewer", "complex", "bool", "2-D", "meta"))
+    case.inputs[key] = {"str": "0.5", "list": stamps.tolist(), "one more": torch.cat((stamps.reshape(-1),
+                        stamps.reshape(-1)[-1:] + 1)), "one fewer": stamps.reshape(-1)[:-1],
+                        "complex": stamps.to(torch.complex64), "bool": stamps > 0, "2-D": stamps.reshape(1, -1),
+                        "meta": stamps.to("meta")}[form]
     return f"{key} as {form}"
 
 

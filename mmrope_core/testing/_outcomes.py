@@ -97,7 +97,7 @@ def _timed_media(case: Case) -> bool:
     # the keys of videos and audio, by the media and roles their plugin declares
     timed = {key for key, rule in case.media.items()
              if rule.medium in ("video", "audio") or rule.role in ("audio_lengths", "audio_mask")}
-    timed |= {rule.grid for rule in case.media.values() if rule.role == "seconds" and rule.grid is not None}
+    timed |= {rule.grid for rule in case.media.values() if rule.role in ("seconds", "stamps") and rule.grid is not None}
     return (any(present(key) for key in sorted(timed))
             or bool(inputs.get("use_audio_in_video")) or bool(case.options.get("use_audio_in_video")))
 

@@ -92,6 +92,28 @@ class MysteryProcessor:
     pass
 
 
+@functools.cache
+def storyboard():
+    """Storyboard's engine, and one board of two panels, each shown half a second."""
+    import numpy as np
+
+    from mmrope_storyboard import build
+
+    processor, config = build()
+    built = RopeEngine.from_processor(processor, config,
+                                      plugin_manager=PluginManager(env={"MMROPE_LOAD_PLUGINS": "storyboard"}))
+    panels = [np.zeros((28, 28, 3), np.uint8)] * 2
+    return built, processor(text=["a <|board|> b"], boards=[(panels, [0.5, 0.5], np.zeros(16000, np.float32))])
+
+
+def stamped(times):
+    def trigger():
+        built, outputs = storyboard()
+        built.get_rope_index(outputs["input_ids"], panel_grid_thw=outputs["panel_grid_thw"], panel_times=times,
+                             narration_lengths=outputs["narration_lengths"])
+    return trigger
+
+
 TRIGGERS = {
     "ids-list": compute([[1, 2]], None),
     "ids-float": compute(torch.ones(1, 2), None),
@@ -127,6 +149,10 @@ TRIGGERS = {
     "seconds-negative": qwen25_seconds(torch.tensor([-0.5])),
     "other-family-inputs": qwen2("tttttt", image_grid_thw=GRID),
     "seconds-overflow": qwen25_seconds(torch.tensor([1e30])),
+    "stamps-length": stamped(torch.tensor([0.0])),
+    "stamps-negative": stamped(torch.tensor([0.0, -1.0])),
+    "stamps-decreasing": stamped(torch.tensor([0.5, 0.25])),
+    "stamps-nonfinite": stamped(torch.tensor([float("nan"), 0.5])),
     "seconds-not-numbers": lambda: engine("Qwen3-Omni").rope_index_kwargs({"video_second_per_grid": "2"}),
     "audio-mask-form": lambda: engine("Qwen3-Omni").rope_index_kwargs({"feature_attention_mask": [[1, 1, 1]]}),
     "audio-lengths-negative": omni("t(aaaa)t", audio_seqlens=torch.tensor([-3])),

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from mmrope_core import PlaceholderMismatchError, PluginManager, RopeEngine, compiled
+from mmrope_core import InvalidInputError, PlaceholderMismatchError, PluginManager, RopeEngine, compiled
 from mmrope_core.collators import PackedCollator
 from mmrope_core.testing import assert_conforms
 from mmrope_core.tiny import padded_batch
@@ -138,7 +138,9 @@ def truncated(engine, ids):
     while "panel_grid_thw" not in sample:
         sample = board_batch(engine.processor, engine.config, rng)
     row = sample["input_ids"][0].tolist()
-    media = {key: sample[key][:1] for key in MEDIA_KEYS}
+    panels = int(sample["panel_grid_thw"][0, 0])
+    media = {"panel_grid_thw": sample["panel_grid_thw"][:1], "panel_times": sample["panel_times"][:panels],
+             "narration_lengths": sample["narration_lengths"][:1]}
     return torch.tensor([row[: row.index(ids[1])]]), media
 
 
@@ -146,6 +148,39 @@ def test_a_truncated_board_is_refused_by_name(engine, ids):
     input_ids, media = truncated(engine, ids)
     with pytest.raises(PlaceholderMismatchError, match="sample 0, board at token"):
         engine.get_rope_index(input_ids, **media)
+
+
+def test_panels_shown_for_uneven_times_sit_at_their_own_time_stamps(engine, model, ids):
+    start, end, panel, narration = ids
+    processor = engine.processor
+    panels = [np.full((28, 28, 3), 40 * index, np.uint8) for index in range(4)]
+    # shown 0.5, 0, 2.25 and 1 seconds: stamps 0, 0.5, 0.5, 2.75; temporal ids 0, 1, 1, 5 (two a second)
+    outputs = processor(text=["a <|board|> b"], boards=[(panels, [0.5, 0.0, 2.25, 1.0], np.zeros(16000, np.float32))])
+    assert outputs["panel_times"].tolist() == [0.0, 0.5, 0.5, 2.75]
+    kwargs = engine.rope_index_kwargs(outputs)
+    positions, deltas = engine.get_rope_index(outputs["input_ids"], outputs["attention_mask"], **kwargs)
+    want, want_deltas = model.get_rope_index(outputs["input_ids"], attention_mask=outputs["attention_mask"], **kwargs)
+    assert torch.equal(positions, want) and torch.equal(deltas, want_deltas)
+    row = outputs["input_ids"][0].tolist()
+    assert row[1:] == [start, panel, panel, panel, narration, narration, panel, end, row[-1]]
+    # text, the marker, the block from 2: the panels of second 0 (ids 0, 1, 1), that second's two
+    # narration tokens, the panel of second 2 (id 5); the end marker and text past it
+    assert positions[0, 0].tolist() == [0, 1, 2, 3, 3, 2, 3, 7, 8, 9]
+    with pytest.raises(ValueError, match="shows each of its 4 panels for some seconds"):
+        processor(text=["<|board|>"], boards=[(panels, [1.0, 1.0], np.zeros(16000, np.float32))])
+
+
+def test_bad_panel_times_are_refused_naming_the_board_and_panel(engine):
+    sample = board_batch(engine.processor, engine.config, random.Random(5))
+    while "panel_grid_thw" not in sample or int(sample["panel_grid_thw"][0, 0]) < 2:
+        sample = board_batch(engine.processor, engine.config, random.Random(len(sample["input_ids"][0])))
+    inputs = {key: sample[key] for key in MEDIA_KEYS}
+    falling = inputs["panel_times"].clone()
+    falling[1] = falling[0] - 1
+    with pytest.raises(InvalidInputError, match=r"panel_times \(grid 0 of panel_grid_thw, frame 1\)"):
+        engine.get_rope_index(sample["input_ids"], **{**inputs, "panel_times": falling})
+    with pytest.raises(InvalidInputError, match=r"panel_times has .* time stamps? for the"):
+        engine.get_rope_index(sample["input_ids"], **{**inputs, "panel_times": inputs["panel_times"][1:]})
 
 
 def test_the_plugin_conforms():

@@ -153,7 +153,7 @@ def position_ids(template: Any, inputs: Mapping[str, Any]) -> dict[str, Any]:
         mask = torch.ones_like(input_ids)
     mm_processor_kwargs = {"use_audio_in_video": bool(getattr(template, "use_audio_in_video", False)),
                            **_settings["mm_processor_kwargs"]}
-    seconds = {key for key, rule in engine.batch_layout.media.items() if rule.role == "seconds"}
+    seconds = {key for key, rule in engine.batch_layout.media.items() if rule.role in ("seconds", "stamps")}
     media = {key: _tensor(value) if key in seconds else value for key, value in inputs.items()}
     positions, _ = engine.get_rope_index(input_ids, mask, **engine.rope_index_kwargs(media, mm_processor_kwargs))
     return {"position_ids": template._concat_text_position_ids(positions)}  # ms-swift's own text row
