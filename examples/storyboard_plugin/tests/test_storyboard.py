@@ -4,18 +4,28 @@ and its reference implementation; its processor; packed rows at the tiny model; 
 suite and ``mmrope verify``."""
 
 import random
+import subprocess
+import sys
 
 import importlib_metadata
 import numpy as np
 import pytest
 import torch
 
-from mmrope_core import InvalidInputError, PlaceholderMismatchError, PluginManager, RopeEngine, compiled
+from mmrope_core import (
+    InvalidInputError,
+    PlaceholderMismatchError,
+    PluginManager,
+    RopeEngine,
+    UnknownKeywordError,
+    compiled,
+)
 from mmrope_core.collators import PackedCollator
 from mmrope_core.testing import assert_conforms
 from mmrope_core.tiny import padded_batch
 from mmrope_core.verify import verify
-from mmrope_storyboard import MEDIA_KEYS, TOKENS, StoryboardModel, board_batch, board_samples, build
+from mmrope_storyboard import MEDIA_KEYS, TOKENS, board_batch, board_samples, build
+from mmrope_storyboard.modeling import StoryboardModel
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +53,18 @@ def ids(engine):
 def test_it_is_an_installed_distribution_with_an_entry_point():
     entry_points = {ep.name: ep for ep in importlib_metadata.entry_points(group="mmrope")}
     assert entry_points["storyboard"].dist.metadata["Name"] == "mmrope-storyboard"
+
+
+def test_discovering_it_imports_neither_torch_nor_transformers_and_modeling_registers_it():
+    code = (
+        "import sys, importlib_metadata; "
+        "[entry] = [ep for ep in importlib_metadata.entry_points(group='mmrope') if ep.name == 'storyboard']; "
+        "entry.load(); print(sorted(m for m in ('torch', 'transformers') if m in sys.modules)); "
+        "import mmrope_storyboard.modeling; from transformers import AutoConfig; "
+        "print(type(AutoConfig.for_model('storyboard')).__name__)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["[]", "StoryboardConfig"]
 
 
 def joined(samples):
@@ -185,3 +207,40 @@ def test_bad_panel_times_are_refused_naming_the_board_and_panel(engine):
 
 def test_the_plugin_conforms():
     assert_conforms("storyboard")
+
+
+def test_the_processor_refuses_what_it_would_otherwise_drop_or_misread(engine):
+    processor = engine.processor
+    narration = np.zeros(16000, np.float32)
+    board = ([np.zeros((28, 28, 3), np.uint8)] * 2, [0.5, 0.5], narration)
+    with pytest.raises(InvalidInputError, match=r"3 boards are given for the texts' 2 <\|board\|> markers: boards 2 "
+                                                r"to 2 have none \(the last text is text 1\)"):
+        processor(text=["a <|board|>", "<|board|> b"], boards=[board] * 3)
+    with pytest.raises(InvalidInputError, match=r"text 1 holds a <\|board\|> marker with no board"):
+        processor(text=["a <|board|>", "b <|board|>"], boards=[board])
+    with pytest.raises(InvalidInputError, match="text is a NoneType: give a string or a list of strings"):
+        processor(text=None)
+    with pytest.raises(InvalidInputError, match="text 0 is a tuple, not a string"):
+        processor(text=[("a", "b")])
+    uneven = ([np.zeros((28, 28, 3), np.uint8), np.zeros((56, 28, 3), np.uint8)], [0.5, 0.5], narration)
+    with pytest.raises(InvalidInputError, match=r"text 1, board 1: panel 1 is \(56, 28, 3\), panel 0 \(28, 28, 3\); "
+                                                r"a board's panels are one grid: resize them"):
+        processor(text=["a <|board|>", "b <|board|>"], boards=[board, uneven])
+    with pytest.raises(UnknownKeywordError, match="'padding_sde'; did you mean 'padding_side'"):
+        processor(text=["a"], padding_sde="left")
+    with pytest.raises(InvalidInputError, match="padding_side='middle'"):
+        processor(text=["a"], padding_side="middle")
+    with pytest.raises(InvalidInputError, match="padding='max_length': the texts are padded to the longest"):
+        processor(text=["a"], padding="max_length")
+    with pytest.raises(InvalidInputError, match="padding=False, but the texts are of 2 lengths in tokens: pass padding=True"):
+        processor(text=["a", "a b"], padding=False)
+    padded = processor(text=["a", "a b"], padding="longest", padding_side="left")
+    assert padded["attention_mask"].tolist() == [[0, 1], [1, 1]]
+
+
+def test_one_text_as_a_string_is_one_sample(engine):
+    processor = engine.processor
+    board = ([np.zeros((28, 28, 3), np.uint8)] * 2, [0.5, 0.5], np.zeros(16000, np.float32))
+    alone, listed = processor(text="a <|board|> b", boards=[board]), processor(text=["a <|board|> b"], boards=[board])
+    assert alone.keys() == listed.keys() and alone["input_ids"].shape[0] == 1
+    assert all(torch.equal(alone[key], listed[key]) for key in alone)
