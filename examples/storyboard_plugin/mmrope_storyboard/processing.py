@@ -48,8 +48,12 @@ class StoryboardProcessor(ProcessorMixin):
             pieces = line.split(TOKENS["board_token"])
             row = self.tokenizer(pieces[0], add_special_tokens=False)["input_ids"]
             for piece in pieces[1:]:
-                number, (panels, shown, waveform) = next(pending)
+                number, board = next(pending)
                 where = f"text {index}, board {number}"
+                if not (isinstance(board, (tuple, list)) and len(board) == 3):
+                    raise InvalidInputError(f"{where}: a board is a (panels, seconds each is shown, narration "
+                                            f"waveform) triple, got a {type(board).__name__}")
+                panels, shown, waveform = board
                 seconds = np.asarray(shown, dtype=np.float64).reshape(-1)
                 if not len(panels) or len(seconds) != len(panels) or not (np.isfinite(seconds).all()
                                                                            and (seconds >= 0).all()):

@@ -226,6 +226,9 @@ def test_the_processor_refuses_what_it_would_otherwise_drop_or_misread(engine):
     with pytest.raises(InvalidInputError, match=r"text 1, board 1: panel 1 is \(56, 28, 3\), panel 0 \(28, 28, 3\); "
                                                 r"a board's panels are one grid: resize them"):
         processor(text=["a <|board|>", "b <|board|>"], boards=[board, uneven])
+    with pytest.raises(InvalidInputError, match=r"text 0, board 0: a board is a \(panels, seconds each is shown, "
+                                                r"narration waveform\) triple, got a dict"):
+        processor(text=["a <|board|>"], boards=[{"panels": board[0]}])
     with pytest.raises(UnknownKeywordError, match="'padding_sde'; did you mean 'padding_side'"):
         processor(text=["a"], padding_sde="left")
     with pytest.raises(InvalidInputError, match="padding_side='middle'"):
