@@ -119,6 +119,9 @@ class MediaKey:
         if self.role in _AUDIO_ROLES and self.medium not in (None, "audio"):
             raise TypeError(f"MediaKey(role={self.role!r}) holds one entry per audio: its medium is 'audio', "
                             f"not {self.medium!r}")
+        if self.role == "stamps" and self.medium is not None:
+            raise TypeError(f"MediaKey(role='stamps') holds one entry per frame of its grid, not per item: it takes no "
+                            f"medium (got {self.medium!r}); declare the medium on its grid")
         if self.join not in ("rows", "last"):
             raise TypeError(f"MediaKey.join must be 'rows' or 'last', got {self.join!r}")
         for name in ("items_dim", "token_dim"):
@@ -219,12 +222,14 @@ class BatchLayout:
     def medium_of(self, key: str) -> Medium | None:
         """The kind of media item ``key`` holds one entry of each, as declared: its own
         :attr:`MediaKey.medium`, its grid's for a ``"seconds"`` key, ``"audio"`` for an audio
-        role; None where the layout does not say."""
+        role; None for a ``"stamps"`` key (one entry a frame) and where the layout does not say."""
         rule = self.media.get(key)
         if rule is None:
             return None
         if rule.medium is not None:
             return rule.medium
+        if rule.role == "stamps":  # one entry per frame of its grid's items, not per item
+            return None
         if rule.grid is not None:
             return self.media[rule.grid].medium
         return "audio" if rule.role in _AUDIO_ROLES else None

@@ -228,7 +228,7 @@ def test_stamps_that_cannot_be_placed_are_refused_saying_which_and_how(loops, st
 
 def test_stamped_media_declare_their_stamps():
     ids, media = clips()
-    with pytest.raises(InvalidInputError, match="panelss need panel_times"):
+    with pytest.raises(InvalidInputError, match="the panels medium needs panel_times"):
         stamped_kernel(TemporalRule(2.0)).rope_index(ids, panel_grid_thw=media["panel_grid_thw"])
     with pytest.raises(ValueError, match="and of its time stamps, as a pair"):
         ItemKernel(stamped_kernel(TemporalRule(2.0)).layout, {"panels": "panel_grid_thw", "sound": "sound_lengths"})

@@ -232,3 +232,11 @@ def test_the_fuzzer_mutates_the_keys_a_plugin_declares_and_finds_a_flaw_there(to
     trace = (tmp_path / "trace").read_text()
     for kind in ("clip_sound ", "clip_sound_mask "):  # the audio mutations reach the keys of their roles too
         assert kind in trace
+
+
+def test_time_stamps_hold_one_entry_a_frame_and_no_medium_of_their_own():
+    layout = BatchLayout(media={"panel_grid": MediaKey(role="grid", medium="video"),
+                                "panel_times": MediaKey(role="stamps", grid="panel_grid")})
+    assert layout.medium_of("panel_grid") == "video" and layout.medium_of("panel_times") is None
+    with pytest.raises(TypeError, match="holds one entry per frame of its grid, not per item: it takes no medium"):
+        MediaKey(role="stamps", grid="panel_grid", medium="video")

@@ -76,6 +76,7 @@ def _stamps_shared_out(key: str, value: Any, grids: Sequence[Any]) -> list[Any]:
 
     if value is None:
         return [None] * len(grids)
+    value = torch.as_tensor(value).reshape(-1)  # one stamp or a (1, N) row: a frame's stamps, as the engine reads them
     frames = [0 if grid is None else int(torch.as_tensor(grid)[:, 0].sum()) for grid in grids]
     if len(value) != sum(frames):
         raise CollateError(f"{key!r} holds {len(value)} time stamps for the batch's {counted(sum(frames), 'frame')} "

@@ -266,7 +266,7 @@ def _stamps(key: str, value: Any, medium: str, grid_key: str, grids: np.ndarray)
     """A stamped medium's time stamps as float32, one a frame of its grids (whose sizes are read
     first where they cannot count the stamps)."""
     if value is None:
-        raise InvalidInputError(f"{medium}s need {key} (a time stamp per frame), one per frame of the grids in "
+        raise InvalidInputError(f"the {medium} medium needs {key} (a time stamp per frame), one per frame of the grids in "
                                 f"{grid_key}")
     frames = grids[:, 0].tolist()
     if not (isinstance(value, torch.Tensor) and value.dtype.is_floating_point and value.numel() == sum(frames)

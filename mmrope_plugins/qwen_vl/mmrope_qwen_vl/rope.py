@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -66,7 +67,10 @@ def _timed(vision: Any) -> TemporalRule | None:
     """The rule of transformers' latest release at the config's ``tokens_per_second`` (the probe
     tries the others), or None where the config has none."""
     per_second = getattr(vision, "tokens_per_second", None)
-    return None if per_second is None else dataclasses.replace(TRANSFORMERS_RULES[0], per_second=per_second)
+    if not isinstance(per_second, (int, float)) or isinstance(per_second, bool) or not (
+            math.isfinite(per_second) and per_second >= 0):
+        return None  # no rule fits such a config: the probe finds the kernel unlike the reference, which is bound
+    return dataclasses.replace(TRANSFORMERS_RULES[0], per_second=per_second)
 
 
 def _resolve_config(family: Family, processor: Any, config: Any) -> Any:

@@ -444,3 +444,15 @@ def test_bad_second_per_grid_ts(manager, impl, seconds, message):
 
 def test_the_plugin_conforms(mmrope_conformance):
     mmrope_conformance("qwen_vl")
+
+
+def test_a_config_timing_videos_by_no_rule_binds_the_reference():
+    """A ``tokens_per_second`` no temporal rule takes (negative) is the config's: the reference
+    computes what the model would, and the batched kernel is not bound for it."""
+    from mmrope_qwen_vl.examples import build
+
+    processor, config = build("Qwen2.5-VL")
+    config.vision_config.tokens_per_second = -1
+    with pytest.warns(RuntimeWarning, match="reference implementation is used"):
+        engine = RopeEngine.from_processor(processor, config)
+    assert engine.binding.implementation == "reference"
