@@ -10,7 +10,7 @@ import pytest
 from mmrope_core.testing.fuzz import fuzz_plugin
 
 # corrupt batches per plugin: three minutes in all on two cores
-EXAMPLES = {"qwen_vl": 1200, "qwen3_omni": 800, "gemma4": 200, "transformers": 600}
+EXAMPLES = {"qwen_vl": 1200, "qwen3_omni": 800, "gemma4": 200, "transformers": 600, "storyboard": 200}
 
 #: families whose vLLM positions are transformers' on every input (docs/parity.md); the others are
 #: held to transformers' on batches without video or audio
