@@ -61,14 +61,16 @@ items_scale(const ItemRead *r, int medium, int64_t index, TemporalScale *scale, 
     return temporal_scale(&r->layout->temporal, seconds, scale);
 }
 
-/* The placeholder tokens of item `index` of medium `m`; -1 where it takes none that fit a row. */
+/* The placeholder tokens of item `index` of medium `m` (per frame: of a frame of grid `index`); -1
+ * where it takes none that fit a row. */
 static int64_t
 media_tokens(const ItemRead *r, int m, int64_t index)
 {
     const MediumSpec *medium = &r->layout->medium[m];
     if (medium->type == MEDIA_SEQUENCE)
         return sequence_tokens(&medium->rule, r->media[m][index]);
-    return grid_tokens(r->media[m] + 3 * index, medium->merge);
+    const int64_t *grid = r->media[m] + 3 * index, frame[3] = {1, grid[1], grid[2]};
+    return grid_tokens(medium->per_frame ? frame : grid, medium->merge);
 }
 
 /* Whether a grid's temporal ids, from frame 0 to its last, lie within int64 positions. */
@@ -135,21 +137,26 @@ failed(ItemRead *r, Py_ssize_t sample, int64_t token, int status)
     return status;
 }
 
-/* Item `item` of kind `kind` at `ids[0]` (`left` tokens on): its media taken and checked. Kept
- * out of items_read, whose loop over tokens then keeps its values in registers. */
+/* Item `item` of kind `kind` at `ids[0]` (`left` tokens on): its media taken and checked (`used`:
+ * each medium's items taken; `frame`: a per-frame medium's frames taken of its current grid).
+ * Kept out of items_read, whose loop over tokens then keeps its values in registers. */
 __attribute__((noinline)) static int
-read_item(ItemRead *r, const KindSpec *kind, const int64_t *ids, int64_t left, Py_ssize_t *used, Item *item)
+read_item(ItemRead *r, const KindSpec *kind, const int64_t *ids, int64_t left, Py_ssize_t *used, int64_t *frame,
+          Item *item)
 {
     int64_t content = 0;
     for (int m = 0; m < kind->media_count; m++) {
         const int medium = kind->medium[m];
+        const int per_frame = r->layout->medium[medium].per_frame;
         if (used[medium] >= r->given[medium])
             return ITEMS_MISMATCH;
-        item->media[m] = used[medium]++;
+        item->media[m] = used[medium];
+        if (!per_frame || ++frame[medium] == r->media[medium][3 * used[medium]])
+            used[medium]++, frame[medium] = 0;
         const int64_t tokens = media_tokens(r, medium, item->media[m]);
         if (tokens < 1 || tokens > left)
             return ITEMS_MISMATCH;
-        if (r->layout->medium[medium].type == MEDIA_GRID && !temporal_fits(r, medium, item->media[m]))
+        if (r->layout->medium[medium].type == MEDIA_GRID && !per_frame && !temporal_fits(r, medium, item->media[m]))
             return ITEMS_BAD_MEDIA;
         item->media_tokens[m] = tokens;
         content += tokens;
@@ -163,6 +170,10 @@ read_item(ItemRead *r, const KindSpec *kind, const int64_t *ids, int64_t left, P
             return ITEMS_MISMATCH;
     if (kind->has_first && body[0] != kind->first)
         return ITEMS_MISMATCH;
+    if (kind->whole_run && kind->opening + content < left)  /* its run goes on past its media */
+        for (int m = 0; m < kind->media_count; m++)
+            if (body[content] == kind->placeholder[m])
+                return ITEMS_MISMATCH;
     for (int c = 0; c < kind->closing_length; c++)
         if (body[content + c] != kind->closing[c])
             return ITEMS_MISMATCH;
@@ -177,6 +188,7 @@ items_read(ItemRead *r)
 {
     const ItemLayout *l = r->layout;
     Py_ssize_t found = 0, used[MAX_LAYOUT_MEDIA] = {0};
+    int64_t frame[MAX_LAYOUT_MEDIA] = {0};
     const uint64_t low = (uint64_t)l->special_low, span = l->special_span;
     r->failed_sample = -1;
     for (Py_ssize_t s = 0; s < r->samples; s++) {
@@ -206,7 +218,7 @@ items_read(ItemRead *r)
             if (!(r->enabled >> k & 1u) || (seen & kind->exclusive))
                 return failed(r, s, i, ITEMS_MISMATCH);
             Item item = {i, 0, {-1, -1}, {0, 0}, k};
-            const int status = read_item(r, kind, ids + i, n - i, used, &item);
+            const int status = read_item(r, kind, ids + i, n - i, used, frame, &item);
             if (status != ITEMS_PLACED)
                 return failed(r, s, i, status);
             if (found == r->capacity) {
@@ -225,6 +237,6 @@ items_read(ItemRead *r)
     r->first_item[r->samples] = found;
     for (int m = 0; m < l->media_count; m++)
         if (used[m] != r->given[m])
-            return failed(r, r->samples, 0, ITEMS_MISMATCH);  /* media left over */
+            return failed(r, r->samples, 0, ITEMS_MISMATCH);  /* media (or frames of a grid) left over */
     return ITEMS_PLACED;
 }

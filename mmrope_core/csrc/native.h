@@ -352,14 +352,18 @@ typedef struct {
     int64_t merge;
     int timed;
     int stamped;  /* a time stamp per frame given (in `seconds`, grid after grid) */
+    int per_frame;  /* each item takes the next frame, placed as a (1, h, w) grid */
     SequenceRule rule;
 } MediumSpec;
 
+enum { RESUME_LARGEST, RESUME_LAST, RESUME_SPATIAL };
+
 /* One kind of item: its `key` tokens open it (the first `opening` are markers), then its media's
- * placeholders (two media: a grid's and a sequence's, interleaved by `interleave`), then its
- * closing markers. Placed: `lead` tokens count on (or share one position) before its media
- * block, the rest after it, from one past the block's largest position (or that of the part
- * placed last). */
+ * placeholders (two media: a grid's and a sequence's, interleaved by `interleave`; with
+ * `whole_run`, not followed by one of them), then its closing markers. Placed: `lead` tokens
+ * count on (or share one position) before its media block, the rest after it, from one past
+ * the block's largest position (RESUME_*: or that of the part placed last, or the grid's
+ * largest line or column position). */
 typedef struct {
     int64_t key[MAX_KEY];
     int key_length, opening;
@@ -370,7 +374,7 @@ typedef struct {
     int closing_length;
     int has_first;
     int64_t first;  /* the token its media must begin with */
-    int share_markers, lead, interleave, resume_after_last;
+    int share_markers, lead, interleave, resume, whole_run;
     int64_t chunk;
     uint32_t exclusive;  /* kinds that may not share a sample with it */
 } KindSpec;
@@ -392,7 +396,8 @@ typedef struct {
 
 typedef struct {
     int64_t start, tokens;  /* its first token among its sample's, and all its tokens */
-    int64_t media[2], media_tokens[2];  /* each medium's item (in that medium's order) and its tokens */
+    int64_t media[2], media_tokens[2];  /* each medium's item (in that medium's order; per frame: the grid
+                                         * of its frame) and its tokens */
     int kind;
 } Item;
 

@@ -32,14 +32,15 @@ medium_of(PyObject *spec, MediumSpec *medium)
 {
     PyObject *steps;
     long long merge, window, per_window;
-    if (!PyArg_ParseTuple(spec, "iLpO!LL|p:compile_layout medium", &medium->type, &merge, &medium->timed,
-                          &PyTuple_Type, &steps, &window, &per_window, &medium->stamped))
+    if (!PyArg_ParseTuple(spec, "iLpO!LL|pp:compile_layout medium", &medium->type, &merge, &medium->timed,
+                          &PyTuple_Type, &steps, &window, &per_window, &medium->stamped, &medium->per_frame))
         return -1;
     medium->merge = merge, medium->rule.window = window, medium->rule.per_window = per_window;
     medium->rule.steps = (int)PyTuple_GET_SIZE(steps);
     int fits = (medium->type == MEDIA_GRID || medium->type == MEDIA_SEQUENCE) && merge >= 1 && merge <= (1 << 20) &&
                medium->rule.steps <= MAX_STEPS && window >= 0 && window <= (1 << 20) && per_window >= 0 &&
-               per_window <= 64 * window && !(medium->stamped && (medium->timed || medium->type != MEDIA_GRID));
+               per_window <= 64 * window && !(medium->stamped && (medium->timed || medium->type != MEDIA_GRID)) &&
+               !(medium->per_frame && (medium->timed || medium->stamped || medium->type != MEDIA_GRID));
     for (int k = 0; fits && k < medium->rule.steps; k++) {
         long long drop, stride;
         if (!PyArg_ParseTuple(PyTuple_GET_ITEM(steps, k), "LL:compile_layout step", &drop, &stride))
@@ -58,10 +59,10 @@ kind_of(PyObject *spec, const ItemLayout *layout, KindSpec *kind)
 {
     PyObject *key, *media, *placeholders, *closing, *first;
     long long chunk, exclusive;
-    if (!PyArg_ParseTuple(spec, "O!iO!O!O!OpiiLpL:compile_layout kind", &PyTuple_Type, &key, &kind->opening,
+    if (!PyArg_ParseTuple(spec, "O!iO!O!O!OpiiLiL|p:compile_layout kind", &PyTuple_Type, &key, &kind->opening,
                           &PyTuple_Type, &media, &PyTuple_Type, &placeholders, &PyTuple_Type, &closing, &first,
-                          &kind->share_markers, &kind->lead, &kind->interleave, &chunk, &kind->resume_after_last,
-                          &exclusive))
+                          &kind->share_markers, &kind->lead, &kind->interleave, &chunk, &kind->resume, &exclusive,
+                          &kind->whole_run))
         return -1;
     int count;
     if (tokens_of(key, kind->key, MAX_KEY, &kind->key_length, "a key") < 0 ||
@@ -79,7 +80,8 @@ kind_of(PyObject *spec, const ItemLayout *layout, KindSpec *kind)
     kind->exclusive = (uint32_t)exclusive;
     int fits = count == kind->media_count && count >= 1 && kind->key_length >= 1 && kind->opening >= 0 &&
                kind->opening <= kind->key_length && kind->lead >= 0 && kind->lead <= kind->opening &&
-               exclusive >= 0 && exclusive < (1LL << MAX_KINDS);
+               exclusive >= 0 && exclusive < (1LL << MAX_KINDS) && kind->resume >= RESUME_LARGEST &&
+               kind->resume <= RESUME_SPATIAL;
     for (int m = 0; fits && m < count; m++) {
         kind->medium[m] = (int)media_values[m];
         fits = media_values[m] >= 0 && media_values[m] < layout->media_count;
@@ -89,7 +91,10 @@ kind_of(PyObject *spec, const ItemLayout *layout, KindSpec *kind)
                layout->medium[kind->medium[1]].type == MEDIA_SEQUENCE && kind->interleave >= INTERLEAVE_TIME &&
                kind->interleave <= INTERLEAVE_GROUPS && (kind->interleave == INTERLEAVE_TIME || chunk >= 1);
     if (fits && count == 1)
-        fits = kind->interleave == INTERLEAVE_NONE;
+        fits = kind->interleave == INTERLEAVE_NONE &&
+               (kind->resume != RESUME_SPATIAL || layout->medium[kind->medium[0]].type == MEDIA_GRID);
+    if (fits && count == 2)
+        fits = kind->resume != RESUME_SPATIAL;
     if (!fits)
         PyErr_SetString(PyExc_ValueError, "compile_layout: a kind out of range");
     return fits ? 0 : -1;
@@ -105,9 +110,10 @@ const char compile_layout_doc[] =
 "compile_layout(media, kinds, temporal, values) -> capsule\n\n"
 "A layout of media items, checked once, for place_items and find_items.\n"
 "media: ((type 0 grid / 1 sequence, merge, timed, steps ((drop, stride), ...), window, per_window,\n"
-"        stamped), ...);\n"
+"        stamped, per_frame), ...);\n"
 "kinds: ((key, opening, media, placeholders, closing, first or None, share_markers, lead,\n"
-"        interleave 0 none / 1 time / 2 chunks / 3 groups, chunk, resume_after_last, exclusive), ...);\n"
+"        interleave 0 none / 1 time / 2 chunks / 3 groups, chunk,\n"
+"        resume 0 largest / 1 last / 2 spatial, exclusive, whole_run), ...);\n"
 "temporal: (per_second, frame_first, precision 0 float32 / 1 float64, truncate);\n"
 "values: (form 0 int64 / 1 float32 / 2 float32 written truncated to int64, padding, padding_in_largest,\n"
 "         text_only, refuse_empty).";
@@ -394,7 +400,7 @@ place_media(const Placing *p, const Item *item, char *const row[3], int64_t at, 
         return *block = values_add(form, (double)(tokens - 1), start);
     }
     const int64_t *grid = p->read->media[first] + 3 * item->media[0], merge = l->medium[first].merge;
-    GridBlock g = {grid[0], grid[1] / merge, grid[2] / merge, {0}, start, -1, NULL};
+    GridBlock g = {l->medium[first].per_frame ? 1 : grid[0], grid[1] / merge, grid[2] / merge, {0}, start, -1, NULL};
     items_scale(p->read, first, item->media[0], &g.scale, &g.stamps);  /* the reading checked it */
     *block = grid_largest(form, &g);
     if (kind->media_count == 1) {
@@ -404,6 +410,16 @@ place_media(const Placing *p, const Item *item, char *const row[3], int64_t at, 
     const int64_t tokens = item->media_tokens[1];
     *block = values_max(*block, values_add(form, (double)(tokens - 1), start));
     return interleave(kind->interleave, kind->chunk, form, row, at, &g, tokens);
+}
+
+/* The largest line or column position of an item's grid placed from `start`. */
+static double
+spatial_largest(const Placing *p, const Item *item, double start)
+{
+    const int medium = p->layout->kind[item->kind].medium[0];
+    const int64_t *grid = p->read->media[medium] + 3 * item->media[0], merge = p->layout->medium[medium].merge;
+    const int64_t side = (grid[1] > grid[2] ? grid[1] : grid[2]) / merge;
+    return values_add(p->form, (double)(side - 1), start);
 }
 
 /* An item's media block placed from `start` again, apart, in the layout's sums, into `*scratch`
@@ -495,7 +511,8 @@ place_sample(const Placing *p, Py_ssize_t s, char *const row[3], Decoding *d, do
         if (decoding_due(d, at + tokens) && settle_in_block(p, item, d, at, tokens, cursor, block, *largest) < 0)
             return -1;
         *largest = values_max(*largest, block);
-        cursor = values_add(form, kind->resume_after_last ? last : block, 1);
+        cursor = values_add(form, kind->resume == RESUME_LAST ? last : kind->resume == RESUME_SPATIAL ?
+                                  spatial_largest(p, item, cursor) : block, 1);
         at += tokens;
         place_markers(form, kind->share_markers, 1, row, at, item->start + item->tokens - at, &cursor, largest, d);
         at = item->start + item->tokens;

@@ -13,7 +13,7 @@ import torch
 from .. import compiled
 from ..temporal import TemporalRule
 from . import _decode, _place, _read
-from ._spec import FORMS, INTERLEAVES, MAX_KINDS, MAX_MEDIA, GridMedia, ItemKind, Media, SequenceMedia
+from ._spec import FORMS, INTERLEAVES, MAX_KINDS, MAX_MEDIA, RESUMES, GridMedia, ItemKind, Media, SequenceMedia
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +66,9 @@ class ItemLayout:
             media = [self.medium(name, kind) for name in kind.media]
             if len(media) == 2 and not (isinstance(media[0], GridMedia) and isinstance(media[1], SequenceMedia)):
                 raise ValueError(f"ItemKind {kind.name!r}: two media are a grid's then a sequence's, got {kind.media}")
+            if kind.resume == "spatial" and not (len(media) == 1 and isinstance(media[0], GridMedia)):
+                raise ValueError(f"ItemKind {kind.name!r}: resume='spatial' resumes past one grid's lines and columns; "
+                                 f"its media are {kind.media}")
         if not isinstance(self.temporal, TemporalRule):
             raise ValueError("ItemLayout.temporal must be a TemporalRule")
         if self.temporal.precision == "seconds" or self.temporal.whole_seconds:
@@ -202,7 +205,8 @@ class ItemLayout:
                        isinstance(m, GridMedia) and m.timed, m.steps if isinstance(m, SequenceMedia) else (),
                        m.window if isinstance(m, SequenceMedia) else 0,
                        m.per_window if isinstance(m, SequenceMedia) else 0,
-                       isinstance(m, GridMedia) and m.stamped) for m in self.media)
+                       isinstance(m, GridMedia) and m.stamped, isinstance(m, GridMedia) and m.per_frame)
+                      for m in self.media)
         names = [medium.name for medium in self.media]
         specs = []
         for kind in self.kinds:
@@ -213,7 +217,7 @@ class ItemLayout:
             specs.append((kind.key, kind.opening, tuple(names.index(name) for name in kind.media), kind.placeholders,
                           kind.closing, kind.begins_with, kind.markers == "share",
                           kind.opening if kind.lead is None else kind.lead, INTERLEAVES[kind.interleave], kind.chunk,
-                          kind.resume == "last", exclusive))
+                          RESUMES[kind.resume], exclusive, kind.whole_run))
         rule = self.temporal
         layout = native.compile_layout(
             media, tuple(specs), (float(rule.per_second), rule.order == "frame_first", int(rule.precision == "float64"),

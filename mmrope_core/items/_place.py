@@ -162,6 +162,8 @@ class _Placer:
             return block, block
         assert isinstance(medium, GridMedia)
         grid = self.media[m][item.media]
+        if medium.per_frame:  # a frame of it, alone
+            grid = np.array((1, grid[1], grid[2]), dtype=np.int64)
         frames = np.arange(int(grid[0]), dtype=np.int64)
         g = _Grid(self.values, grid, medium.merge,
                   grid_temporal(self.layout, m, item.media, self.media, self.seconds, self.starts, frames), start)
@@ -195,7 +197,11 @@ class _Placer:
             at += lead
             last, block = self.media_block(out, at, kind, item, (first_tokens, second_tokens), cursor)
             largest = max(largest, block)
-            cursor = add(last if kind.resume == "last" else block, 1)
+            if kind.resume == "spatial":  # past its lines and columns, its frames left out
+                grid = self.media[self.names.index(kind.media[0])][item.media]
+                merge = self.layout.media[self.names.index(kind.media[0])].merge  # type: ignore[union-attr]
+                last = add(max(int(grid[1]), int(grid[2])) // merge - 1, cursor)
+            cursor = add(last if kind.resume in ("last", "spatial") else block, 1)
             at += first_tokens + second_tokens
             cursor, largest = self.markers(out, at, item.start + item.tokens - at, share, True, cursor, largest)
             at = item.start + item.tokens

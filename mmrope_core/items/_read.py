@@ -24,7 +24,8 @@ _BEYOND = 4611686018427387904.0  # 2**62: temporal ids beyond it do not fit posi
 class Item:
     """One media item found: its sample, its first token among the sample's tokens, its tokens
     (markers included), its kind (index in the layout's kinds) and the index of its media item
-    in each of its media (the second -1 for one medium)."""
+    in each of its media (the second -1 for one medium; a per-frame grid medium's: the grid of
+    its frame)."""
 
     sample: int
     start: int
@@ -221,6 +222,7 @@ class _Reader:
         self.given = [0 if values is None else len(values) for values in media]
         self.starts = stamp_starts(media)
         self.used = [0] * len(media)
+        self.frame = [0] * len(media)  # a per-frame medium's frames taken of its current grid
         self.names = [medium.name for medium in layout.media]
         self.keys = np.array(sorted({kind.key[0] for kind in layout.kinds}), dtype=np.int64)
         self.placeholders = np.array(sorted({p for kind in layout.kinds for p in kind.placeholders}), dtype=np.int64)
@@ -284,7 +286,7 @@ class _Reader:
             length = int(values[index])
             return -1 if length > 2**56 else int(medium.tokens(np.int64(length)))
         t, h, w = (int(v) for v in values[index])
-        tokens = t * (h // medium.merge) * (w // medium.merge)
+        tokens = (1 if medium.per_frame else t) * (h // medium.merge) * (w // medium.merge)
         return -1 if tokens >= _INT64 else tokens
 
     def item(self, s: int, row: np.ndarray, at: int, k: int, seen: set[str]) -> tuple[Item, int, int] | None:
@@ -300,19 +302,26 @@ class _Reader:
         indices, tokens, left = [], [], row.size - at
         for name in kind.media:
             m = self.names.index(name)
+            medium = self.layout.media[m]
+            per_frame = isinstance(medium, GridMedia) and medium.per_frame
             if self.used[m] >= self.given[m]:
-                self.fail(MISMATCH, s, at, f"{what}: takes {name} {self.used[m]} of the batch, but "
-                          f"{counted(self.given[m], name)} {'is' if self.given[m] == 1 else 'are'} given; pass the "
+                taken, given = (self.frames(m, self.used[m]), self.frames(m, self.given[m])) if per_frame else (
+                    self.used[m], self.given[m])
+                what_given = f"{name} frame" if per_frame else name
+                self.fail(MISMATCH, s, at, f"{what}: takes {what_given} {taken} of the batch, but "
+                          f"{counted(given, what_given)} {'is' if given == 1 else 'are'} given; pass the "
                           f"media of every sample")
                 return None
             index = self.used[m]
-            self.used[m] += 1
+            self.frame[m] += 1
+            if not per_frame or self.frame[m] == int(self.media[m][index][0]):
+                self.used[m], self.frame[m] = index + 1, 0
             needed = self.tokens_of(m, index)
             if needed < 1 or needed > left:
                 self.fail(MISMATCH, s, at, f"{what}: its {name} ({name} {index} of the batch) takes "
                           f"{counted(needed, 'placeholder token')}, which the sample cannot hold")
                 return None
-            if isinstance(self.layout.media[m], GridMedia) and not self.temporal_fits(m, index):
+            if isinstance(self.layout.media[m], GridMedia) and not per_frame and not self.temporal_fits(m, index):
                 self.fail(BAD_MEDIA, s, at, f"{what}: the temporal ids of {name} {index} do not fit int64 positions")
                 return None
             indices.append(index)
@@ -334,6 +343,13 @@ class _Reader:
             self.fail(MISMATCH, s, at, f"{what}: its placeholders must begin with token {kind.begins_with}, as the "
                       f"model finds it; pass the processor's output unchanged")
             return None
+        after = at + kind.opening + content
+        if kind.whole_run and after < row.size and int(row[after]) in kind.placeholders:
+            self.fail(MISMATCH, s, at, f"{what}: token {after}, right after the "
+                      f"{counted(content, 'placeholder token')} its media take, is one of its placeholders too; the "
+                      f"model cuts media at runs of placeholders, so an item's run must end with its media: put text "
+                      f"between items, or pass the media the placeholders were made for")
+            return None
         closing = row[at + kind.opening + content : at + total].tolist()
         if closing != list(kind.closing):
             self.fail(MISMATCH, s, at, f"{what}: its placeholders are followed by {closing} instead of its closing "
@@ -348,9 +364,17 @@ class _Reader:
                                    np.array([frames - 1]))[0])
         return math.isfinite(last) and abs(last) < _BEYOND
 
+    def frames(self, m: int, grids: int) -> int:
+        """The frames of medium ``m``'s first ``grids`` grids, and those taken of the next."""
+        taken = self.frame[m] if grids < self.given[m] else 0
+        return sum(int(t) for t in self.media[m][:grids, 0]) + taken
+
     def leftover(self, samples: int) -> Found | None:
-        for name, used, given in zip(self.names, self.used, self.given):
+        for m, (name, used, given) in enumerate(zip(self.names, self.used, self.given)):
             if used != given:
+                medium = self.layout.media[m]
+                if isinstance(medium, GridMedia) and medium.per_frame:
+                    name, used, given = f"{name} frame", self.frames(m, used), self.frames(m, given)
                 message = (f"the batch gives {counted(given, name)} but its samples hold {used}; the sequence was "
                            f"probably truncated before one, drop the media of removed items") if self.explain else ""
                 return Found(MISMATCH, samples, 0, (), message)

@@ -36,20 +36,28 @@ class GridMedia:
         stamped: each frame comes with its own time stamp, in seconds from its grid's start (not
             decreasing within a grid): frame ``f`` takes the rule applied to its stamp, as
             if the stamp were ``f * seconds``. A grid is timed or stamped, not both.
+        per_frame: each frame is an item of its own (a processor writes text, a time stamp,
+            between frames): each item taking this medium takes the next frame, of the current
+            grid then of the next, placed as a grid of one frame ``(1, h, w)``. Untimed and
+            unstamped; media left over count frames.
     """
 
     name: str
     merge: int = 1
     timed: bool = False
     stamped: bool = False
+    per_frame: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"GridMedia.name must be a non-empty string, got {self.name!r}")
         if type(self.merge) is not int or not 1 <= self.merge <= _LIMIT:
             raise ValueError(f"GridMedia {self.name!r}: merge must be an int from 1 to 2**20, got {self.merge!r}")
-        if not isinstance(self.timed, bool) or not isinstance(self.stamped, bool):
-            raise ValueError(f"GridMedia {self.name!r}: timed and stamped must be bools")
+        if not all(isinstance(flag, bool) for flag in (self.timed, self.stamped, self.per_frame)):
+            raise ValueError(f"GridMedia {self.name!r}: timed, stamped and per_frame must be bools")
+        if self.per_frame and (self.timed or self.stamped):
+            raise ValueError(f"GridMedia {self.name!r}: per_frame grids are placed a frame at a time as untimed grids; "
+                             f"they are not timed nor stamped")
         if self.timed and self.stamped:
             raise ValueError(f"GridMedia {self.name!r}: a grid is timed (seconds per grid) or stamped (a time stamp "
                              f"per frame), not both")
@@ -102,6 +110,7 @@ Media = GridMedia | SequenceMedia
 
 
 INTERLEAVES = {None: 0, "time": 1, "chunks": 2, "groups": 3}
+RESUMES = {"largest": 0, "last": 1, "spatial": 2}
 #: the compiled loops' forms of positions, by (summed in float32, written truncated to int64)
 FORMS = {(False, False): 0, (True, False): 1, (True, True): 2}
 
@@ -114,14 +123,18 @@ class ItemKind:
     Reading: an item opens where its ``key`` tokens stand (markers, then possibly its first
     placeholder), takes the next item of each of its ``media`` (in the batch's order), whose
     placeholders follow its opening markers (as many as the media take, in any order), then its
-    ``closing`` markers. A placeholder outside any item is a mismatch.
+    ``closing`` markers. A placeholder outside any item is a mismatch; so is, with
+    ``whole_run``, a placeholder of its own right after its media's (a reference that cuts media
+    at runs of equal placeholders takes an item's placeholders as a whole run).
 
     Placing: text counts on to it; ``lead`` tokens of its opening count on (``markers="count"``)
     or share one position (``"share"``); its media block starts one past them: a grid frame by
     frame, a sequence one position a token, or both merged by ``interleave``; the tokens after the
     block (its closing markers) count on (or share one position) from one past the block's
-    largest position (``resume="largest"``) or that of the part placed last (``"last"``); the
-    next text or item goes on from there.
+    largest position (``resume="largest"``), that of the part placed last (``"last"``) or its
+    largest line or column position, its temporal ids left out (``"spatial"``: ``max(h, w)``
+    past a grid's start however many frames it has; one grid medium only); the next text or
+    item goes on from there. A sample's delta counts every position either way.
 
     Attributes:
         name: shown in messages, e.g. ``"video with its audio"``.
@@ -136,6 +149,8 @@ class ItemKind:
             frames they precede, the frame first on a tie), ``"chunks"`` (both cut into chunks of
             ``chunk`` positions, the grid's chunk then the sequence's) or ``"groups"`` (frames
             grouped by temporal id // ``chunk``, each group then the next ``chunk`` tokens).
+        whole_run: its placeholders are a whole run: the token after them may not be one of its
+            placeholders.
     """
 
     name: str
@@ -148,7 +163,8 @@ class ItemKind:
     lead: int | None = None
     interleave: Literal["time", "chunks", "groups"] | None = None
     chunk: int = 0
-    resume: Literal["largest", "last"] = "largest"
+    resume: Literal["largest", "last", "spatial"] = "largest"
+    whole_run: bool = False
 
     def __post_init__(self) -> None:
         owner = f"ItemKind {self.name!r}"
@@ -162,8 +178,10 @@ class ItemKind:
             raise ValueError(f"{owner}: media must name one medium per placeholder, got {self.media!r}")
         if self.begins_with is not None and self.begins_with not in self.placeholders:
             raise ValueError(f"{owner}: begins_with must be one of its placeholders, got {self.begins_with!r}")
-        if self.markers not in ("count", "share") or self.resume not in ("largest", "last"):
-            raise ValueError(f"{owner}: markers is 'count' or 'share', resume 'largest' or 'last'")
+        if self.markers not in ("count", "share") or self.resume not in RESUMES:
+            raise ValueError(f"{owner}: markers is 'count' or 'share', resume 'largest', 'last' or 'spatial'")
+        if not isinstance(self.whole_run, bool):
+            raise ValueError(f"{owner}: whole_run must be a bool, got {self.whole_run!r}")
         if self.lead is not None and not (type(self.lead) is int and 0 <= self.lead <= self.opening):
             raise ValueError(f"{owner}: lead must be an int from 0 to its {self.opening} opening markers")
         if self.interleave not in INTERLEAVES or (self.interleave is None) != (len(self.media) == 1):
