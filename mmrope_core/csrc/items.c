@@ -92,7 +92,7 @@ temporal_fits(const ItemRead *r, int m, int64_t index)
     return isfinite(last) && fabs(last) < 4611686018427387904.0;
 }
 
-/* Whether `id` may open an item or be a placeholder. */
+/* Whether `id` may open an item, be a placeholder or an inside marker. */
 static inline int
 special(const ItemLayout *l, int64_t id)
 {
@@ -102,13 +102,14 @@ special(const ItemLayout *l, int64_t id)
     return l->special_span >= SPECIAL_BITS || (l->special[offset >> 6] >> (offset & 63) & 1);
 }
 
-/* The kind whose key opens at `ids` (`left` tokens on), or -1. */
+/* The kind whose key opens at `ids` (`left` tokens on), or -1; a kind inside markers opens only
+ * where `open[k]` of its begin markers are left open. */
 static int
-kind_at(const ItemLayout *l, const int64_t *ids, int64_t left)
+kind_at(const ItemLayout *l, const int64_t *ids, int64_t left, const int64_t *open)
 {
     for (int k = 0; k < l->kind_count; k++) {
         const KindSpec *kind = &l->kind[k];
-        if (kind->key_length > left || ids[0] != kind->key[0])
+        if (kind->key_length > left || ids[0] != kind->key[0] || (kind->has_inside && open[k] <= 0))
             continue;
         int same = 1;
         for (int j = 1; j < kind->key_length && same; j++)
@@ -127,6 +128,15 @@ is_placeholder(const ItemLayout *l, int64_t id)
             if (l->kind[k].placeholder[m] == id)
                 return 1;
     return 0;
+}
+
+/* Text token `id` opens or closes the markers of kinds inside them. */
+static void
+count_markers(const ItemLayout *l, int64_t id, int64_t *open)
+{
+    for (int k = 0; k < l->kind_count; k++)
+        if (l->kind[k].has_inside)
+            open[k] += (id == l->kind[k].inside[0]) - (id == l->kind[k].inside[1]);
 }
 
 static int
@@ -195,6 +205,7 @@ items_read(ItemRead *r)
         r->first_item[s] = found;
         const int64_t *ids = r->ids + r->first[s], n = r->count[s];
         uint32_t seen = 0;
+        int64_t open[MAX_KINDS] = {0};  /* per kind inside markers: its begin markers less its end markers */
         if (n == 0 && l->refuse_empty)
             return failed(r, s, 0, ITEMS_EMPTY_SAMPLE);
         for (int64_t i = 0; i < n;) {
@@ -207,10 +218,12 @@ items_read(ItemRead *r)
                 i++;
                 continue;
             }
-            const int k = kind_at(l, ids + i, n - i);
+            const int k = kind_at(l, ids + i, n - i, open);
             if (k < 0) {
                 if (is_placeholder(l, id))
                     return failed(r, s, i, ITEMS_MISMATCH);  /* a placeholder outside any item */
+                if (l->has_inside)
+                    count_markers(l, id, open);
                 i++;  /* text, or a marker opening nothing */
                 continue;
             }

@@ -358,7 +358,8 @@ typedef struct {
 
 enum { RESUME_LARGEST, RESUME_LAST, RESUME_SPATIAL };
 
-/* One kind of item: its `key` tokens open it (the first `opening` are markers), then its media's
+/* One kind of item: its `key` tokens open it (the first `opening` are markers; with `has_inside`,
+ * only where more inside[0] than inside[1] markers precede it in its sample), then its media's
  * placeholders (two media: a grid's and a sequence's, interleaved by `interleave`; with
  * `whole_run`, not followed by one of them), then its closing markers. Placed: `lead` tokens
  * count on (or share one position) before its media block, the rest after it, from one past
@@ -372,6 +373,8 @@ typedef struct {
     int64_t placeholder[2];
     int64_t closing[MAX_CLOSING];
     int closing_length;
+    int has_inside;
+    int64_t inside[2];  /* its begin and end markers, text */
     int has_first;
     int64_t first;  /* the token its media must begin with */
     int share_markers, lead, interleave, resume, whole_run;
@@ -388,7 +391,8 @@ typedef struct {
     int form;  /* how positions are summed and written (FORM_*) */
     double padding;  /* what padding holds */
     int padding_in_largest, text_only, refuse_empty;
-    int64_t special_low;  /* the tokens that may open an item or be a placeholder lie in [low, low + span] */
+    int has_inside;  /* a kind opens only inside markers, which reading counts */
+    int64_t special_low;  /* tokens that may open an item, placeholders and inside markers lie in [low, low + span] */
     uint64_t special_span;
     /* which of them do, a bit each, where the span is below SPECIAL_BITS: one test a token */
     uint64_t special[SPECIAL_BITS / 64];

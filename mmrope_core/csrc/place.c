@@ -57,18 +57,20 @@ medium_of(PyObject *spec, MediumSpec *medium)
 static int
 kind_of(PyObject *spec, const ItemLayout *layout, KindSpec *kind)
 {
-    PyObject *key, *media, *placeholders, *closing, *first;
+    PyObject *key, *media, *placeholders, *closing, *first, *inside = Py_None;
     long long chunk, exclusive;
-    if (!PyArg_ParseTuple(spec, "O!iO!O!O!OpiiLiL|p:compile_layout kind", &PyTuple_Type, &key, &kind->opening,
+    if (!PyArg_ParseTuple(spec, "O!iO!O!O!OpiiLiL|pO:compile_layout kind", &PyTuple_Type, &key, &kind->opening,
                           &PyTuple_Type, &media, &PyTuple_Type, &placeholders, &PyTuple_Type, &closing, &first,
                           &kind->share_markers, &kind->lead, &kind->interleave, &chunk, &kind->resume, &exclusive,
-                          &kind->whole_run))
+                          &kind->whole_run, &inside))
         return -1;
-    int count;
+    int count, markers = 0;
     if (tokens_of(key, kind->key, MAX_KEY, &kind->key_length, "a key") < 0 ||
         tokens_of(closing, kind->closing, MAX_CLOSING, &kind->closing_length, "a closing") < 0 ||
-        tokens_of(placeholders, kind->placeholder, 2, &kind->media_count, "placeholders") < 0)
+        tokens_of(placeholders, kind->placeholder, 2, &kind->media_count, "placeholders") < 0 ||
+        (inside != Py_None && tokens_of(inside, kind->inside, 2, &markers, "inside") < 0))
         return -1;
+    kind->has_inside = inside != Py_None;
     int64_t media_values[2];
     if (tokens_of(media, media_values, 2, &count, "media") < 0)
         return -1;
@@ -81,7 +83,8 @@ kind_of(PyObject *spec, const ItemLayout *layout, KindSpec *kind)
     int fits = count == kind->media_count && count >= 1 && kind->key_length >= 1 && kind->opening >= 0 &&
                kind->opening <= kind->key_length && kind->lead >= 0 && kind->lead <= kind->opening &&
                exclusive >= 0 && exclusive < (1LL << MAX_KINDS) && kind->resume >= RESUME_LARGEST &&
-               kind->resume <= RESUME_SPATIAL;
+               kind->resume <= RESUME_SPATIAL &&
+               (!kind->has_inside || (markers == 2 && kind->inside[0] != kind->inside[1]));
     for (int m = 0; fits && m < count; m++) {
         kind->medium[m] = (int)media_values[m];
         fits = media_values[m] >= 0 && media_values[m] < layout->media_count;
@@ -100,6 +103,19 @@ kind_of(PyObject *spec, const ItemLayout *layout, KindSpec *kind)
     return fits ? 0 : -1;
 }
 
+/* The tokens reading stops at for `kind`: its key's first, its placeholders, its inside markers. */
+static int
+special_tokens(const KindSpec *kind, int64_t *tokens)
+{
+    int count = 0;
+    tokens[count++] = kind->key[0];
+    for (int m = 0; m < kind->media_count; m++)
+        tokens[count++] = kind->placeholder[m];
+    for (int j = 0; kind->has_inside && j < 2; j++)
+        tokens[count++] = kind->inside[j];
+    return count;
+}
+
 static void
 layout_free(PyObject *capsule)
 {
@@ -113,7 +129,7 @@ const char compile_layout_doc[] =
 "        stamped, per_frame), ...);\n"
 "kinds: ((key, opening, media, placeholders, closing, first or None, share_markers, lead,\n"
 "        interleave 0 none / 1 time / 2 chunks / 3 groups, chunk,\n"
-"        resume 0 largest / 1 last / 2 spatial, exclusive, whole_run), ...);\n"
+"        resume 0 largest / 1 last / 2 spatial, exclusive, whole_run, inside (begin, end) or None), ...);\n"
 "temporal: (per_second, frame_first, precision 0 float32 / 1 float64, truncate);\n"
 "values: (form 0 int64 / 1 float32 / 2 float32 written truncated to int64, padding, padding_in_largest,\n"
 "         text_only, refuse_empty).";
@@ -146,18 +162,21 @@ compile_layout(PyObject *module, PyObject *args)
         KindSpec *kind = &l->kind[k];
         if (kind_of(PyTuple_GET_ITEM(kinds, k), l, kind) < 0)
             goto failed;
-        int64_t special[3] = {kind->key[0], kind->placeholder[0], kind->placeholder[kind->media_count - 1]};
-        for (int j = 0; j < 3; j++) {
+        int64_t special[5];
+        const int count = special_tokens(kind, special);
+        for (int j = 0; j < count; j++) {
             low = special[j] < low ? special[j] : low;
             high = special[j] > high ? special[j] : high;
         }
+        l->has_inside |= kind->has_inside;
     }
     l->special_low = l->kind_count ? low : 0;
     l->special_span = l->kind_count ? (uint64_t)high - (uint64_t)low : 0;
     for (int k = 0; k < l->kind_count; k++) {
         const KindSpec *kind = &l->kind[k];
-        const int64_t special[3] = {kind->key[0], kind->placeholder[0], kind->placeholder[kind->media_count - 1]};
-        for (int j = 0; j < 3 && l->special_span < SPECIAL_BITS; j++) {
+        int64_t special[5];
+        const int count = special_tokens(kind, special);
+        for (int j = 0; j < count && l->special_span < SPECIAL_BITS; j++) {
             const uint64_t offset = (uint64_t)special[j] - (uint64_t)low;
             l->special[offset >> 6] |= (uint64_t)1 << (offset & 63);
         }

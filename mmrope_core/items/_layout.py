@@ -62,6 +62,11 @@ class ItemLayout:
         kinds = [kind.name for kind in self.kinds]
         if len(set(kinds)) != len(kinds):
             raise ValueError(f"ItemLayout.kinds must have distinct names, got {kinds}")
+        items = {token for kind in self.kinds for token in (*kind.key, *kind.placeholders, *kind.closing)}
+        for kind in self.kinds:
+            if kind.inside is not None and set(kind.inside) & items:
+                raise ValueError(f"ItemKind {kind.name!r}: its inside markers {kind.inside} must be text, not a "
+                                 f"token of any kind's items (key, placeholders or closing markers)")
         for kind in self.kinds:
             media = [self.medium(name, kind) for name in kind.media]
             if len(media) == 2 and not (isinstance(media[0], GridMedia) and isinstance(media[1], SequenceMedia)):
@@ -217,7 +222,7 @@ class ItemLayout:
             specs.append((kind.key, kind.opening, tuple(names.index(name) for name in kind.media), kind.placeholders,
                           kind.closing, kind.begins_with, kind.markers == "share",
                           kind.opening if kind.lead is None else kind.lead, INTERLEAVES[kind.interleave], kind.chunk,
-                          RESUMES[kind.resume], exclusive, kind.whole_run))
+                          RESUMES[kind.resume], exclusive, kind.whole_run, kind.inside))
         rule = self.temporal
         layout = native.compile_layout(
             media, tuple(specs), (float(rule.per_second), rule.order == "frame_first", int(rule.precision == "float64"),

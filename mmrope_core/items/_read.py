@@ -225,6 +225,7 @@ class _Reader:
         self.frame = [0] * len(media)  # a per-frame medium's frames taken of its current grid
         self.names = [medium.name for medium in layout.media]
         self.keys = np.array(sorted({kind.key[0] for kind in layout.kinds}), dtype=np.int64)
+        self.open: dict[tuple[int, int], np.ndarray] = {}  # per pair of inside markers: those open before each token
         self.placeholders = np.array(sorted({p for kind in layout.kinds for p in kind.placeholders}), dtype=np.int64)
         self.exclusive = [{b if kind.name == a else a for a, b in layout.exclusive if kind.name in (a, b)}
                           for kind in layout.kinds]
@@ -242,6 +243,9 @@ class _Reader:
             return []
         placeholder = np.isin(row, self.placeholders)
         before = np.concatenate([[0], np.cumsum(placeholder)])  # placeholders before each token
+        # markers are text, never inside an item (as the layout checks): each counts before what follows it
+        self.open = {pair: np.concatenate([[0], np.cumsum((row == pair[0]).astype(np.int64) - (row == pair[1]))])
+                     for pair in {kind.inside for kind in layout.kinds if kind.inside is not None}}
         items: list[tuple[Item, int, int]] = []
         self.partial = items
         seen: set[str] = set()
@@ -261,7 +265,7 @@ class _Reader:
             if k < 0:
                 if placeholder[candidate]:
                     self.fail(MISMATCH, s, candidate, f"sample {s}: token {candidate} is a placeholder outside any "
-                              f"item; mask it out or restore its markers")
+                              f"item{self.closed(row, candidate)}; mask it out or restore its markers")
                     return []
                 at = candidate + 1  # a marker opening nothing: text
                 continue
@@ -273,12 +277,26 @@ class _Reader:
             at = candidate + found[0].tokens
         return items
 
-    def kind_at(self, row: np.ndarray, at: int) -> int:
+    def kind_at(self, row: np.ndarray, at: int, inside: bool = True) -> int:
+        """The kind whose key opens at ``at`` (with ``inside`` False, whether or not its markers
+        are open there), or -1."""
         for k, kind in enumerate(self.layout.kinds):
             key = kind.key
-            if len(key) <= row.size - at and all(int(row[at + j]) == token for j, token in enumerate(key)):
+            if (len(key) <= row.size - at and all(int(row[at + j]) == token for j, token in enumerate(key))
+                    and (not inside or kind.inside is None or self.open[kind.inside][at] > 0)):
                 return k
         return -1
+
+    def closed(self, row: np.ndarray, at: int) -> str:
+        """Why the key at ``at`` opens nothing where a kind inside markers would open there, or ""."""
+        k = self.kind_at(row, at, inside=False)
+        if k < 0:
+            return ""
+        kind = self.layout.kinds[k]
+        assert kind.inside is not None  # it opens only inside markers
+        begin, end = kind.inside
+        return (f" (a {kind.name} opens only where more {begin} than {end} markers precede it in its sample; "
+                f"{int(np.count_nonzero(row[:at] == begin))} and {int(np.count_nonzero(row[:at] == end))} do here)")
 
     def tokens_of(self, m: int, index: int) -> int:
         medium, values = self.layout.media[m], self.media[m]

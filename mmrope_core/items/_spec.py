@@ -125,7 +125,10 @@ class ItemKind:
     placeholders follow its opening markers (as many as the media take, in any order), then its
     ``closing`` markers. A placeholder outside any item is a mismatch; so is, with
     ``whole_run``, a placeholder of its own right after its media's (a reference that cuts media
-    at runs of equal placeholders takes an item's placeholders as a whole run).
+    at runs of equal placeholders takes an item's placeholders as a whole run). A kind ``inside`` a
+    ``(begin, end)`` pair of markers opens only where more ``begin`` than ``end`` markers precede
+    its key in its sample (a video reusing the image placeholder between begin- and end-of-video
+    markers, listed before the image kind, which opens everywhere else); the markers are text.
 
     Placing: text counts on to it; ``lead`` tokens of its opening count on (``markers="count"``)
     or share one position (``"share"``); its media block starts one past them: a grid frame by
@@ -151,6 +154,7 @@ class ItemKind:
             grouped by temporal id // ``chunk``, each group then the next ``chunk`` tokens).
         whole_run: its placeholders are a whole run: the token after them may not be one of its
             placeholders.
+        inside: ``(begin, end)``: two text tokens between which it opens, or None (anywhere).
     """
 
     name: str
@@ -165,6 +169,7 @@ class ItemKind:
     chunk: int = 0
     resume: Literal["largest", "last", "spatial"] = "largest"
     whole_run: bool = False
+    inside: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         owner = f"ItemKind {self.name!r}"
@@ -188,6 +193,10 @@ class ItemKind:
             raise ValueError(f"{owner}: two media are interleaved by 'time', 'chunks' or 'groups'; one is not")
         if type(self.chunk) is not int or (self.interleave in ("chunks", "groups") and not 1 <= self.chunk <= _LIMIT):
             raise ValueError(f"{owner}: interleave={self.interleave!r} needs a chunk from 1 to 2**20")
+        if self.inside is not None and (_tokens(owner, "inside", self.inside, 2, 2)[0] == self.inside[1] or set(
+                self.inside) & {*self.key, *self.placeholders, *self.closing}):
+            raise ValueError(f"{owner}: inside must be two distinct text tokens (begin, end), none of its key, "
+                             f"placeholders or closing markers, got {self.inside!r}")
 
     @property
     def opening(self) -> int:
