@@ -622,7 +622,7 @@ ITEM_OPEN, ITEM_IMAGE, ITEM_CLOSE = 103, 100, 104
 # one grid medium merged 2 x 2; images between two markers; int64 positions, whole-second temporal ids
 ITEM_MEDIA = ((0, 2, False, (), 0, 0),)
 ITEM_KIND = ((ITEM_OPEN, ITEM_IMAGE), 1, (0,), (ITEM_IMAGE,), (ITEM_CLOSE,), None, False, 1, 0, 0, False, 0)
-ITEM_TEMPORAL, ITEM_VALUES = (1.0, False, 1, True), (False, 1.0, False, False, True)
+ITEM_TEMPORAL, ITEM_VALUES = (1.0, False, 1, True, False, False), (False, 1.0, False, False, True)
 
 
 def placed(layout, ids, mask=None, grid=None, out=None):
@@ -659,9 +659,11 @@ def test_place_items_writes_or_says_why_not():
     (((1, 1, False, ((1, 0),), 0, 0),), (), ITEM_TEMPORAL, ITEM_VALUES, "a medium out of range"),
     (ITEM_MEDIA, (ITEM_KIND[:2] + ((1,),) + ITEM_KIND[3:],), ITEM_TEMPORAL, ITEM_VALUES, "a kind out of range"),
     (ITEM_MEDIA, (ITEM_KIND[:7] + (2,) + ITEM_KIND[8:],), ITEM_TEMPORAL, ITEM_VALUES, "a kind out of range"),
-    (ITEM_MEDIA, (ITEM_KIND,), (1.0, False, 2, True), ITEM_VALUES, "a rule out of range"),
-    (ITEM_MEDIA, (ITEM_KIND,), (float("inf"), False, 1, True), ITEM_VALUES, "a rule out of range"),
-    (ITEM_MEDIA, (ITEM_KIND,), (1.0, False, 1, False), ITEM_VALUES, "a rule out of range"),
+    (ITEM_MEDIA, (ITEM_KIND,), (1.0, False, 3, True, False, False), ITEM_VALUES, "a rule out of range"),
+    (ITEM_MEDIA, (ITEM_KIND,), (float("inf"), False, 1, True, False, False), ITEM_VALUES, "a rule out of range"),
+    (ITEM_MEDIA, (ITEM_KIND,), (1.0, False, 1, False, False, False), ITEM_VALUES, "a rule out of range"),
+    (ITEM_MEDIA, (ITEM_KIND,), (2.0**24, False, 2, True, False, True), ITEM_VALUES, "a rule out of range"),
+    ((ITEM_MEDIA[0] + (True,),), (), (1.0, False, 2, True, False, False), ITEM_VALUES, "stamps are scaled in float"),
     (ITEM_MEDIA, ((tuple(range(5)),) + ITEM_KIND[1:],), ITEM_TEMPORAL, ITEM_VALUES, "a key is a tuple of at most 4"),
 ])
 def test_compile_layout_refuses_a_layout_out_of_range(media, kinds, temporal, values, message):

@@ -108,24 +108,19 @@ typedef struct {
     double per_second;
 } FusedTiming;
 
-/* A timed video's temporal scale under the rule, in the arithmetic numpy gives it: with the
- * precision of the seconds, float seconds keep theirs and whole seconds (none given, or truncated
- * first) give int64 for a whole per_second, else float64 (float32 multiplying frame first); -1
- * for one the step-by-step path works out (and refuses where it must). */
+/* A timed video's temporal scale under the rule, in the arithmetic numpy gives it (see
+ * temporal_rule_for; no seconds given: one whole second each); -1 for one the step-by-step path
+ * works out (and refuses where it must). */
 static int
 fused_scale(const FusedTiming *t, Py_ssize_t video, TemporalScale *scale)
 {
-    TemporalRule rule = {t->per_second, t->frame_first, t->precision, 1, t->whole_seconds};
+    const TemporalRule given = {t->per_second, t->frame_first, t->of_seconds ? PRECISION_SECONDS : t->precision, 1,
+                                t->whole_seconds, t->per_second_is_int};
     double seconds = 1.0;
     if (t->seconds)
         seconds = t->seconds_size == 4 ? (double)((const float *)t->seconds)[video] : ((const double *)t->seconds)[video];
-    if (t->of_seconds) {
-        if (!t->seconds || t->whole_seconds)
-            rule.precision = t->per_second_is_int ? PRECISION_INT64
-                                                  : (t->frame_first ? PRECISION_FLOAT32 : PRECISION_FLOAT64);
-        else
-            rule.precision = t->seconds_size == 4 ? PRECISION_FLOAT32 : PRECISION_FLOAT64;
-    }
+    const TemporalRule rule = temporal_rule_for(
+        &given, !t->seconds ? SECONDS_INT64 : t->seconds_size == 4 ? SECONDS_FLOAT32 : SECONDS_FLOAT64);
     return temporal_scale(&rule, seconds, scale);
 }
 

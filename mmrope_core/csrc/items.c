@@ -21,6 +21,20 @@ stamps_fit(const float *stamps, const int64_t *first, Py_ssize_t grids)
     return 1;
 }
 
+/* Grid `index`'s seconds of timed medium `m`, read in their dtype. */
+static inline double
+seconds_of(const ItemRead *r, int m, Py_ssize_t index)
+{
+    switch (r->seconds_type[m]) {
+    case SECONDS_FLOAT64:
+        return ((const double *)r->seconds[m])[index];
+    case SECONDS_INT64:
+        return (double)((const int64_t *)r->seconds[m])[index];
+    default:
+        return ((const float *)r->seconds[m])[index];
+    }
+}
+
 /* Grids, seconds, stamps and sequence lengths the positions can be computed from. */
 int
 items_media_fit(const ItemRead *r)
@@ -39,8 +53,8 @@ items_media_fit(const ItemRead *r)
             if (grid[0] < 1 || grid[1] < 1 || grid[2] < 1 || grid[1] % medium->merge || grid[2] % medium->merge)
                 return 0;
             if (medium->timed) {
-                const float seconds = r->seconds[m][i];
-                if (!isfinite(seconds) || !(seconds >= 0) || seconds > MAX_SECONDS)
+                const double seconds = seconds_of(r, m, i);
+                if (!(seconds >= 0 && seconds <= MAX_SECONDS))
                     return 0;
             }
         }
@@ -51,14 +65,16 @@ items_media_fit(const ItemRead *r)
 }
 
 /* Grid `index` of `medium`'s temporal scale, and its stamps (`*stamps`, NULL for a grid not
- * stamped). */
+ * stamped). An untimed grid counts one whole second (as int64 seconds, for the seconds' precision). */
 int
 items_scale(const ItemRead *r, int medium, int64_t index, TemporalScale *scale, const float **stamps)
 {
     const MediumSpec *spec = &r->layout->medium[medium];
-    *stamps = spec->stamped ? r->seconds[medium] + r->stamp_first[medium][index] : NULL;
-    const double seconds = spec->timed ? (double)r->seconds[medium][index] : 1.0;
-    return temporal_scale(&r->layout->temporal, seconds, scale);
+    *stamps = spec->stamped ? (const float *)r->seconds[medium] + r->stamp_first[medium][index] : NULL;
+    const double seconds = spec->timed ? seconds_of(r, medium, index) : 1.0;
+    const TemporalRule rule = temporal_rule_for(&r->layout->temporal,
+                                                spec->timed ? r->seconds_type[medium] : SECONDS_INT64);
+    return temporal_scale(&rule, seconds, scale);
 }
 
 /* The placeholder tokens of item `index` of medium `m` (per frame: of a frame of grid `index`); -1
@@ -79,8 +95,9 @@ temporal_fits(const ItemRead *r, int m, int64_t index)
 {
     const int64_t frames = r->media[m][3 * index];
     const MediumSpec *spec = &r->layout->medium[m];
-    const double seconds = spec->timed ? (double)r->seconds[m][index] : 1.0;
-    const double span = spec->stamped ? (double)r->seconds[m][r->stamp_first[m][index] + frames - 1]  /* the last */
+    const double seconds = spec->timed ? seconds_of(r, m, index) : 1.0;
+    const float *all_stamps = r->seconds[m];
+    const double span = spec->stamped ? (double)all_stamps[r->stamp_first[m][index] + frames - 1]  /* the last */
                                       : (double)frames * seconds;
     if (span * r->layout->temporal.per_second < 1e18)  /* far within */
         return 1;
@@ -88,6 +105,8 @@ temporal_fits(const ItemRead *r, int m, int64_t index)
     const float *stamps;
     if (items_scale(r, m, index, &scale, &stamps) < 0)
         return 0;
+    if (scale.precision == PRECISION_INT64)  /* before the int64 product, which may wrap: both factors exact */
+        return (double)(frames - 1) * (double)scale.scale_int < 4611686018427387904.0;
     const double last = stamps ? temporal_stamped(&scale, stamps[frames - 1]) : temporal_position(&scale, frames - 1);
     return isfinite(last) && fabs(last) < 4611686018427387904.0;
 }

@@ -106,15 +106,19 @@ int runs_join(Runs *joined, Runs *parts, Py_ssize_t count);
 
 /* ---- temporal.c -------------------------------------------------------------------------- */
 
-enum { PRECISION_FLOAT32, PRECISION_FLOAT64, PRECISION_INT64 };
+/* PRECISION_SECONDS: the arithmetic numpy multiplies the seconds in, by their dtype (see
+ * temporal_rule_for). */
+enum { PRECISION_FLOAT32, PRECISION_FLOAT64, PRECISION_INT64, PRECISION_SECONDS };
+/* The dtypes seconds per grid come in. */
+enum { SECONDS_FLOAT32, SECONDS_FLOAT64, SECONDS_INT64 };
 
 /* How a frame's temporal id comes from its index, the seconds per grid and the positions per
  * second: (frame * seconds) * per_second or frame * (seconds * per_second), in float32, float64
  * or int64 arithmetic (int64: seconds truncated to whole seconds, per_second whole), and
- * truncated toward zero or not. */
+ * truncated toward zero or not. `per_second_whole`: per_second was given as a whole number. */
 typedef struct {
     double per_second;
-    int frame_first, precision, truncate, whole_seconds;
+    int frame_first, precision, truncate, whole_seconds, per_second_whole;
 } TemporalRule;
 
 /* A rule applied to one grid's seconds. */
@@ -125,6 +129,7 @@ typedef struct {
     int64_t scale_int;
 } TemporalScale;
 
+TemporalRule temporal_rule_for(const TemporalRule *rule, int seconds_type);
 int temporal_scale(const TemporalRule *rule, double seconds, TemporalScale *scale);
 int temporal_truncated(const TemporalScale *scale, int64_t frame, int64_t *id);
 
@@ -413,7 +418,8 @@ typedef struct {
     uint32_t enabled;  /* kinds that may occur; another kind's key is a mismatch */
     const int64_t *media[MAX_LAYOUT_MEDIA];  /* grids (N, 3) or lengths (N,) */
     Py_ssize_t given[MAX_LAYOUT_MEDIA];
-    const float *seconds[MAX_LAYOUT_MEDIA];  /* timed grids' seconds, stamped grids' stamps */
+    const void *seconds[MAX_LAYOUT_MEDIA];  /* timed grids' seconds (SECONDS_*), stamped grids' float32 stamps */
+    int seconds_type[MAX_LAYOUT_MEDIA];
     int64_t *stamp_first[MAX_LAYOUT_MEDIA];  /* stamped grids: where each grid's stamps begin */
     Item *items;
     Py_ssize_t capacity;

@@ -130,7 +130,8 @@ const char compile_layout_doc[] =
 "kinds: ((key, opening, media, placeholders, closing, first or None, share_markers, lead,\n"
 "        interleave 0 none / 1 time / 2 chunks / 3 groups, chunk,\n"
 "        resume 0 largest / 1 last / 2 spatial, exclusive, whole_run, inside (begin, end) or None), ...);\n"
-"temporal: (per_second, frame_first, precision 0 float32 / 1 float64, truncate);\n"
+"temporal: (per_second, frame_first, precision 0 float32 / 1 float64 / 2 the seconds' dtype, truncate,\n"
+"          whole_seconds, per_second_whole);\n"
 "values: (form 0 int64 / 1 float32 / 2 float32 written truncated to int64, padding, padding_in_largest,\n"
 "         text_only, refuse_empty).";
 
@@ -141,22 +142,32 @@ compile_layout(PyObject *module, PyObject *args)
     ItemLayout *l = PyMem_Calloc(1, sizeof(ItemLayout));
     if (!l)
         return PyErr_NoMemory();
-    if (!PyArg_ParseTuple(args, "O!O!(dpip)(idppp):compile_layout", &PyTuple_Type, &media, &PyTuple_Type, &kinds,
-                          &l->temporal.per_second, &l->temporal.frame_first, &l->temporal.precision,
-                          &l->temporal.truncate, &l->form, &l->padding, &l->padding_in_largest, &l->text_only,
-                          &l->refuse_empty))
+    TemporalRule *rule = &l->temporal;
+    if (!PyArg_ParseTuple(args, "O!O!(dpippp)(idppp):compile_layout", &PyTuple_Type, &media, &PyTuple_Type, &kinds,
+                          &rule->per_second, &rule->frame_first, &rule->precision, &rule->truncate,
+                          &rule->whole_seconds, &rule->per_second_whole, &l->form, &l->padding,
+                          &l->padding_in_largest, &l->text_only, &l->refuse_empty))
         goto failed;
     l->media_count = (int)PyTuple_GET_SIZE(media);
     l->kind_count = (int)PyTuple_GET_SIZE(kinds);
-    if (l->media_count > MAX_LAYOUT_MEDIA || l->kind_count > MAX_KINDS || !isfinite(l->temporal.per_second) ||
-        (l->temporal.precision != PRECISION_FLOAT32 && l->temporal.precision != PRECISION_FLOAT64) ||
-        l->form < FORM_INT64 || l->form > FORM_TRUNCATED || (l->form == FORM_INT64 && !l->temporal.truncate)) {
+    /* a whole per_second is multiplied in int64: one whose products with any seconds fit */
+    if (l->media_count > MAX_LAYOUT_MEDIA || l->kind_count > MAX_KINDS || !isfinite(rule->per_second) ||
+        rule->precision < 0 || rule->precision > 2 ||
+        (rule->per_second_whole && !(fabs(rule->per_second) < 16777216.0)) || l->form < FORM_INT64 ||
+        l->form > FORM_TRUNCATED || (l->form == FORM_INT64 && !rule->truncate)) {
         PyErr_SetString(PyExc_ValueError, "compile_layout: too many media or kinds, or a rule out of range");
         goto failed;
     }
-    for (int m = 0; m < l->media_count; m++)
+    if (rule->precision == 2)
+        rule->precision = PRECISION_SECONDS;
+    for (int m = 0; m < l->media_count; m++) {
         if (medium_of(PyTuple_GET_ITEM(media, m), &l->medium[m]) < 0)
             goto failed;
+        if (l->medium[m].stamped && (rule->precision == PRECISION_SECONDS || rule->whole_seconds)) {
+            PyErr_SetString(PyExc_ValueError, "compile_layout: stamps are scaled in float32 or float64");
+            goto failed;
+        }
+    }
     int64_t low = INT64_MAX, high = INT64_MIN;
     for (int k = 0; k < l->kind_count; k++) {
         KindSpec *kind = &l->kind[k];
@@ -227,6 +238,41 @@ hold(Reading *c, int k, PyObject *object, Py_ssize_t itemsize, const char *name)
     return 0;
 }
 
+/* The SECONDS_* dtype of a buffer of seconds, or -1. */
+static int
+seconds_type(const Py_buffer *view)
+{
+    const char *format = view->format ? view->format : "B";
+    format += *format == '@' || *format == '=';  /* native order, as numpy leaves it unsaid */
+    if (view->itemsize == 4 && !strcmp(format, "f"))
+        return SECONDS_FLOAT32;
+    if (view->itemsize == 8 && !strcmp(format, "d"))
+        return SECONDS_FLOAT64;
+    if (view->itemsize == 8 && (!strcmp(format, "l") || !strcmp(format, "q")))
+        return SECONDS_INT64;
+    return -1;
+}
+
+/* Timed medium `m`'s seconds held in their dtype (float32, float64 or int64): 1 for one a grid,
+ * 0 for another count, -1 with an exception set. */
+static int
+hold_seconds(Reading *c, int m, PyObject *seconds)
+{
+    const int k = R_MEDIA + MAX_LAYOUT_MEDIA + m;
+    if (PyObject_GetBuffer(seconds, &c->view[k], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return -1;
+    c->held[k] = 1;
+    const int type = seconds_type(&c->view[k]);
+    if (type < 0) {
+        PyErr_Format(PyExc_ValueError, "seconds: float32, float64 or int64, not format '%s'",
+                     c->view[k].format ? c->view[k].format : "B");
+        return -1;
+    }
+    c->read.seconds[m] = c->view[k].buf;
+    c->read.seconds_type[m] = type;
+    return c->view[k].len / c->view[k].itemsize == c->read.given[m];
+}
+
 /* Stamped medium `m`'s stamps held, and where each grid's begin: 1; 0 for stamps that are not one
  * a frame of its grids; -1 with an exception set. Grids without frames leave `stamp_first` NULL
  * (items_media_fit refuses them). */
@@ -292,15 +338,9 @@ reading(Reading *c, const ItemLayout *l, PyObject *ids, Py_ssize_t batch, Py_ssi
             r->media[m] = c->view[R_MEDIA + m].buf;
             r->given[m] = c->view[R_MEDIA + m].len / itemsize;
         }
-        if (l->medium[m].timed && r->given[m]) {
-            if (given_seconds == Py_None)
-                fits = 0;
-            else if (hold(c, R_MEDIA + MAX_LAYOUT_MEDIA + m, given_seconds, 4, "seconds") < 0)
-                return -1;
-            else
-                fits = c->view[R_MEDIA + MAX_LAYOUT_MEDIA + m].len / 4 == r->given[m];
-            r->seconds[m] = fits ? c->view[R_MEDIA + MAX_LAYOUT_MEDIA + m].buf : NULL;
-        }
+        if (l->medium[m].timed && r->given[m] && (fits = given_seconds != Py_None) &&
+            (fits = hold_seconds(c, m, given_seconds)) < 0)
+            return -1;
         if (l->medium[m].stamped && r->given[m] && (fits = hold_stamps(c, m, given_seconds)) < 0)
             return -1;
     }
@@ -613,8 +653,8 @@ const char place_items_doc[] =
 "tokens into `deltas` (same dtype). `ids`: int64 (B, L). Samples: `first` (flat index) and\n"
 "`count` (int64), covering the rows back to back; or, both None, one per row: its valid tokens\n"
 "in `mask` (bool, or None: all). `media`: per medium, int64 (N, 3) grids or (N,) lengths, or\n"
-"None; `seconds`: per timed medium, float32 (N,) seconds per grid, per stamped medium float32\n"
-"time stamps, one a frame, grid after grid, else None. `enabled`: a bit\n"
+"None; `seconds`: per timed medium, float32, float64 or int64 (N,) seconds per grid, per stamped\n"
+"medium float32 time stamps, one a frame, grid after grid, else None. `enabled`: a bit\n"
 "per kind that may occur. `generated`: None, or bool (B, L), 1 where a rollout engine generated\n"
 "the token (int64 forms only): each run of them at its index in the sample plus the delta of\n"
 "what precedes it; a sample ending in one has that delta. Returns 0 when written; 1 where\n"

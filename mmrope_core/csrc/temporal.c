@@ -4,6 +4,24 @@
 
 #include <math.h>
 
+/* The rule for seconds of `seconds_type`, its precision the arithmetic numpy gives them where it
+ * is the seconds' (PRECISION_SECONDS): float seconds keep theirs; whole seconds (integers, or
+ * truncated first) give int64 for a whole per_second, else float64 (float32 multiplying frame
+ * first), as numpy forms per_second * seconds and frame * seconds * per_second. */
+TemporalRule
+temporal_rule_for(const TemporalRule *rule, int seconds_type)
+{
+    TemporalRule resolved = *rule;
+    if (rule->precision != PRECISION_SECONDS)
+        return resolved;
+    if (seconds_type == SECONDS_INT64 || rule->whole_seconds)
+        resolved.precision = rule->per_second_whole ? PRECISION_INT64
+                                                    : (rule->frame_first ? PRECISION_FLOAT32 : PRECISION_FLOAT64);
+    else
+        resolved.precision = seconds_type == SECONDS_FLOAT32 ? PRECISION_FLOAT32 : PRECISION_FLOAT64;
+    return resolved;
+}
+
 /* The rule applied to one grid's seconds; -1 for seconds it cannot scale (negative, not finite,
  * or beyond 2**31 where whole seconds are taken). */
 int

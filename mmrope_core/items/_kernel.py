@@ -18,6 +18,7 @@ from ._read import cut_by
 from ._spec import BAD_MEDIA, EMPTY_SAMPLE, PADDING_INSIDE, PLACED, GridMedia
 
 Arrays = tuple[np.ndarray | None, ...]
+_SECONDS = (torch.float32, torch.float64, torch.int64)  # the dtypes the layout reads seconds in
 
 
 class ItemKernel(RopeKernel):
@@ -26,13 +27,15 @@ class ItemKernel(RopeKernel):
 
     ``keys`` name, for each medium of the layout, the keyword of :meth:`rope_index` that gives
     it: ``{"video": ("clip_grids", "clip_seconds"), "audio": "sound_lengths"}`` (a timed
-    grid medium: its grids' keyword and its seconds'; a stamped one: its grids' and its time
-    stamps', one a frame, grid after grid). ``switches``: other keywords a family's
-    reference takes, which :meth:`layout_for` reads. A family whose reference changes its layout
-    with the inputs (no grids given, a flag) overrides :meth:`layout_for`; one with messages of
-    its own overrides :meth:`explain`. ``reads_generated_mask``: :meth:`rope_index` and
-    :meth:`position_ids` take ``generated_mask`` and place the runs of generated tokens where a
-    rollout engine decodes them (see :meth:`ItemLayout.place`; int64 positions only).
+    grid medium: its grids' keyword and its seconds', a float32 or float64 tensor read in its
+    dtype, integers as int64, a list as float32, as the layout's temporal rule reads them; a
+    stamped one: its grids' and its time stamps', one a frame, grid after grid). ``switches``:
+    other keywords a family's reference takes, which :meth:`layout_for` reads. A family whose
+    reference changes its layout with the inputs (no grids given, a flag) overrides
+    :meth:`layout_for`; one with messages of its own overrides :meth:`explain`.
+    ``reads_generated_mask``: :meth:`rope_index` and :meth:`position_ids` take ``generated_mask``
+    and place the runs of generated tokens where a rollout engine decodes them (see
+    :meth:`ItemLayout.place`; int64 positions only).
 
     Example::
 
@@ -248,8 +251,11 @@ def _grid(key: str, value: Any) -> np.ndarray:
 
 
 def _seconds(key: str, value: Any, medium: str, grid_key: str, grids: int) -> np.ndarray:
-    """A timed medium's seconds per grid as float32, one per grid."""
-    if type(value) is torch.Tensor and value.dtype is torch.float32 and value.dim() == 1 and value.shape[0] == grids \
+    """A timed medium's seconds per grid, one per grid, in the dtype the temporal rule reads:
+    a float32 or float64 tensor's, int64 for integers, float32 for half precision (exactly) and
+    for lists and numbers (as processors give them and :func:`~mmrope_core.media.read_seconds`
+    reads them)."""
+    if type(value) is torch.Tensor and value.dtype in _SECONDS and value.dim() == 1 and value.shape[0] == grids \
             and value.is_cpu and not value.requires_grad and value.is_contiguous():
         return value.numpy()
     if value is None:
@@ -259,7 +265,8 @@ def _seconds(key: str, value: Any, medium: str, grid_key: str, grids: int) -> np
     if value.numel() != grids:
         raise InvalidInputError(f"{key} has {counted(value.numel(), 'value')} for {counted(grids, medium)} in "
                                 f"{grid_key}; pass one value per {medium}")
-    return _host(value.reshape(-1), torch.float32)
+    dtype = value.dtype if value.dtype in _SECONDS else torch.float32 if value.is_floating_point() else torch.int64
+    return _host(value.reshape(-1), dtype)
 
 
 def _stamps(key: str, value: Any, medium: str, grid_key: str, grids: np.ndarray) -> np.ndarray:

@@ -15,6 +15,8 @@ from ..temporal import TemporalRule
 from . import _decode, _place, _read
 from ._spec import FORMS, INTERLEAVES, MAX_KINDS, MAX_MEDIA, RESUMES, GridMedia, ItemKind, Media, SequenceMedia
 
+_PRECISIONS = {"float32": 0, "float64": 1, "seconds": 2}  # the compiled layout's
+
 
 @dataclasses.dataclass(frozen=True)
 class ItemLayout:
@@ -24,7 +26,8 @@ class ItemLayout:
         media: the media items come from, each in the batch's order (:class:`GridMedia`,
             :class:`SequenceMedia`).
         kinds: the kinds of items (:class:`ItemKind`), tried in this order where a key opens.
-        temporal: how grids' frames get their temporal ids.
+        temporal: how grids' frames get their temporal ids (``precision="seconds"`` and
+            ``whole_seconds`` for layouts without stamped media).
         dtype: ``torch.int64``, or ``torch.float32`` where the reference keeps fractions (sums are
             then rounded to float32 as the reference rounds them).
         truncated: float32 positions (and deltas) are written as int64, each truncated toward
@@ -76,9 +79,14 @@ class ItemLayout:
                                  f"its media are {kind.media}")
         if not isinstance(self.temporal, TemporalRule):
             raise ValueError("ItemLayout.temporal must be a TemporalRule")
-        if self.temporal.precision == "seconds" or self.temporal.whole_seconds:
-            raise ValueError("ItemLayout.temporal computes in float32 or float64 from the seconds as given: "
-                             "precision='seconds' and whole_seconds=True are not for media items")
+        rule = self.temporal
+        if (rule.precision == "seconds" or rule.whole_seconds) and any(
+                isinstance(medium, GridMedia) and medium.stamped for medium in self.media):
+            raise ValueError("ItemLayout.temporal scales time stamps in float32 or float64: precision='seconds' and "
+                             "whole_seconds=True are for timed grids, not a layout with stamped media")
+        if rule.precision == "seconds" and isinstance(rule.per_second, int) and rule.per_second >= 2**24:
+            raise ValueError(f"ItemLayout.temporal: a whole per_second multiplies in int64 with precision='seconds'; "
+                             f"it must be below 2**24, got {rule.per_second}")
         if self.dtype not in (torch.int64, torch.float32):
             raise ValueError(f"ItemLayout.dtype must be torch.int64 or torch.float32, got {self.dtype}")
         if self.dtype == torch.int64 and not self.temporal.truncate:
@@ -147,8 +155,10 @@ class ItemLayout:
                 sample per row.
             media: per medium, in :attr:`media`'s order: int64 ``(N, 3)`` grids or ``(N,)``
                 sequence lengths, or None.
-            seconds: per medium: float32 ``(N,)`` seconds per grid of a timed grid medium, float32
-                time stamps of a stamped one (one a frame, grid after grid), else None.
+            seconds: per medium: float32, float64 or int64 ``(N,)`` seconds per grid of a timed grid
+                medium (the temporal rule computes from them in their dtype, see
+                :class:`~mmrope_core.temporal.TemporalRule`), float32 time stamps of a stamped one
+                (one a frame, grid after grid), else None.
             deltas: written, ``(S,)`` in :attr:`out_dtype`: each sample's largest position + 1 - its tokens.
             enabled: the kinds that may occur (:meth:`enabled`).
             threads: at most this many threads share the work.
@@ -225,8 +235,9 @@ class ItemLayout:
                           RESUMES[kind.resume], exclusive, kind.whole_run, kind.inside))
         rule = self.temporal
         layout = native.compile_layout(
-            media, tuple(specs), (float(rule.per_second), rule.order == "frame_first", int(rule.precision == "float64"),
-                                  rule.truncate),
+            media, tuple(specs), (float(rule.per_second), rule.order == "frame_first", _PRECISIONS[rule.precision],
+                                  rule.truncate, rule.whole_seconds,
+                                  rule.precision == "seconds" and isinstance(rule.per_second, int)),
             (FORMS[self.float32, self.truncated], float(self.padding), self.padding_in_largest, self.text_only,
              not self.empty_samples))
         object.__setattr__(self, "_compiled", layout)

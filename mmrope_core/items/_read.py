@@ -14,6 +14,7 @@ from ..errors import counted
 from ._spec import BAD_MEDIA, EMPTY_SAMPLE, MAX_SECONDS, MISMATCH, PADDING_INSIDE, PLACED, GridMedia, SequenceMedia
 
 if TYPE_CHECKING:
+    from ..temporal import TemporalRule
     from ._layout import ItemLayout
 
 _INT64 = 2**63
@@ -60,15 +61,35 @@ class Reading:
     per_sample: list[list[tuple[Item, int, int]]] = dataclasses.field(default_factory=list)
 
 
-def temporal(layout: ItemLayout, seconds: float, frames: np.ndarray) -> np.ndarray:
-    """Frames' temporal ids (float64 values) under the layout's rule, as ``temporal.c`` computes
+def arithmetic(rule: TemporalRule, seconds: np.dtype) -> str:
+    """What ``rule`` multiplies seconds of dtype ``seconds`` in (``"float32"``, ``"float64"`` or
+    ``"int64"``), as ``temporal_rule_for`` (temporal.c) decides: for the seconds' precision,
+    float seconds keep theirs; whole seconds (integers, or truncated first) give int64 for a whole
+    ``per_second``, else float64 (float32 multiplying frame first), as numpy multiplies them."""
+    if rule.precision != "seconds":
+        return rule.precision
+    if rule.whole_seconds or seconds.kind != "f":
+        return "int64" if isinstance(rule.per_second, int) else "float32" if rule.order == "frame_first" else "float64"
+    return "float32" if seconds == np.float32 else "float64"
+
+
+def temporal(layout: ItemLayout, seconds: np.generic | None, frames: np.ndarray) -> np.ndarray:
+    """Frames' temporal ids (float64 values) under the layout's rule for a grid's seconds (a
+    numpy scalar of their dtype; None: untimed, one whole second), as ``temporal.c`` computes
     them."""
     rule = layout.temporal
-    if rule.precision == "float32":
-        index, s, p = frames.astype(np.float32), np.float32(seconds), np.float32(rule.per_second)
+    given = np.int64(1) if seconds is None else seconds
+    precision = arithmetic(rule, given.dtype)
+    if rule.whole_seconds:
+        given = np.int64(given)  # truncated toward zero
+    values: np.ndarray
+    if precision == "int64":  # exact factors, so the product rounds as the exact one would
+        values = frames.astype(np.float64) * float(int(rule.per_second) * int(given))
+    elif precision == "float32":
+        index, s, p = frames.astype(np.float32), np.float32(given), np.float32(rule.per_second)
         values = ((index * s) * p if rule.order == "frame_first" else index * (p * s)).astype(np.float64)
     else:
-        index, s, p = frames.astype(np.float64), float(np.float32(seconds)), float(rule.per_second)
+        index, s, p = frames.astype(np.float64), float(given), float(rule.per_second)
         values = (index * s) * p if rule.order == "frame_first" else index * (p * s)
     if rule.truncate:
         with np.errstate(invalid="ignore"):
@@ -106,7 +127,7 @@ def grid_temporal(layout: ItemLayout, medium: int, index: int, media: Sequence[A
         first = int(starts[medium][index])  # type: ignore[index]
         return stamped_temporal(layout, given[first + frames])
     timed = isinstance(spec, GridMedia) and spec.timed and given is not None
-    return temporal(layout, float(given[index]) if timed else 1.0, frames)
+    return temporal(layout, given[index] if timed else None, frames)
 
 
 def media_problem(layout: ItemLayout, media: Sequence[np.ndarray | None], seconds: Sequence[np.ndarray | None]) -> str:
@@ -158,6 +179,8 @@ def _sizes(layout: ItemLayout, ids: np.ndarray, mask: Any, first: Any, count: An
     for medium, values, given in zip(layout.media, media, seconds):
         if fits and isinstance(medium, GridMedia) and medium.timed and values is not None and len(values):
             fits = given is not None and given.shape == (len(values),)
+            if fits and given.dtype not in (np.float32, np.float64, np.int64):
+                raise ValueError(f"seconds: float32, float64 or int64, not {given.dtype}")
         if fits and isinstance(medium, GridMedia) and medium.stamped and values is not None and len(values):
             frames = values[:, 0].tolist()  # Python ints: a sum that cannot wrap
             fits = given is not None and given.ndim == 1 and (min(frames) < 1 or sum(frames) == given.shape[0])

@@ -31,11 +31,14 @@ class GridMedia:
     Attributes:
         name: what kinds and messages call it, e.g. ``"video"``.
         merge: patches merged per side.
-        timed: each grid comes with its seconds per grid, which scale its temporal ids (see
-            :class:`TemporalRule`); untimed grids count one second each.
+        timed: each grid comes with its seconds per grid (float32, float64 or int64), which
+            scale its temporal ids (see :class:`TemporalRule`; ``precision="seconds"`` computes in
+            the arithmetic their dtype gives); untimed grids count one whole second each (an int64
+            1 for ``precision="seconds"``).
         stamped: each frame comes with its own time stamp, in seconds from its grid's start (not
             decreasing within a grid): frame ``f`` takes the rule applied to its stamp, as
-            if the stamp were ``f * seconds``. A grid is timed or stamped, not both.
+            if the stamp were ``f * seconds`` (a float32 or float64 rule, without
+            ``whole_seconds``). A grid is timed or stamped, not both.
         per_frame: each frame is an item of its own (a processor writes text, a time stamp,
             between frames): each item taking this medium takes the next frame, of the current
             grid then of the next, placed as a grid of one frame ``(1, h, w)``. Untimed and
