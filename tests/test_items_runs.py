@@ -214,6 +214,8 @@ def test_each_refusal_says_what_and_where(loops, monkeypatch):
         items.rope_index(torch.tensor([[5, *frame, 6, *frame]]), video_grid_thw=torch.tensor([[3, 2, 4]]))
     with pytest.raises(PlaceholderMismatchError, match="takes video frame 2 of the batch, but 2 video frames are"):
         items.rope_index(torch.tensor([[5, *frame, 6, *frame, 7, *frame]]), video_grid_thw=torch.tensor([[2, 2, 4]]))
+    with pytest.raises(PlaceholderMismatchError, match="takes video frame 0 of the batch, but 0 video frames are"):
+        items.rope_index(torch.tensor([[5, *frame, 6, 7]]), cu_seqlens=torch.tensor([0, 2, 5]))  # no grids at all
 
 
 @pytest.mark.parametrize("build, message", [

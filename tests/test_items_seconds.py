@@ -139,7 +139,7 @@ def test_bad_seconds_are_refused_as_the_run_kernel_refuses_them(bad, loops, monk
     for rule in RULES:
         runs, items = kernels(dataclasses.replace(rule, per_second=2), 2, timed=True)
         with pytest.raises(InvalidInputError) as refused:
-            runs.check(ids, **media)  # what its step-by-step path raises (its compiled one reads no limit)
+            runs.check(ids, **media)  # the runs kernel's typed error
         with pytest.raises(type(refused.value)):
             items.rope_index(ids, **media)
         with pytest.raises(type(refused.value)):

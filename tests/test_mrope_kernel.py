@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from mmrope_core import InvalidInputError, PlaceholderMismatchError
+from mmrope_core import InvalidInputError, PlaceholderMismatchError, compiled
 from mmrope_core.mrope import MediaGrids, MediaKind, check_placeholders, mrope_position_ids, mrope_positions
 
 GRIDS = {1: MediaGrids(torch.tensor([[1, 4, 4]]))}
@@ -126,32 +126,6 @@ def test_packed_segments_restart_where_they_lie():
         assert torch.equal(deltas[k], want_delta[0]), f"segment {k}"
 
 
-def test_packed_steps_write_each_token_once_or_alike():
-    """Where one segment ends and the next begins, the kernel writes one step (torch's scatter on
-    other devices keeps an arbitrary one of several values written to one place)."""
-    import numpy as np
-
-    from mmrope_core.mrope._positions import _in_segments
-    from mmrope_core.mrope._write import RunLayout, _steps
-    from mmrope_core.mrope._runs import grids_of_runs, scan
-
-    rng = random.Random("packed steps")
-    for index in range(100):
-        if index:
-            segments, grids = random_packed_row(rng, 4)
-        else:  # the row of test_packed_segments_restart_where_they_lie
-            segments = [[1] * 4 + [0, 0], [2] * 4, [0] + [1] * 4, [2] * 4 + [0]]
-            grids = ([(1, 4, 4)] * 2, [(2, 2, 4)] * 2, [1.0, 1.0])
-        row = torch.tensor([[t for segment in segments for t in segment]], dtype=torch.int8)
-        cu_seqlens = torch.tensor([0, *map(len, segments)]).cumsum(0)
-        runs, spans, _ = _in_segments(scan(row, padded=False)[0], row.shape, None, cu_seqlens)
-        matched = grids_of_runs(runs, KINDS, media(*grids), 2)
-        layout = RunLayout.of(runs, matched.grid, matched.scaled, spans, 2)
-        where, steps = _steps(runs, layout, spans, row.shape[1])
-        for token in np.unique(where):
-            assert len({tuple(step) for step in steps[:, where == token].T}) == 1, f"row {index}, token {token}"
-
-
 def random_packed_row(rng, count):
     """``count`` segments of :func:`random_segment`, none beginning with a run of the kind the
     previous one ends with, and their grids."""
@@ -241,8 +215,8 @@ def test_a_rollout_convention_is_the_variant_its_plugin_gives():
     assert binding.kernel.family is variant
 
 
-@pytest.mark.parametrize("fused", [True, False], ids=["compiled call", "step by step"])
-def test_the_kernel_reads_the_keys_its_family_declares(fused):
+@pytest.mark.parametrize("loops", [True, False], ids=["compiled", "numpy"])
+def test_the_kernel_reads_the_keys_its_family_declares(loops, monkeypatch):
     """The core knows no key names: a family that calls its media otherwise is read, probed and
     checked by those names, and its errors name them."""
     import dataclasses
@@ -254,8 +228,8 @@ def test_the_kernel_reads_the_keys_its_family_declares(fused):
     processors = dataclasses.replace(ours, image_key="image_grid_thw", video_key="video_grid_thw",
                                      seconds_key="second_per_grid_ts")
     kernel, reference = MropeKernel(ours), MropeKernel(processors)
-    if not fused:
-        kernel._fused = None
+    if not loops:
+        monkeypatch.setattr(compiled, "native", None)
     assert kernel.input_keys == ("pictures", "clips", "clip_seconds")
     ids = torch.tensor([[1, 5, 5, 5, 5, 2] + [6] * 8 + [3]])
     images, videos, seconds = torch.tensor([[1, 4, 4]]), torch.tensor([[2, 4, 4]]), torch.tensor([0.7])

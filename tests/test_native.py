@@ -1,8 +1,9 @@
-"""The compiled CPU loops (``mmrope_core._native``) against the torch and numpy passes they stand
-in for, which devices other than the CPU still take: same positions, token types, change points
-and mask readings, the same errors, whatever the number of threads; and the item primitives
-called directly (layouts as the extension takes them, statuses, arrays it refuses, forks)."""
+"""The compiled CPU loops (``mmrope_core._native``) against the numpy and torch passes they stand
+in for: same positions, token types, change points and mask readings, the same errors, whatever
+the number of threads; and the item primitives called directly (layouts as the extension takes
+them, statuses, arrays it refuses, forks)."""
 
+import contextlib
 import multiprocessing
 import random
 import threading
@@ -14,11 +15,12 @@ import torch
 from mmrope_core import InvalidInputError, _native, compiled
 from mmrope_core.inputs import _read_cpu_mask, _read_device_mask, as_batch
 from mmrope_core.arrays import change_points
-from mmrope_core.mrope import MropeFamily, MropeKernel, TemporalRule, TokenTypeMap
-from mmrope_core.mrope._positions import _coded, _compact, _in_segments, _small_int
-from mmrope_core.mrope._write import counted_on, written_from_runs
-from mmrope_core.mrope._runs import grids_of_runs, scan
-from test_mrope_kernel import KINDS, generated, media, random_packed_row
+from mmrope_core.mrope import MropeFamily, MropeKernel, TemporalRule, TokenTypeMap, mrope_positions
+from mmrope_core.mrope._positions import _coded
+from test_mrope_kernel import KINDS, media
+
+
+compiled_only = pytest.mark.mmrope_applies(compiled.native is not None, "the compiled loops")
 
 
 @pytest.fixture
@@ -31,57 +33,16 @@ def four_threads():
     torch.set_num_threads(before)
 
 
-def matched_runs(types, mask, grids, cu_seqlens=None):
-    """What ``place`` is handed for a batch: its code and mask, runs, spans and matched grids."""
-    types = _small_int(types)
-    code = _coded(types, mask)
-    runs, spans = scan(code, padded=mask is not None)
-    if spans is None:  # padding inside samples: the kernel places the compacted batch
-        types, mask, _ = _compact(types, mask)
-        code = _coded(types, mask)
-        runs, spans = scan(code)
-    if cu_seqlens is not None:
-        runs, spans, _ = _in_segments(runs, code.shape, mask, cu_seqlens)
-    return code, mask, runs, spans, grids_of_runs(runs, KINDS, grids, 2)
-
-
-def both_ways(code, mask, runs, spans, matched, text_row, resume_past_frames=False):
-    """Positions and deltas written from the runs (the CPU's way), and counted on in torch passes
-    (other devices' way, run here on the CPU); text after a run resumes past its frames too with
-    ``resume_past_frames`` (vLLM's rule)."""
-    written = written_from_runs(runs, spans, matched.grid, matched.scaled, 2, code.shape, text_row=text_row,
-                                resume_past_frames=resume_past_frames)
-    counted = counted_on(code, mask, runs, spans, matched.grid, matched.scaled, 2, text_row=text_row,
-                         resume_past_frames=resume_past_frames)
-    return written, counted
-
-
-def assert_same(written, counted, where):
-    (positions, deltas), (expected, expected_deltas) = written, counted
-    assert torch.equal(positions, expected), where
-    assert (deltas is None and expected_deltas is None) or torch.equal(deltas, expected_deltas), where
-
-
-@pytest.mark.parametrize("resume_past_frames", [False, True])
-@pytest.mark.parametrize("text_row", [False, True])
-@pytest.mark.parametrize("mask_style", ["padded", "none", "holes"])
-def test_positions_written_from_runs_equal_the_torch_passes(mask_style, text_row, resume_past_frames):
-    rng = random.Random(f"native rows {mask_style} {text_row}")
-    for index in range(150):
-        types, mask, grids = generated(rng, mask_style)
-        assert_same(*both_ways(*matched_runs(types, mask, grids), text_row, resume_past_frames), f"batch {index}")
-
-
-@pytest.mark.parametrize("resume_past_frames", [False, True])
-@pytest.mark.parametrize("text_row", [False, True])
-def test_packed_positions_written_from_runs_equal_the_torch_passes(text_row, resume_past_frames):
-    rng = random.Random(f"native packed {text_row}")
-    for index in range(150):
-        segments, grids = random_packed_row(rng, rng.randint(1, 6))
-        row = torch.tensor([[t for segment in segments for t in segment]], dtype=torch.int8)
-        cu_seqlens = torch.tensor([0, *map(len, segments)]).cumsum(0)
-        assert_same(*both_ways(*matched_runs(row, None, media(*grids), cu_seqlens), text_row, resume_past_frames),
-                    f"row {index}")
+@contextlib.contextmanager
+def loops(on):
+    """The compiled loops switched on or off for the calls inside."""
+    before = compiled.native
+    if not on:
+        compiled.native = None
+    try:
+        yield
+    finally:
+        compiled.native = before
 
 
 def long_batch(rows, length):
@@ -106,29 +67,22 @@ def long_batch(rows, length):
     return types, mask, media(grids[1], grids[2], scales)
 
 
-@pytest.mark.parametrize("text_row", [False, True])
-def test_rows_shared_among_threads_equal_the_torch_passes(text_row):
-    batch = matched_runs(*long_batch(5, 40_000))
-    counted = both_ways(*batch, text_row)[1]
-    before = torch.get_num_threads()
-    try:
-        for threads in (1, 2, 3, 8):
-            torch.set_num_threads(threads)
-            assert_same(both_ways(*batch, text_row)[0], counted, f"{threads} threads")
-    finally:
-        torch.set_num_threads(before)
+def long_positions(batch):
+    types, mask, grids = batch
+    return mrope_positions(types, mask, KINDS, grids, spatial_merge_size=2)
 
 
+@compiled_only
 def test_calls_from_several_threads_at_once_do_not_mix(four_threads):
     """The loops run without the GIL; each call writes only its own output."""
-    batches = [matched_runs(*long_batch(3, 30_000 + 1000 * k)) for k in range(4)]
-    expected = [both_ways(*batch, False)[1] for batch in batches]
+    batches = [long_batch(3, 30_000 + 1000 * k) for k in range(4)]
+    with loops(False):
+        expected = [long_positions(batch) for batch in batches]
     found = [[] for _ in batches]
 
     def work(k):
-        code, _, runs, spans, matched = batches[k]
         for _ in range(5):
-            found[k].append(written_from_runs(runs, spans, matched.grid, matched.scaled, 2, code.shape))
+            found[k].append(long_positions(batches[k]))
 
     threads = [threading.Thread(target=work, args=(k,)) for k in range(len(batches))]
     for thread in threads:
@@ -137,16 +91,16 @@ def test_calls_from_several_threads_at_once_do_not_mix(four_threads):
         thread.join()
     for k in range(len(batches)):
         for written in found[k]:
-            assert_same(written, expected[k], f"batch {k}")
+            assert all(torch.equal(a, b) for a, b in zip(written, expected[k])), f"batch {k}"
 
 
 def positions_and_token_types(threads):
     """A long batch's positions, and the token types of long rows read by ``threads`` threads."""
-    code, _, runs, spans, matched = matched_runs(*long_batch(4, 40_000))
+    positions = long_positions(long_batch(4, 40_000))[0]
     ids = torch.arange(4 * 70_000).reshape(4, 70_000) % 1000
     types = torch.empty(ids.shape, dtype=torch.int8)
     _native.token_types(ids.numpy(), 8, 4, 70_000, (7, 11), (1, 2), types.numpy(), threads)
-    return written_from_runs(runs, spans, matched.grid, matched.scaled, 2, code.shape)[0], types
+    return positions, types
 
 
 def in_a_data_loader_worker(threads):
@@ -154,6 +108,7 @@ def in_a_data_loader_worker(threads):
     return positions_and_token_types(threads)
 
 
+@compiled_only
 def test_a_forked_process_computes_positions_after_its_parent_did(four_threads):
     """Data-loader workers fork the trainer: the threads of a call are gone when it returns, so a
     child can start its own."""
@@ -161,47 +116,6 @@ def test_a_forked_process_computes_positions_after_its_parent_did(four_threads):
     with multiprocessing.get_context("fork").Pool(1) as pool:
         in_child = pool.apply_async(in_a_data_loader_worker, (4,)).get(timeout=120)
     assert all(torch.equal(child, parent) for child, parent in zip(in_child, in_parent))
-
-
-def layout_arrays(**changes):
-    """The arguments of ``_native.positions`` for a 2 x 6 batch: a sample per row, an image run of
-    2 x 2 merged tokens in the first."""
-    arrays = dict(first=[0, 6], count=[6, 6], start=[1], length=[4], sample=[0], height=[2], width=[2], frames=[1],
-                  temporal=[0])
-    arrays.update(changes)
-    return [np.array(arrays[name], dtype=np.int64) for name in
-            ("first", "count", "start", "length", "sample", "height", "width", "frames", "temporal")]
-
-
-@pytest.mark.parametrize("changes, message", [
-    ({}, None),
-    (dict(first=[0, 3]), "sample 1 .* overlaps another"),
-    (dict(count=[6, 7]), "sample 1 .* leaves its row"),
-    (dict(first=[4, 6]), "sample 0 .* leaves its row"),
-    (dict(start=[4]), "run 0 does not fit its sample 0"),
-    (dict(length=[3]), "run 0 does not fit"),
-    (dict(frames=[2]), "run 0 does not fit"),
-    (dict(temporal=[]), "run 0 does not fit"),
-    (dict(sample=[1]), "run 0 does not fit its sample 1"),
-    (dict(sample=[2]), "run 0 belongs to no sample"),
-    (dict(height=[2, 2]), "sizes do not fit"),
-])
-def test_positions_refuse_a_layout_that_does_not_hang_together(changes, message):
-    out, deltas = np.empty((3, 2, 6), dtype=np.int64), np.empty(2, dtype=np.int64)
-    arguments = (out, 2, 6, False, *layout_arrays(**changes), deltas, 1)
-    if message is None:
-        _native.positions(*arguments)
-        assert out[2, 0].tolist() == [0, 1, 2, 1, 2, 3] and deltas.tolist() == [-2, 0]
-    else:
-        with pytest.raises(ValueError, match=message):
-            _native.positions(*arguments)
-
-
-def test_positions_refuse_outputs_they_cannot_write():
-    out = np.empty((3, 2, 6), dtype=np.int64)
-    out.flags.writeable = False
-    with pytest.raises((ValueError, BufferError), match="read-only"):
-        _native.positions(out, 2, 6, False, *layout_arrays(), None, 1)
 
 
 def by_comparison(ids, types):
@@ -304,7 +218,7 @@ def test_a_mask_value_is_named_where_it_first_occurs(four_threads):
         as_batch(torch.zeros(3, 200_000, dtype=torch.int64), mask)
 
 
-# -- the fused call: one compiled read of the token ids for the Qwen-style kernel -------------------
+# -- the kernel of placeholder runs, with the compiled loops and without -------------------------------
 
 IMAGE, VIDEO, BEGIN, END, PAD = 151655, 151656, 151652, 151653, 151643
 
@@ -346,14 +260,6 @@ FAMILIES = {
                                            resume_past_frames=True),
     "float32 rule": keyed("My-VL", 2, IMAGE, VIDEO, temporal=timed(1.3, precision="float32")),
 }
-
-
-def fused_and_stepwise(family):
-    """The kernel, and the same kernel with the compiled call switched off."""
-    fused, stepwise = MropeKernel(family), MropeKernel(family)
-    stepwise._fused = None
-    assert fused._fused is not None
-    return fused, stepwise
 
 
 def random_sample(rng, family, grids, seconds, open_end=False):
@@ -431,26 +337,26 @@ def assert_same_outcome(found, expected, where):
         assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want), where
 
 
-def assert_both_paths_agree(family, ids, mask, inputs, where, *, fused_expected=True):
-    fused, stepwise = fused_and_stepwise(family)
+def assert_both_paths_agree(family, ids, mask, inputs, where):
+    """The kernel gives the same results, or raises the same error, with the compiled loops and
+    without them."""
+    kernel = MropeKernel(family)
     for method in ("rope_index", "position_ids"):
-        call = dict(inputs)
-        assert_same_outcome(outcome(getattr(fused, method), ids, mask, **call),
-                            outcome(getattr(stepwise, method), ids, mask, **call), f"{where}, {method}")
-        cu_seqlens = call.pop("cu_seqlens", None)
-        written = fused._fused(method == "position_ids", ids, mask, cu_seqlens, call)
-        assert (written is not None) == fused_expected, f"{where}, {method}: the compiled call took it or not"
+        with loops(True):
+            compiled_outcome = outcome(getattr(kernel, method), ids, mask, **inputs)
+        with loops(False):
+            numpy_outcome = outcome(getattr(kernel, method), ids, mask, **inputs)
+        assert_same_outcome(compiled_outcome, numpy_outcome, f"{where}, {method}")
 
 
-compiled_only = pytest.mark.mmrope_applies(compiled.native is not None, "the compiled loops")
 
 
 @compiled_only
 @pytest.mark.parametrize("name", FAMILIES)
 @pytest.mark.parametrize("ids_dtype", [torch.int64, torch.int32])
-def test_the_fused_call_equals_the_step_by_step_path(name, ids_dtype):
+def test_the_compiled_loops_equal_the_numpy_path(name, ids_dtype):
     family = FAMILIES[name]
-    rng = random.Random(f"fused {name} {ids_dtype}")
+    rng = random.Random(f"loops {name} {ids_dtype}")
     for index in range(120):
         seconds_dtype = rng.choice((torch.float32, torch.float64))
         ids, mask, inputs = random_inputs(rng, family, ids_dtype=ids_dtype, seconds_dtype=seconds_dtype)
@@ -459,11 +365,11 @@ def test_the_fused_call_equals_the_step_by_step_path(name, ids_dtype):
 
 @compiled_only
 @pytest.mark.parametrize("name", FAMILIES)
-def test_the_fused_call_equals_the_step_by_step_path_on_packed_rows(name):
+def test_the_compiled_loops_equal_the_numpy_path_on_packed_rows(name):
     """Segments back to back in one row, videos in float32 and float64 seconds; GLM segments that
     leave a video open do not turn the next segment's images into video."""
     family = FAMILIES[name]
-    rng = random.Random(f"fused packed {name}")
+    rng = random.Random(f"packed {name}")
     for index in range(120):
         ids, _, inputs = random_inputs(rng, family, packed=True,
                                        seconds_dtype=rng.choice((torch.float32, torch.float64)))
@@ -482,8 +388,7 @@ def test_glm_markers_are_counted_from_each_row_and_segment_start():
     ids = torch.tensor([opened + images])
     # in one row the image after the open video is its second frame
     assert_both_paths_agree(family, ids, None, {"video_grid_thw": torch.tensor([[2, 4, 4]])}, "one row")
-    assert_both_paths_agree(family, ids, None, {"image_grid_thw": image, "video_grid_thw": video}, "one row, mismatch",
-                            fused_expected=False)
+    assert_both_paths_agree(family, ids, None, {"image_grid_thw": image, "video_grid_thw": video}, "one row, mismatch")
     packed = {"image_grid_thw": image, "video_grid_thw": video, "cu_seqlens": torch.tensor([0, 7, 13])}
     assert_both_paths_agree(family, ids, None, packed, "two segments")
     batch = torch.tensor([opened, images + [PAD]])
@@ -496,8 +401,8 @@ def test_glm_markers_are_counted_from_each_row_and_segment_start():
     "int32 grid", "float16 seconds", "seconds as a list", "negative seconds", "nan seconds", "seconds too few",
     "packed batch of two rows", "packed with a mask", "bounds not reaching the end", "a run cut by a segment",
 ])
-def test_the_fused_call_hands_unusual_inputs_to_the_step_by_step_path(case):
-    """Each is handed back: the step-by-step path then computes it, or raises its typed error."""
+def test_unusual_inputs_give_the_same_outcome_on_both_paths(case):
+    """Each is placed alike, or refused with the same typed error."""
     image, video, pad = 1001, 1002, 1000  # ids that int16 holds
     family = keyed("Qwen2.5-VL", 2, image, video, temporal=timed(2.0))
     ids = torch.tensor([[11, 12] + [image] * 4 + [13] + [video] * 8 + [14, pad]])
@@ -540,37 +445,14 @@ def test_the_fused_call_hands_unusual_inputs_to_the_step_by_step_path(case):
         mask, inputs["cu_seqlens"] = None, torch.tensor([0, 5])
     elif case == "a run cut by a segment":
         mask, inputs["cu_seqlens"] = None, torch.tensor([0, 4, ids.shape[1]])
-    assert_both_paths_agree(family, ids, mask, inputs, case, fused_expected=False)
-
-
-@compiled_only
-def test_the_fused_call_says_why_it_hands_a_batch_back():
-    """Its status: 1 where runs and grids disagree, 2 for padding inside a sample, 3 for the rest."""
-    kernel = MropeKernel(FAMILIES["qwen2"])
-    ids = torch.tensor([[11] + [IMAGE] * 4 + [12, 13]])
-    grid = torch.tensor([[1, 4, 4]]).numpy()
-
-    def status(ids, mask=None, grid=grid, bounds=None):
-        out = np.empty((3, *ids.shape), dtype=np.int64)
-        deltas = np.empty(ids.shape[0] if bounds is None else bounds.size - 1, dtype=np.int64)
-        return _native.mrope_fused(out, deltas, False, ids.numpy(), 8, *ids.shape,
-                                   None if mask is None else mask.numpy(), bounds, (grid, None), None,
-                                   kernel._fused.spec, 1)
-
-    assert status(ids) == 0
-    assert status(ids, grid=torch.tensor([[1, 4, 2]]).numpy()) == 1
-    assert status(ids, grid=None) == 1
-    assert status(ids, torch.tensor([[True, True, False, True, True, True, True]])) == 2
-    assert status(ids, bounds=np.array([0, 3], dtype=np.int64)) == 3
-    assert status(ids, bounds=np.array([0, 3, 7], dtype=np.int64)) == 1  # the image cut in two
-    assert status(ids, bounds=np.array([0, 6, 7], dtype=np.int64)) == 0
+    assert_both_paths_agree(family, ids, mask, inputs, case)
 
 
 @compiled_only
 @pytest.mark.parametrize("text_row", [False, True])
-def test_the_fused_call_shares_long_rows_among_threads(text_row):
+def test_the_kernel_shares_long_rows_among_threads(text_row):
     family = FAMILIES["qwen2.5"]
-    rng = random.Random(f"fused threads {text_row}")
+    rng = random.Random(f"threads {text_row}")
     rows, grids, seconds = [], ([], []), []
     for _ in range(5):
         row = []
@@ -597,7 +479,7 @@ def test_the_fused_call_shares_long_rows_among_threads(text_row):
 @pytest.mark.parametrize("name", ["qwen2.5", "qwen2.5 int", "qwen2.5 odd rate", "qwen2.5 whole", "qwen2.5 sglang",
                                   "qwen2.5 sglang odd rate", "float32 rule"])
 @pytest.mark.parametrize("seconds_dtype", [torch.float32, torch.float64])
-def test_the_fused_call_rounds_temporal_ids_in_the_scales_dtype(name, seconds_dtype):
+def test_the_kernel_rounds_temporal_ids_in_the_scales_dtype(name, seconds_dtype):
     """Seconds per grid of real frame rates, where frame * scale truncates differently in float32
     than in float64 for some frames: each video's temporal ids are rounded in the dtype numpy
     (and torch) multiply in."""

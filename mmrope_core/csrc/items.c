@@ -72,8 +72,10 @@ items_scale(const ItemRead *r, int medium, int64_t index, TemporalScale *scale, 
     const MediumSpec *spec = &r->layout->medium[medium];
     *stamps = spec->stamped ? (const float *)r->seconds[medium] + r->stamp_first[medium][index] : NULL;
     const double seconds = spec->timed ? seconds_of(r, medium, index) : 1.0;
-    const TemporalRule rule = temporal_rule_for(&r->layout->temporal,
-                                                spec->timed ? r->seconds_type[medium] : SECONDS_INT64);
+    static const TemporalRule frame_index = {1.0, 0, PRECISION_INT64, 1, 0, 1};
+    const TemporalRule rule = spec->unscaled ? frame_index
+                                             : temporal_rule_for(&r->layout->temporal,
+                                                                 spec->timed ? r->seconds_type[medium] : SECONDS_INT64);
     return temporal_scale(&rule, seconds, scale);
 }
 

@@ -6,8 +6,6 @@ static PyMethodDef methods[] = {
     {"coded", coded, METH_VARARGS, coded_doc},
     {"changes", changes, METH_O, changes_doc},
     {"token_types", token_types, METH_VARARGS, token_types_doc},
-    {"positions", positions, METH_VARARGS, positions_doc},
-    {"mrope_fused", mrope_fused, METH_VARARGS, mrope_fused_doc},
     {"compile_layout", compile_layout, METH_VARARGS, compile_layout_doc},
     {"find_items", find_items, METH_VARARGS, find_items_doc},
     {"place_items", place_items, METH_VARARGS, place_items_doc},

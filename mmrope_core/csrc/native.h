@@ -3,17 +3,14 @@
  * Family-neutral primitives, each in a file of its own:
  * - common.c: buffers, and threads started and joined within a call;
  * - masks.c: reading attention masks (0/1 checks, spans of valid tokens, coded types, changes);
- * - tokens.c: reading token ids (media types, counts, markers);
- * - runs.c: finding runs of placeholder tokens;
+ * - tokens.c: reading token ids (media types, counts);
  * - items.c: finding media items between marker tokens, checked against their media;
  * - media (native.h): the tokens a grid or a sequence of frames takes;
  * - temporal.c: temporal ids, scaled and truncated by a rule given as data;
  * - blocks.c: writing blocks of positions (ramps, fills, t/h/w grids) in int64 or float32;
  * - interleave.c: merging a grid's frames and a sequence's tokens by time;
- * - rows.c: writing positions from runs, row by row;
  * - place.c: placing media items by a layout given as data (composing the above);
  * - decode.c: generated tokens placed where a rollout engine decodes them;
- * - fused.c: the run-based kernel's common case in one call;
  * - module.c: the module's functions.
  * Buffers are acquired and checked with the GIL held; the loops run without it, on threads
  * started and joined within each call for large batches, so calls may overlap and a fork finds
@@ -86,23 +83,8 @@ void type_rows_64(const int64_t *ids, int8_t *types, Py_ssize_t first, Py_ssize_
 void type_rows_32(const int32_t *ids, int8_t *types, Py_ssize_t first, Py_ssize_t end, const int64_t *token,
                   const int8_t *type, Py_ssize_t count);
 int64_t count_token(const int64_t *ids, int64_t count, int64_t token);
-int any_equal(const char *ids, Py_ssize_t itemsize, Py_ssize_t count, int64_t value);
-void between_markers(const char *ids, Py_ssize_t itemsize, int8_t *types, Py_ssize_t begin, Py_ssize_t end,
-                     int64_t opens, int64_t closes);
 PyObject *token_types(PyObject *module, PyObject *args);
 extern const char token_types_doc[];
-
-/* ---- runs.c ------------------------------------------------------------------------------ */
-
-typedef struct {
-    int64_t *start, *length, *sample;
-    int8_t *type;
-    Py_ssize_t size, capacity;
-} Runs;
-
-int runs_append(Runs *runs, int64_t start, int64_t length, int8_t type, int64_t sample);
-int runs_scan(const int8_t *types, Py_ssize_t begin, Py_ssize_t end, int64_t row_start, int64_t sample, Runs *runs);
-int runs_join(Runs *joined, Runs *parts, Py_ssize_t count);
 
 /* ---- temporal.c -------------------------------------------------------------------------- */
 
@@ -319,25 +301,6 @@ enum { INTERLEAVE_NONE, INTERLEAVE_TIME, INTERLEAVE_CHUNKS, INTERLEAVE_GROUPS };
 double interleave(int rule, int64_t chunk, int form, char *const row[3], int64_t at, GridBlock *g,
                   int64_t sequence_tokens);
 
-/* ---- rows.c ------------------------------------------------------------------------------ */
-
-/* Samples and the media runs in them, in reading order, as rows.c writes them. */
-typedef struct {
-    const int64_t *first, *count;  /* samples: flat index of the first token, number of tokens */
-    Py_ssize_t samples;
-    const int64_t *start, *length, *height, *width, *frames;  /* runs, in reading order */
-    const int64_t *temporal;  /* each frame's temporal id, run after run */
-    /* worked out by lay_out: */
-    int64_t *position;  /* each run's first position */
-    int64_t *frame_start;  /* where each run's temporal ids begin in `temporal` */
-    Py_ssize_t *first_run;  /* the runs of sample s: first_run[s] to first_run[s + 1] */
-    int past_frames;  /* text after a run resumes past its largest position on any axis */
-} RunLayout;
-
-int lay_out(RunLayout *layout, Py_ssize_t runs, const int64_t *run_sample, Py_ssize_t frames_given, Py_ssize_t batch,
-            Py_ssize_t length, int64_t *deltas);
-void write_rows(int64_t *out, const RunLayout *layout, Py_ssize_t batch, Py_ssize_t length, int text_row, int threads);
-
 /* ---- items.c, place.c: media items between markers, placed by a layout given as data ---- */
 
 #define MAX_LAYOUT_MEDIA 8
@@ -358,6 +321,7 @@ typedef struct {
     int timed;
     int stamped;  /* a time stamp per frame given (in `seconds`, grid after grid) */
     int per_frame;  /* each item takes the next frame, placed as a (1, h, w) grid */
+    int unscaled;  /* each frame at its index, whatever the layout's rule */
     SequenceRule rule;
 } MediumSpec;
 
@@ -481,12 +445,10 @@ decoding_meets(Decoding *d, int64_t at, int64_t end)
 
 /* ---- module functions ------------------------------------------------------------------- */
 
-PyObject *positions(PyObject *module, PyObject *args);
 PyObject *compile_layout(PyObject *module, PyObject *args);
 PyObject *place_items(PyObject *module, PyObject *args);
 PyObject *find_items(PyObject *module, PyObject *args);
-PyObject *mrope_fused(PyObject *module, PyObject *args);
-extern const char positions_doc[], compile_layout_doc[], place_items_doc[], find_items_doc[], mrope_fused_doc[];
+extern const char compile_layout_doc[], place_items_doc[], find_items_doc[];
 
 #if defined(__GNUC__)
 #pragma GCC visibility pop

@@ -32,15 +32,17 @@ medium_of(PyObject *spec, MediumSpec *medium)
 {
     PyObject *steps;
     long long merge, window, per_window;
-    if (!PyArg_ParseTuple(spec, "iLpO!LL|pp:compile_layout medium", &medium->type, &merge, &medium->timed,
-                          &PyTuple_Type, &steps, &window, &per_window, &medium->stamped, &medium->per_frame))
+    if (!PyArg_ParseTuple(spec, "iLpO!LL|ppp:compile_layout medium", &medium->type, &merge, &medium->timed,
+                          &PyTuple_Type, &steps, &window, &per_window, &medium->stamped, &medium->per_frame,
+                          &medium->unscaled))
         return -1;
     medium->merge = merge, medium->rule.window = window, medium->rule.per_window = per_window;
     medium->rule.steps = (int)PyTuple_GET_SIZE(steps);
     int fits = (medium->type == MEDIA_GRID || medium->type == MEDIA_SEQUENCE) && merge >= 1 && merge <= (1 << 20) &&
                medium->rule.steps <= MAX_STEPS && window >= 0 && window <= (1 << 20) && per_window >= 0 &&
                per_window <= 64 * window && !(medium->stamped && (medium->timed || medium->type != MEDIA_GRID)) &&
-               !(medium->per_frame && (medium->timed || medium->stamped || medium->type != MEDIA_GRID));
+               !(medium->per_frame && (medium->timed || medium->stamped || medium->type != MEDIA_GRID)) &&
+               !(medium->unscaled && (medium->timed || medium->stamped || medium->type != MEDIA_GRID));
     for (int k = 0; fits && k < medium->rule.steps; k++) {
         long long drop, stride;
         if (!PyArg_ParseTuple(PyTuple_GET_ITEM(steps, k), "LL:compile_layout step", &drop, &stride))
@@ -126,7 +128,7 @@ const char compile_layout_doc[] =
 "compile_layout(media, kinds, temporal, values) -> capsule\n\n"
 "A layout of media items, checked once, for place_items and find_items.\n"
 "media: ((type 0 grid / 1 sequence, merge, timed, steps ((drop, stride), ...), window, per_window,\n"
-"        stamped, per_frame), ...);\n"
+"        stamped, per_frame, unscaled), ...);\n"
 "kinds: ((key, opening, media, placeholders, closing, first or None, share_markers, lead,\n"
 "        interleave 0 none / 1 time / 2 chunks / 3 groups, chunk,\n"
 "        resume 0 largest / 1 last / 2 spatial, exclusive, whole_run, inside (begin, end) or None), ...);\n"

@@ -1,5 +1,4 @@
-/* Reading token ids: each id's media type, how often a token occurs, where one occurs, and
- * which placeholders lie between begin and end markers. */
+/* Reading token ids: each id's media type, and how often a token occurs. */
 #include "native.h"
 
 #include <string.h>
@@ -112,52 +111,4 @@ count_token(const int64_t *restrict ids, int64_t count, int64_t token)
     for (int64_t i = 0; i < count; i++)
         found += ids[i] == token;
     return found;
-}
-
-#define ANY_EQUAL(NAME, ID)                                                                    \
-VECTOR_CLONES static int                                                                       \
-NAME(const ID *restrict ids, Py_ssize_t count, int64_t value)                                  \
-{                                                                                              \
-    const ID wanted = (ID)value;                                                               \
-    int found = 0;                                                                             \
-    for (Py_ssize_t i = 0; i < count; i++)                                                     \
-        found |= ids[i] == wanted;                                                             \
-    return found;                                                                              \
-}
-
-/* A placeholder (any token typed 1 so far) switches to type 2 where more begin than end markers
- * precede it, itself included, counting from `begin` (the row's or the segment's start). */
-#define BETWEEN_MARKERS(NAME, ID)                                                                 \
-static void                                                                                    \
-NAME(const ID *ids, int8_t *types, Py_ssize_t begin, Py_ssize_t end, int64_t opens, int64_t closes) \
-{                                                                                              \
-    int64_t open = 0;                                                                          \
-    for (Py_ssize_t i = begin; i < end; i++) {                                                 \
-        open += (ids[i] == (ID)opens) - (ids[i] == (ID)closes);                                \
-        if (open > 0 && types[i])                                                              \
-            types[i] = 2;                                                                      \
-    }                                                                                          \
-}
-
-ANY_EQUAL(any_equal_64, int64_t)
-ANY_EQUAL(any_equal_32, int32_t)
-BETWEEN_MARKERS(between_markers_64, int64_t)
-BETWEEN_MARKERS(between_markers_32, int32_t)
-
-/* Whether any of `count` ids (of `itemsize` bytes: 8 or 4) is `value`. */
-int
-any_equal(const char *ids, Py_ssize_t itemsize, Py_ssize_t count, int64_t value)
-{
-    return itemsize == 8 ? any_equal_64((const int64_t *)ids, count, value)
-                         : any_equal_32((const int32_t *)ids, count, value);
-}
-
-void
-between_markers(const char *ids, Py_ssize_t itemsize, int8_t *types, Py_ssize_t begin, Py_ssize_t end, int64_t opens,
-                int64_t closes)
-{
-    if (itemsize == 8)
-        between_markers_64((const int64_t *)ids, types, begin, end, opens, closes);
-    else
-        between_markers_32((const int32_t *)ids, types, begin, end, opens, closes);
 }

@@ -174,16 +174,7 @@ class ItemKernel(RopeKernel):
         """Raise the typed error that says why ``layout`` refuses a batch: a segment boundary that
         cuts an item (:class:`~mmrope_core.SegmentCutError`), else what :meth:`explain` raises,
         else what the layout's reading finds."""
-        for grid, key, seconds_key, name in self._media:  # what a cheap reading let through, read for its message
-            value = inputs.get(key)
-            if grid and value is not None:
-                read_grid(key, value)
-                if seconds_key is not None and name in self._stamped:
-                    read_stamps(seconds_key, inputs.get(seconds_key), frames=_grid(key, value)[:, 0].tolist(), grid=key)
-                elif seconds_key is not None:
-                    read_seconds(seconds_key, inputs.get(seconds_key), videos=len(value), grid=key)
-            elif value is not None:
-                read_audio_lengths(key, value)
+        self.read_media(inputs)
         host = ids.numpy()
         if first is not None:
             bounds = np.append(first, first[-1] + count[-1])  # type: ignore[index]
@@ -196,6 +187,19 @@ class ItemKernel(RopeKernel):
             raise InvalidInputError(found.message)
         raise PlaceholderMismatchError(found.message or "the media placeholders of the batch do not fit its media; "
                                                         "pass the processor's outputs for these samples")
+
+    def read_media(self, inputs: Mapping[str, Any]) -> None:
+        """Raise the typed error of a media value a cheap reading let through (read for its message)."""
+        for grid, key, seconds_key, name in self._media:
+            value = inputs.get(key)
+            if grid and value is not None:
+                read_grid(key, value)
+                if seconds_key is not None and name in self._stamped:
+                    read_stamps(seconds_key, inputs.get(seconds_key), frames=_grid(key, value)[:, 0].tolist(), grid=key)
+                elif seconds_key is not None:
+                    read_seconds(seconds_key, inputs.get(seconds_key), videos=len(value), grid=key)
+            elif value is not None:
+                read_audio_lengths(key, value)
 
     def explain(self, layout: ItemLayout, enabled: int, ids: torch.Tensor, mask: torch.Tensor | None,
                 first: np.ndarray | None, count: np.ndarray | None, media: Arrays, seconds: Arrays,

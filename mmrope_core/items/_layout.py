@@ -220,7 +220,8 @@ class ItemLayout:
                        isinstance(m, GridMedia) and m.timed, m.steps if isinstance(m, SequenceMedia) else (),
                        m.window if isinstance(m, SequenceMedia) else 0,
                        m.per_window if isinstance(m, SequenceMedia) else 0,
-                       isinstance(m, GridMedia) and m.stamped, isinstance(m, GridMedia) and m.per_frame)
+                       isinstance(m, GridMedia) and m.stamped, isinstance(m, GridMedia) and m.per_frame,
+                       isinstance(m, GridMedia) and not m.scaled)
                       for m in self.media)
         names = [medium.name for medium in self.media]
         specs = []

@@ -126,6 +126,8 @@ def grid_temporal(layout: ItemLayout, medium: int, index: int, media: Sequence[A
     if isinstance(spec, GridMedia) and spec.stamped:
         first = int(starts[medium][index])  # type: ignore[index]
         return stamped_temporal(layout, given[first + frames])
+    if isinstance(spec, GridMedia) and not spec.scaled:
+        return frames.astype(np.float64)
     timed = isinstance(spec, GridMedia) and spec.timed and given is not None
     return temporal(layout, given[index] if timed else None, frames)
 
@@ -408,7 +410,8 @@ class _Reader:
     def frames(self, m: int, grids: int) -> int:
         """The frames of medium ``m``'s first ``grids`` grids, and those taken of the next."""
         taken = self.frame[m] if grids < self.given[m] else 0
-        return sum(int(t) for t in self.media[m][:grids, 0]) + taken
+        values = self.media[m]
+        return taken if values is None else sum(int(t) for t in values[:grids, 0]) + taken
 
     def leftover(self, samples: int) -> Found | None:
         for m, (name, used, given) in enumerate(zip(self.names, self.used, self.given)):

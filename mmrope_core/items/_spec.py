@@ -43,6 +43,9 @@ class GridMedia:
             between frames): each item taking this medium takes the next frame, of the current
             grid then of the next, placed as a grid of one frame ``(1, h, w)``. Untimed and
             unstamped; media left over count frames.
+        scaled: its frames' temporal ids follow the layout's rule (untimed: at one second a
+            grid); False: each frame at its index, whatever the rule (a reference that spaces out
+            only its videos in time). Neither timed nor stamped.
     """
 
     name: str
@@ -50,14 +53,18 @@ class GridMedia:
     timed: bool = False
     stamped: bool = False
     per_frame: bool = False
+    scaled: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"GridMedia.name must be a non-empty string, got {self.name!r}")
         if type(self.merge) is not int or not 1 <= self.merge <= _LIMIT:
             raise ValueError(f"GridMedia {self.name!r}: merge must be an int from 1 to 2**20, got {self.merge!r}")
-        if not all(isinstance(flag, bool) for flag in (self.timed, self.stamped, self.per_frame)):
-            raise ValueError(f"GridMedia {self.name!r}: timed, stamped and per_frame must be bools")
+        if not all(isinstance(flag, bool) for flag in (self.timed, self.stamped, self.per_frame, self.scaled)):
+            raise ValueError(f"GridMedia {self.name!r}: timed, stamped, per_frame and scaled must be bools")
+        if not self.scaled and (self.timed or self.stamped):
+            raise ValueError(f"GridMedia {self.name!r}: unscaled grids place each frame at its index; they are not "
+                             f"timed nor stamped")
         if self.per_frame and (self.timed or self.stamped):
             raise ValueError(f"GridMedia {self.name!r}: per_frame grids are placed a frame at a time as untimed grids; "
                              f"they are not timed nor stamped")

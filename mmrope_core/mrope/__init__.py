@@ -1,26 +1,19 @@
 """A batched M-RoPE kernel for layouts of placeholder runs, for plugins to build on: a plugin
 describes its family as data (:class:`MropeFamily`: its placeholders, media keys and temporal rule).
 
-The sequence of a sample is cut into runs of equal token type (0 text, >0 a media kind).
-Media runs take the media's grids in order across the batch. Text tokens count up from where the
-previous run left off; a media run places its tokens on a ``(t, h, w)`` grid starting at the
-current position, and the text after it continues ``max(h, w) // merge`` past that start.
-
-No Python loop runs over tokens, samples or media. Per token there are a few passes: the runs
-are read off the places where the token type changes, and the rows of positions are written.
-On the CPU those passes are compiled loops (``mmrope_core._native``) that read or write each
-token once, the positions written from the runs themselves; on other devices, torch operations
-over the batch, each row of positions the cumsum of a counter row with steps put in where
-positions do not count on. What is per run, per frame or per grid line is a few hundred
-numbers, worked out in numpy, whose small operations cost a fraction of torch's. On a single
-sample even those cost more than the passes over its tokens, so on the CPU the common case (see
-:mod:`._fused`) is one compiled call that reads the ids, finds and matches the runs and writes the
-positions; whatever it does not take goes the step-by-step way.
+Each run of a placeholder is a media item of its kind, which takes the kind's next grid (or, for
+a family that writes text between frames, the next frame): the family is an
+:class:`~mmrope_core.items.ItemLayout`, placed by the item primitives (one compiled call that
+reads the ids, finds and checks the runs and writes each position once; numpy without it).
+Text counts on from where the previous run left off; a run places its tokens on a ``(t, h, w)``
+grid from the current position, and the text after it goes on ``max(h, w) // merge`` past that
+start. :func:`mrope_positions` does the same from token types, for kinds a plugin defines.
 """
 
 from ..temporal import TemporalRule
 from ._family import MropeFamily
 from ._kernel import MropeKernel
+from ._layout import family_layout
 from ._media import BetweenMarkersTypes, MediaGrids, MediaKind, TokenTypeMap
 from ._positions import check_placeholders, mrope_position_ids, mrope_positions
 from ._probe import bind_mrope, fast_kernel, probe_batches
@@ -35,6 +28,7 @@ __all__ = [
     "TokenTypeMap",
     "bind_mrope",
     "check_placeholders",
+    "family_layout",
     "fast_kernel",
     "mrope_position_ids",
     "mrope_positions",

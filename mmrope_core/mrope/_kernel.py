@@ -1,20 +1,25 @@
-"""The batched kernel of a :class:`~._family.MropeFamily`, on the kernel contract."""
+"""The batched kernel of a :class:`~._family.MropeFamily`: its runs placed by the item primitives."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, NoReturn
 
+import numpy as np
 import torch
 
-from ..kernel import RopeKernel
+from ..items import ItemKernel, ItemLayout
+from ..items._kernel import Arrays, _grid
 from ..media import read_grid
 from ._family import MropeFamily
-from ._fused import FusedPositions
+from ._layout import COMPUTED_SECONDS, IMAGE, VIDEO, family_layout, scales_videos
 from ._media import MediaGrids
-from ._positions import check_placeholders, mrope_position_ids, mrope_positions
+from ._positions import check_placeholders, in_segments_explained, packed_without_mask
+
+_FIRST = torch.tensor([0])
 
 
-class MropeKernel(RopeKernel):
+class MropeKernel(ItemKernel):
     """Positions of a family of placeholder runs without a loop over tokens, samples or media,
     equal to the family's reference; places packed rows where their segments lie.
 
@@ -28,17 +33,26 @@ class MropeKernel(RopeKernel):
         positions, deltas = MropeKernel(family).rope_index(input_ids, attention_mask, pictures=grids)
     """
 
-    places_packed_rows = True
-    samples_independent = True  # every row computed alike: the conformance suite holds it to that
-
     def __init__(self, family: MropeFamily) -> None:
+        if callable(getattr(type(self), "media", None)):  # an override nothing would call: say so
+            raise TypeError(f"{type(self).__name__} defines media(); a kernel of placeholder runs reads its grids "
+                            f"through grids(images, videos): override that")
         self.family = family
-        self.input_keys = family.input_keys
         self.kinds = family.kinds
         self.token_types = family.token_types()
-        # a subclass that reads its inputs its own way takes the step-by-step path
-        own_reading = type(self)._read is MropeKernel._read and type(self).media is MropeKernel.media
-        self._fused = FusedPositions.of(family, self.kinds, self.token_types) if own_reading else None
+        self._timed = scales_videos(family)
+        image_key, video_key, seconds_key = family.keys
+        keys: dict[str, Any] = {IMAGE: image_key}
+        if video_key is not None:
+            keys[VIDEO] = (video_key, seconds_key) if self._timed else video_key
+        # seconds a per-frame family is given place nothing: taken, and left unread
+        unread = (seconds_key,) if seconds_key is not None and not self._timed else ()
+        super().__init__(family_layout(family), keys, switches=unread)
+        self.input_keys = family.input_keys
+        self._enabled = self.layout.enabled()
+        self._stamped_layout: ItemLayout | None = None
+        # the common call hands its inputs on as they are
+        self._plain = type(self).grids is MropeKernel.grids
 
     def __repr__(self) -> str:
         timed = f", temporal ids {self.family.temporal}" if self.family.temporal is not None else ""
@@ -46,77 +60,110 @@ class MropeKernel(RopeKernel):
 
     def rope_index(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                    cu_seqlens: torch.Tensor | None = None, **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        written = self._written(False, input_ids, attention_mask, cu_seqlens, inputs)
-        if written is not None:
-            return written
-        types, media = self._read(input_ids, cu_seqlens, **inputs)
-        return mrope_positions(types, _bool(attention_mask), self.kinds, media, cu_seqlens=cu_seqlens,
-                               resume_past_frames=self.family.resume_past_frames,
-                               spatial_merge_size=self.family.spatial_merge_size, out_dtype=input_ids.dtype)
+        positions, deltas = self.placed(False, input_ids, attention_mask, cu_seqlens,
+                                        self._taken(input_ids, attention_mask, cu_seqlens, inputs))
+        return (positions if positions.dtype == input_ids.dtype else positions.to(input_ids.dtype)), deltas
 
     def position_ids(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                      cu_seqlens: torch.Tensor | None = None, **inputs: Any) -> torch.Tensor:
-        written = self._written(True, input_ids, attention_mask, cu_seqlens, inputs)
-        if written is not None:
-            return written
-        types, media = self._read(input_ids, cu_seqlens, **inputs)
-        return mrope_position_ids(types, _bool(attention_mask), self.kinds, media, cu_seqlens=cu_seqlens,
-                                  resume_past_frames=self.family.resume_past_frames,
-                                  spatial_merge_size=self.family.spatial_merge_size)
+        positions, _ = self.placed(True, input_ids, attention_mask, cu_seqlens,
+                                   self._taken(input_ids, attention_mask, cu_seqlens, inputs))
+        return positions
 
-    def _written(self, text_row: bool, input_ids: Any, attention_mask: Any, cu_seqlens: Any,
-                 inputs: dict[str, Any]) -> Any:
-        """The positions of the compiled call (see :mod:`._fused`), or None where the
-        step-by-step path is to compute them (or to say why it cannot)."""
-        if self._fused is None or self.token_types is not self._fused.token_types:
-            return None
-        if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
-            return None
-        return self._fused(text_row, input_ids, _bool(attention_mask), cu_seqlens, inputs)
+    def _taken(self, input_ids: Any, mask: Any, cu_seqlens: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+        """The family's media keys of ``inputs`` (the reference ignores the rest), their grids
+        bounded by the batch where the kernel sizes arrays from them."""
+        shape = getattr(input_ids, "shape", ())
+        if cu_seqlens is not None and len(shape) == 2:
+            packed_without_mask(tuple(shape), mask)
+        if self._timed and self._half_seconds(inputs):
+            read_grid(self.family.video_key or "", inputs.get(self.family.video_key or ""),
+                      tokens=int(np.prod(shape)) if len(shape) == 2 else 0)
+        if self._known.issuperset(inputs):
+            return inputs
+        return {key: value for key, value in inputs.items() if key in self._known}
+
+    def layout_for(self, inputs: Mapping[str, Any]) -> tuple[ItemLayout, int]:
+        if self._timed and self._half_seconds(inputs):
+            if self._stamped_layout is None:
+                self._stamped_layout = family_layout(self.family, stamped=True)
+            return self._stamped_layout, self._enabled
+        return self.layout, self._enabled
+
+    def _half_seconds(self, inputs: Mapping[str, Any]) -> bool:
+        """Seconds in a dtype the item loops do not multiply in (half precision)."""
+        seconds = inputs.get(self.family.seconds_key)  # type: ignore[arg-type]
+        return (isinstance(seconds, torch.Tensor) and seconds.dtype not in COMPUTED_SECONDS
+                and inputs.get(self.family.video_key) is not None)  # type: ignore[arg-type]
+
+    def media_arrays(self, inputs: Mapping[str, Any]) -> tuple[Arrays, Arrays]:
+        """The grids as the family reads them (see :meth:`grids`) and the videos' seconds;
+        half-precision seconds become each frame's temporal id, scaled in torch as the reference
+        scales them (see :meth:`layout_for`)."""
+        family = self.family
+        if self._plain and not self._timed:
+            return super().media_arrays(inputs)
+        images, videos = self.grids(inputs.get(family.image_key), inputs.get(family.video_key or ""))
+        given = {family.image_key: images}
+        if family.video_key is not None:
+            given[family.video_key] = videos
+        if not (self._timed and self._half_seconds(inputs)):
+            if self._timed:  # no seconds: one second a grid, as the reference's default
+                seconds = inputs.get(family.seconds_key)  # type: ignore[arg-type]
+                if seconds is None and isinstance(videos, torch.Tensor) and videos.dim() == 2:
+                    seconds = torch.ones(videos.shape[0], dtype=torch.int64)
+                given[family.seconds_key] = seconds  # type: ignore[index]
+            return super().media_arrays(given)
+        grid = _grid(family.video_key or "", videos)  # (bounded by the batch in _taken)
+        _, host = family.seconds_per_grid(inputs.get(family.seconds_key), len(grid))  # type: ignore[arg-type]
+        frames = torch.from_numpy(grid[:, 0])
+        index = torch.arange(int(frames.sum())) - torch.repeat_interleave(frames.cumsum(0) - frames, frames)
+        scale = torch.repeat_interleave(torch.as_tensor(family.temporal_scale(host)), frames, dim=0)
+        values = index * scale[:, 0] * scale[:, 1] if scale.dim() == 2 else index * scale
+        image_grid = None if images is None else _grid(family.image_key, images)
+        return (image_grid, grid), (None, values.to(torch.float32).numpy())
+
+    def grids(self, images: Any, videos: Any) -> tuple[Any, Any]:
+        """The images' and videos' grids the runs take, from the values of the family's keys: as
+        given; a family that reads them otherwise (merged frames, say) overrides this."""
+        return images, videos
+
+    def refuse(self, layout: ItemLayout, enabled: int, ids: torch.Tensor, mask: torch.Tensor | None,
+               first: np.ndarray | None, count: np.ndarray | None, media: Arrays, seconds: Arrays,
+               inputs: Mapping[str, Any]) -> NoReturn:
+        self.read_media(inputs)
+        self.explain(layout, enabled, ids, mask, first, count, media, seconds, inputs)  # the runs' messages first
+        super().refuse(layout, enabled, ids, mask, first, count, media, seconds, inputs)
+
+    def explain(self, layout: ItemLayout, enabled: int, ids: torch.Tensor, mask: torch.Tensor | None,
+                first: np.ndarray | None, count: np.ndarray | None, media: Arrays, seconds: Arrays,
+                inputs: Mapping[str, Any]) -> None:
+        """The runs' own messages: which sample, which run, which grid, and how to fix it."""
+        bounds = None if first is None else torch.from_numpy(np.append(first, first[-1] + count[-1]))  # type: ignore[index]
+        types = self.token_types(ids, bounds)
+        grids = {kind.type_id: None if values is None else MediaGrids(torch.from_numpy(values))
+                 for kind, values in zip(self.kinds, media)}
+        videos = grids.get(2)
+        if self.family.per_frame_video and videos is not None:  # the runs take frames
+            frames = videos.grid[:, 0]
+            if len(frames) and int(frames.min()) > 0 and int(frames.sum()) <= ids.numel():
+                grids[2] = MediaGrids(torch.repeat_interleave(videos.grid, frames, dim=0).index_fill_(1, _FIRST, 1))
+        if first is not None:
+            assert count is not None
+            in_segments_explained(types, first, count, self.kinds, grids, self.family.spatial_merge_size)
+        else:
+            check_placeholders(types, mask, self.kinds, grids, spatial_merge_size=self.family.spatial_merge_size)
 
     def check(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
               **inputs: Any) -> dict[str, Any]:
-        """Raise the errors :meth:`rope_index` raises for these inputs, computing nothing, and
-        return them as the family's reference takes them (the seconds as a tensor):
-        the ``check`` of a :class:`~mmrope_core.reference.ReferenceKernel`, so that bad inputs
-        get typed errors instead of a crash inside the reference."""
-        types, media = self._read(input_ids, None, **inputs)
-        check_placeholders(types, _bool(attention_mask), self.kinds, media,
-                           spatial_merge_size=self.family.spatial_merge_size)
+        """Raise the errors :meth:`rope_index` raises for these inputs and return them as the
+        family's reference takes them (the seconds as a tensor): the ``check`` of a
+        :class:`~mmrope_core.reference.ReferenceKernel`, so that bad inputs get typed errors
+        instead of a crash inside the reference."""
+        self.rope_index(input_ids, attention_mask, **inputs)
         _, video_key, seconds_key = self.family.keys
         videos = inputs.get(video_key) if video_key is not None and seconds_key is not None else None
         if videos is not None:
             assert seconds_key is not None
             inputs[seconds_key], _ = self.family.seconds_per_grid(inputs.get(seconds_key), videos.shape[0])
         return inputs
-
-    def media(self, images: Any = None, videos: Any = None, seconds: Any = None) -> dict[int, MediaGrids | None]:
-        """Each media type's grids (videos split into frames for per-frame families) and scales,
-        from the values of the family's image, video and seconds keys."""
-        family = self.family
-        image_key, video_key, _ = family.keys
-        images = read_grid(image_key, images)
-        videos = read_grid(video_key, videos) if video_key is not None else None
-        scale = None
-        if videos is not None and family.temporal is not None:
-            _, host_seconds = family.seconds_per_grid(seconds, videos.shape[0])
-            scale = family.temporal_scale(host_seconds)
-        if videos is not None and self.family.per_frame_video:
-            videos = torch.repeat_interleave(videos, videos[:, 0], dim=0)
-            videos[:, 0] = 1
-        return {1: MediaGrids(images) if images is not None else None,
-                2: MediaGrids(videos, scale) if videos is not None else None}
-
-    def _read(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor | None,
-              **inputs: Any) -> tuple[torch.Tensor, dict[int, MediaGrids | None]]:
-        # sizes bounded by the batch before anything is sized from them, for kernels called directly
-        tokens = input_ids.numel()
-        image_key, video_key, seconds_key = self.family.keys
-        videos = None if video_key is None else read_grid(video_key, inputs.get(video_key), tokens=tokens)
-        media = self.media(read_grid(image_key, inputs.get(image_key), tokens=tokens), videos,
-                           None if seconds_key is None else inputs.get(seconds_key))
-        return self.token_types(input_ids, cu_seqlens), media
-
-
-def _bool(mask: torch.Tensor | None) -> torch.Tensor | None:
-    return mask if mask is None or mask.dtype == torch.bool else mask.bool()

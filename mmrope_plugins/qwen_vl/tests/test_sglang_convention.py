@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmrope_core import InvalidInputError, PluginManager, RopeEngine, UnknownConventionError, compiled
-from mmrope_core.mrope._fused import FusedPositions
+from mmrope_core import InvalidInputError, PluginManager, RopeEngine, UnknownConventionError
 from mmrope_core.testing._recorded import Recorded, assert_batches_reproduce
 from mmrope_qwen_vl.examples import build
 from mmrope_qwen_vl.families import TRANSFORMERS_RULES
@@ -94,8 +93,7 @@ def test_padded_and_packed_batches_give_each_case_its_own(name):
 def test_sglang_multiplies_frame_numbers_by_the_seconds_first():
     """At 25 tokens per second and 1.65 s a frame, frame 12's temporal id is 494 in SGLang (float32
     (12 * 1.65) * 25), 495 in transformers >= 5.11 (float32 12 * (25 * 1.65); 5.10 truncates the
-    seconds first: 300) and 494 in vLLM (float64): the case's positions come from SGLang's code; the
-    compiled call takes that order as the step-by-step path does."""
+    seconds first: 300) and 494 in vLLM (float64): the case's positions come from SGLang's code."""
     case = next(case for case in CASES["Qwen2.5-VL"] if case.get("tokens_per_second") == 25)
     ids, _, kwargs = inputs_of("Qwen2.5-VL", case)
     frame_12 = case["tokens"].index("v") + 12
@@ -109,12 +107,7 @@ def test_sglang_multiplies_frame_numbers_by_the_seconds_first():
     assert theirs == {scaled: 495, whole_seconds: 300}[transformers.binding.kernel.family.temporal]
     assert int(vllm.get_rope_index(ids, **kwargs)[0][0, 0, frame_12]) - start == 494
     assert sglang.binding.kernel.family.temporal.order == "frame_first"
-    fused = FusedPositions.of(sglang.binding.kernel.family, sglang.binding.kernel.kinds,
-                              sglang.binding.kernel.token_types)
-    assert (fused is not None) == compiled.available()
     assert int(sglang.get_rope_index(ids, **kwargs)[0][0, 0, frame_12]) - start == 494
-    # and at the config's rate too (a power of two)
-    assert (engine("Qwen2.5-VL").binding.kernel._fused is not None) == compiled.available()
 
 
 @pytest.mark.differential

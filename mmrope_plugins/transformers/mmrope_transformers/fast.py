@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mmrope_core.media import read_grid
 from mmrope_core.mrope import (
     MediaGrids,
     MediaKind,
@@ -59,11 +60,11 @@ class TemporalMergeKernel(MropeKernel):
     def __repr__(self) -> str:
         return f"TemporalMergeKernel({self.family.name}, {self.temporal_merge_size} frames merged)"
 
-    def media(self, images: Any = None, videos: Any = None, seconds: Any = None) -> dict[int, MediaGrids | None]:
+    def grids(self, images: Any, videos: Any) -> tuple[Any, Any]:
         if isinstance(videos, torch.Tensor) and videos.dim() == 2 and videos.shape[1] == 3:
             videos = videos.clone()
             videos[:, 0] = torch.div(videos[:, 0], self.temporal_merge_size, rounding_mode="floor")
-        return super().media(images, videos, seconds)
+        return images, videos
 
 
 class NewlineColumnKernel(MropeKernel):
@@ -108,11 +109,11 @@ class NewlineColumnKernel(MropeKernel):
                 **inputs: Any) -> tuple[torch.Tensor, dict[int, MediaGrids | None]]:
         merge, (image_key, video_key, _) = self.family.spatial_merge_size, self.family.keys
         types = self.token_types(input_ids, cu_seqlens)
-        media: dict[int, MediaGrids | None] = {1: self.media(_wider(inputs.get(image_key), merge))[1], 2: None, 3: None}
-        videos = self.media(None, inputs.get(video_key))[2] if video_key is not None else None
-        if videos is None or videos.grid.shape[0] == 0:
+        images = read_grid(image_key, _wider(inputs.get(image_key), merge))
+        media: dict[int, MediaGrids | None] = {1: None if images is None else MediaGrids(images), 2: None, 3: None}
+        grids = read_grid(video_key, inputs.get(video_key)) if video_key is not None else None
+        if grids is None or grids.shape[0] == 0:
             return types, media
-        grids = videos.grid
         frames = _wider(torch.repeat_interleave(grids, grids[:, 0], dim=0), merge)
         frames[:, 0] = 1
         odd = torch.cat([torch.arange(int(count)) % 2 == 1 for count in grids[:, 0].tolist()])
