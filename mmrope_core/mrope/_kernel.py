@@ -14,7 +14,7 @@ from ..media import read_grid
 from ._family import MropeFamily
 from ._layout import COMPUTED_SECONDS, IMAGE, VIDEO, family_layout, scales_videos
 from ._media import MediaGrids
-from ._positions import check_placeholders, in_segments_explained, packed_without_mask
+from ._positions import check_placeholders, in_segments_explained, packed_without_mask, temporal_ids_by_frame
 
 _FIRST = torch.tensor([0])
 
@@ -116,12 +116,9 @@ class MropeKernel(ItemKernel):
             return super().media_arrays(given)
         grid = _grid(family.video_key or "", videos)  # (bounded by the batch in _taken)
         _, host = family.seconds_per_grid(inputs.get(family.seconds_key), len(grid))  # type: ignore[arg-type]
-        frames = torch.from_numpy(grid[:, 0])
-        index = torch.arange(int(frames.sum())) - torch.repeat_interleave(frames.cumsum(0) - frames, frames)
-        scale = torch.repeat_interleave(torch.as_tensor(family.temporal_scale(host)), frames, dim=0)
-        values = index * scale[:, 0] * scale[:, 1] if scale.dim() == 2 else index * scale
+        stamps = temporal_ids_by_frame(torch.from_numpy(grid[:, 0]), torch.as_tensor(family.temporal_scale(host)))
         image_grid = None if images is None else _grid(family.image_key, images)
-        return (image_grid, grid), (None, values.to(torch.float32).numpy())
+        return (image_grid, grid), (None, stamps)
 
     def grids(self, images: Any, videos: Any) -> tuple[Any, Any]:
         """The images' and videos' grids the runs take, from the values of the family's keys: as

@@ -145,11 +145,7 @@ class _TypesKernel(ItemKernel):
         index = [kind.type_id for kind in self.kinds].index(type_id)
         grid = media[index]
         if grid is not None and len(grid):  # (bounded by the batch in _placed)
-            frames = torch.from_numpy(grid[:, 0])
-            number = torch.arange(int(frames.sum())) - torch.repeat_interleave(frames.cumsum(0) - frames, frames)
-            scale = torch.repeat_interleave(scale, frames, dim=0)
-            values = number * scale[:, 0] * scale[:, 1] if scale.dim() == 2 else number * scale
-            seconds[index] = values.to(torch.float32).numpy()
+            seconds[index] = temporal_ids_by_frame(torch.from_numpy(grid[:, 0]), scale)
         return media, tuple(seconds)
 
     def refuse(self, layout: ItemLayout, enabled: int, ids: torch.Tensor, mask: torch.Tensor | None,
@@ -169,6 +165,16 @@ class _TypesKernel(ItemKernel):
             in_segments_explained(types, first, count, self.kinds, grids, self.merge)
         else:
             check_placeholders(types, mask, self.kinds, grids, spatial_merge_size=self.merge)
+
+
+def temporal_ids_by_frame(frames: torch.Tensor, scale: torch.Tensor) -> np.ndarray:
+    """Each frame's temporal id before truncation, grid after grid (``frames`` a grid): its int64
+    number times its grid's scale in the scale's dtype, as the reference multiplies them; as
+    float32, which holds half-precision products exactly."""
+    number = torch.arange(int(frames.sum())) - torch.repeat_interleave(frames.cumsum(0) - frames, frames)
+    scale = torch.repeat_interleave(scale, frames, dim=0)
+    values = number * scale[:, 0] * scale[:, 1] if scale.dim() == 2 else number * scale
+    return values.to(torch.float32).numpy()
 
 
 def packed_without_mask(shape: tuple[int, ...], mask: Any) -> None:
