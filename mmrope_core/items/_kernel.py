@@ -121,7 +121,7 @@ class ItemKernel(RopeKernel):
             value = inputs.get(key)
             given = None
             if value is not None:
-                value = _grid(key, value) if grid else _host(torch.as_tensor(value), torch.int64)
+                value = host_grid(key, value) if grid else _host(torch.as_tensor(value), torch.int64)
                 if seconds_key is not None and name in self._stamped:
                     given = _stamps(seconds_key, inputs.get(seconds_key), name, key, value)
                 elif seconds_key is not None:
@@ -195,7 +195,7 @@ class ItemKernel(RopeKernel):
             if grid and value is not None:
                 read_grid(key, value)
                 if seconds_key is not None and name in self._stamped:
-                    read_stamps(seconds_key, inputs.get(seconds_key), frames=_grid(key, value)[:, 0].tolist(), grid=key)
+                    read_stamps(seconds_key, inputs.get(seconds_key), frames=host_grid(key, value)[:, 0].tolist(), grid=key)
                 elif seconds_key is not None:
                     read_seconds(seconds_key, inputs.get(seconds_key), videos=len(value), grid=key)
             elif value is not None:
@@ -245,7 +245,7 @@ def _generated(value: Any, ids: torch.Tensor, mask: torch.Tensor | None) -> np.n
     return None if flags is None else _host(flags, torch.bool)
 
 
-def _grid(key: str, value: Any) -> np.ndarray:
+def host_grid(key: str, value: Any) -> np.ndarray:
     """A grid as a host int64 ``(N, 3)`` array: as it is where it is one (its values are read
     where the layout refuses them), else read and converted."""
     if (type(value) is torch.Tensor and value.dtype is torch.int64 and value.dim() == 2 and value.shape[1] == 3

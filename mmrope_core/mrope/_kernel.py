@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from ..items import ItemKernel, ItemLayout
-from ..items._kernel import Arrays, _grid
+from ..items._kernel import Arrays, host_grid
 from ..media import read_grid
 from ._family import MropeFamily
 from ._layout import COMPUTED_SECONDS, IMAGE, VIDEO, family_layout, scales_videos
@@ -114,10 +114,10 @@ class MropeKernel(ItemKernel):
                     seconds = torch.ones(videos.shape[0], dtype=torch.int64)
                 given[family.seconds_key] = seconds  # type: ignore[index]
             return super().media_arrays(given)
-        grid = _grid(family.video_key or "", videos)  # (bounded by the batch in _taken)
+        grid = host_grid(family.video_key or "", videos)  # (bounded by the batch in _taken)
         _, host = family.seconds_per_grid(inputs.get(family.seconds_key), len(grid))  # type: ignore[arg-type]
         stamps = temporal_ids_by_frame(torch.from_numpy(grid[:, 0]), torch.as_tensor(family.temporal_scale(host)))
-        image_grid = None if images is None else _grid(family.image_key, images)
+        image_grid = None if images is None else host_grid(family.image_key, images)
         return (image_grid, grid), (None, stamps)
 
     def grids(self, images: Any, videos: Any) -> tuple[Any, Any]:

@@ -77,13 +77,14 @@ def _types_layout(kinds: tuple[MediaKind, ...], merge: int, timed: frozenset[int
                   whole_per_second: bool, resume_past_frames: bool, stamped: bool) -> ItemLayout:
     after = resume(resume_past_frames)
     return ItemLayout(
-        media=tuple(GridMedia(_name(kind), merge, timed=kind.type_id in timed and not stamped,
+        media=tuple(GridMedia(item_name(kind), merge, timed=kind.type_id in timed and not stamped,
                               stamped=kind.type_id in timed and stamped, scaled=kind.type_id in timed)
                     for kind in kinds),
-        kinds=tuple(ItemKind(_name(kind), key=(kind.type_id,), media=(_name(kind),), placeholders=(kind.type_id,),
+        kinds=tuple(ItemKind(item_name(kind), key=(kind.type_id,), media=(item_name(kind),), placeholders=(kind.type_id,),
                              resume=after, whole_run=True) for kind in kinds),
         temporal=STAMPS if stamped else rule, empty_samples=True)
 
 
-def _name(kind: MediaKind) -> str:
+def item_name(kind: MediaKind) -> str:
+    """What the layout of :func:`types_layout` calls a kind's items and medium."""
     return f"{kind.name} ({kind.type_id})"

@@ -11,9 +11,9 @@ import torch
 from ..compiled import native
 from ..errors import InvalidInputError, SegmentCutError
 from ..items import ItemKernel, ItemLayout
-from ..items._kernel import Arrays, _grid
+from ..items._kernel import Arrays, host_grid
 from ..temporal import TemporalRule
-from ._layout import COMPUTED_SECONDS, UNTIMED, _name, types_layout
+from ._layout import COMPUTED_SECONDS, UNTIMED, item_name, types_layout
 from ._media import MediaGrids, MediaKind
 from ._mismatch import match
 from ._runs import Runs, Spans, scan
@@ -99,7 +99,7 @@ class _TypesKernel(ItemKernel):
         names = [kind.grid_key for kind in kinds]
         self.keys_of = {kind.type_id: kind.grid_key if names.count(kind.grid_key) == 1 else
                         f"{kind.grid_key} (type {kind.type_id})" for kind in kinds}
-        keys = {_name(kind): (self.keys_of[kind.type_id], f"{self.keys_of[kind.type_id]} temporal scale")
+        keys = {item_name(kind): (self.keys_of[kind.type_id], f"{self.keys_of[kind.type_id]} temporal scale")
                 if kind.type_id in self.scales else self.keys_of[kind.type_id] for kind in kinds}
         super().__init__(types_layout(self.kinds, merge, frozenset(self.scales), self._rule(), resume_past_frames,
                                       self.half), keys)
@@ -138,7 +138,7 @@ class _TypesKernel(ItemKernel):
     def media_arrays(self, inputs: Mapping[str, Any]) -> tuple[Arrays, Arrays]:
         if not self.half:
             return super().media_arrays(inputs)
-        media = tuple(None if (grid := inputs.get(self.keys_of[kind.type_id])) is None else _grid(kind.grid_key, grid)
+        media = tuple(None if (grid := inputs.get(self.keys_of[kind.type_id])) is None else host_grid(kind.grid_key, grid)
                       for kind in self.kinds)
         seconds: list[np.ndarray | None] = [None] * len(self.kinds)
         (type_id, scale), = self.scales.items()
