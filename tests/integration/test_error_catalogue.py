@@ -153,6 +153,7 @@ TRIGGERS = {
     "stamps-negative": stamped(torch.tensor([0.0, -1.0])),
     "stamps-decreasing": stamped(torch.tensor([0.5, 0.25])),
     "stamps-nonfinite": stamped(torch.tensor([float("nan"), 0.5])),
+    "stamps-beyond": stamped(torch.tensor([0.0, 2.0**21])),
     "seconds-not-numbers": lambda: engine("Qwen3-Omni").rope_index_kwargs({"video_second_per_grid": "2"}),
     "audio-mask-form": lambda: engine("Qwen3-Omni").rope_index_kwargs({"feature_attention_mask": [[1, 1, 1]]}),
     "audio-lengths-negative": omni("t(aaaa)t", audio_seqlens=torch.tensor([-3])),
