@@ -456,3 +456,19 @@ def test_a_config_timing_videos_by_no_rule_binds_the_reference():
     with pytest.warns(RuntimeWarning, match="reference implementation is used"):
         engine = RopeEngine.from_processor(processor, config)
     assert engine.binding.implementation == "reference"
+
+
+@pytest.mark.differential
+def test_an_image_of_several_frames_keeps_its_frame_numbers_beside_timed_videos(manager):
+    """The reference spaces out only videos in time: an image's frames sit at their index,
+    whatever tokens_per_second and the videos' seconds."""
+    processor, _ = built("Qwen2.5-VL", "qwen2_5_vl")
+    fast, _ = engines(manager, "Qwen2.5-VL", "qwen2_5_vl")
+    reference = models_own("Qwen2.5-VL", "qwen2_5_vl")
+    tokenizer = processor.tokenizer
+    start, end = tokenizer.convert_tokens_to_ids([tokenizer.vision_start_token, tokenizer.vision_end_token])
+    word, image, video = tokenizer.convert_tokens_to_ids("cat"), processor.image_token_id, processor.video_token_id
+    ids = torch.tensor([[word] * 3 + [start] + [image] * 12 + [end, word, start] + [video] * 8 + [end, word]])
+    inputs = {"image_grid_thw": torch.tensor([[3, 4, 4]]), "video_grid_thw": torch.tensor([[2, 4, 4]]),
+              "second_per_grid_ts": torch.tensor([1.5])}
+    assert_same_positions(fast, reference, ids, torch.ones_like(ids), inputs, "an image of 3 frames")
